@@ -1,0 +1,62 @@
+"""Write files so that a crash or an error never leaves a half-written artifact behind."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from qdeploy.errors import QDeployError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds."""
+    path = Path(path)
+    ensure_writable_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def ensure_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and check that files can be created in it."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QDeployError(f"output directory {path} cannot be created: {e.strerror or e}") from None
+    if not path.is_dir():
+        raise QDeployError(f"output directory {path} is not a directory")
+    # os.access() says yes to root even on read-only mounts: probe with a real file instead.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".qdeploy-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise QDeployError(f"output directory {path} is not writable: {e.strerror or e}") from None
+    return path
