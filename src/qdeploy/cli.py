@@ -1,0 +1,125 @@
+"""``qdeploy`` command line: a thin layer over :mod:`qdeploy.api`.
+
+User errors (bad config, missing files, corrupt images...) print one line and exit with code 2;
+``--debug`` shows the traceback as well.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from qdeploy import __version__
+from qdeploy.errors import QDeployError
+
+
+def _add_common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
+    p.add_argument("config", help="run config (YAML)")
+    p.add_argument("--out", default=out_default, required=out_default is None, help="output directory")
+    p.add_argument("--variant", action="append", metavar="NAME", help="only these variants (repeatable)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="export cache (default: $QDEPLOY_CACHE or ~/.cache/qdeploy)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qdeploy", description="Compare a vision model across engines and precisions on real data.")
+    parser.add_argument("--version", action="version", version=f"qdeploy {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--quiet", action="store_true", help="no log lines or progress bars")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="the whole comparison: export, evaluate, benchmark, report")
+    _add_common(p)
+    p = sub.add_parser("eval", help="accuracy only (no benchmark)")
+    _add_common(p)
+    p = sub.add_parser("bench", help="latency/throughput/memory only (no accuracy)")
+    _add_common(p)
+    p.add_argument("--batch-sizes", default=None, help="override bench.batch_sizes, e.g. 1,32")
+    p.add_argument("--iterations", type=int, default=None, help="override bench.iterations")
+    p = sub.add_parser("export", help="export to ONNX and verify against PyTorch")
+    p.add_argument("config")
+    p.add_argument("--out", required=True)
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p = sub.add_parser("doctor", help="which engines, devices and versions are usable here")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits and compare it (offline, ~1-2 min on CPU)")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    return parser
+
+
+def _cmd_run(args, stages) -> int:
+    from qdeploy import api
+
+    cfg = api.load_config(args.config)
+    if getattr(args, "batch_sizes", None):
+        try:
+            cfg.bench.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+        except ValueError:
+            raise QDeployError(f"--batch-sizes '{args.batch_sizes}': expected integers separated by commas") from None
+    if getattr(args, "iterations", None):
+        cfg.bench.iterations = args.iterations
+    results = api.run(cfg, args.out, stages=stages, only=args.variant, cache_dir=args.cache_dir)
+    return 0 if any(v["status"] == "ok" for v in results["variants"]) else 1
+
+
+def _cmd_doctor(args) -> int:
+    from qdeploy.sysinfo import engine_support, environment
+
+    env, rows = environment(), engine_support()
+    if args.json:
+        print(json.dumps({"environment": env, "engines": rows}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"qdeploy {__version__} — python {env['python']} on {env['platform']}")
+    console.print(f"CPU: {env['cpu']} ({env['cpu_count']} cores; {' '.join(env['cpu_flags']) or 'no AVX2/VNNI flags seen'})")
+    console.print(f"GPU: {env['gpu'] or 'none visible to PyTorch'}" + (f" (CUDA {env['cuda']}, cuDNN {env['cudnn']})" if env["gpu"] else ""))
+    console.print("versions: " + ", ".join(f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime", "numpy", "timm") if env.get(k)))
+    table = Table("engine", "device", "precisions", "usable", "note")
+    for r in rows:
+        table.add_row(r["engine"], r["device"], r["precisions"], "[green]yes[/green]" if r["usable"] else "[red]no[/red]", r["note"])
+    console.print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from qdeploy.utils.log import console, set_quiet
+
+    set_quiet(args.quiet)
+    try:
+        if args.command == "run":
+            return _cmd_run(args, ("eval", "bench"))
+        if args.command == "eval":
+            return _cmd_run(args, ("eval",))
+        if args.command == "bench":
+            return _cmd_run(args, ("bench",))
+        if args.command == "export":
+            from qdeploy import api
+
+            summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
+            console.print(f"wrote {summary['copied_to']} (opset {summary['opset']}, {summary['exporter']} exporter, {summary['size_mb']:.2f} MB)")
+            return 0
+        if args.command == "doctor":
+            return _cmd_doctor(args)
+        if args.command == "demo":
+            from qdeploy.demo import run_demo
+
+            results = run_demo(args.out, cache_dir=args.cache_dir)
+            return 0 if any(v["status"] == "ok" for v in results["variants"]) else 1
+    except QDeployError as e:
+        if args.debug:
+            raise
+        print(f"qdeploy: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("qdeploy: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

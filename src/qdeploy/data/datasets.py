@@ -1,0 +1,205 @@
+"""Datasets on disk → ``(uint8 CHW array, label)`` samples.
+
+Every problem with the data (missing folder, stray class folder, unreadable image, label of the
+wrong size) is a :class:`~qdeploy.errors.DataError` naming the path, raised as early as possible:
+layout problems when the dataset is built, pixel problems when the sample is decoded.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from qdeploy.config import DatasetSpec, Preprocess, Task
+from qdeploy.data.transforms import _open, image_to_array, load_image, load_label
+from qdeploy.errors import DataError
+
+PathLike = Union[str, Path]
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff"})
+SEGNET_IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png"})
+
+
+def _is_image(p: Path, extensions=IMAGE_EXTENSIONS) -> bool:
+    # Dot-files are skipped: macOS writes "._x.jpg" resource forks next to real images.
+    return p.suffix.lower() in extensions and not p.name.startswith(".") and p.is_file()
+
+
+def _existing_dir(path: PathLike, what: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise DataError(f"{what} {path} is not a folder")
+    return path
+
+
+def _class_file_lines(path: PathLike) -> list[tuple[int, str]]:
+    """``(line number, stripped line)`` for the non-empty lines of a class-list file."""
+    path = Path(path).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DataError(f"class-list file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"class-list file {path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    out = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
+    if not out:
+        raise DataError(f"class-list file {path} is empty")
+    return out
+
+
+def read_class_file(path: PathLike) -> list[tuple[str, str]]:
+    """``(folder name, display name)`` per non-empty line, in index order.
+
+    The first whitespace-separated token is the folder name; the display name is the first
+    comma-separated entry of the rest (``n01440764 tench, Tinca tinca`` → ``tench``), or the token.
+    """
+    entries, seen = [], {}
+    for lineno, line in _class_file_lines(path):
+        parts = line.split(maxsplit=1)
+        name = parts[0]
+        if name in seen:  # a duplicate would shift every later index by one
+            raise DataError(f"class-list file {Path(path).expanduser()} lists '{name}' twice (lines {seen[name]} and {lineno})")
+        seen[name] = lineno
+        words = parts[1].split(",")[0].strip() if len(parts) > 1 else ""
+        entries.append((name, words or name))
+    return entries
+
+
+class ImageFolderDataset(Dataset):
+    """``root/<class>/**/<image>``; labels from sorted folder names or from a class-list file.
+
+    With a class-list file, indices are the file's line order, so a subset of class folders (e.g.
+    725 of the 1000 ImageNet classes) still gets the model's indices; a folder missing from the
+    file is an error (its images would otherwise get no or a wrong label).
+    """
+
+    def __init__(self, root: PathLike, preprocess: Preprocess, classes_file: Optional[PathLike] = None):
+        self.root = _existing_dir(root, "dataset folder")
+        self.preprocess = preprocess
+        # Hidden folders (.ipynb_checkpoints, .git) are never classes.
+        folders = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if classes_file is None:
+            # Empty folders still get an index so that indices do not depend on which are empty.
+            index = {name: i for i, name in enumerate(folders)}
+            self.class_names = list(folders)
+        else:
+            entries = read_class_file(classes_file)
+            index = {name: i for i, (name, _) in enumerate(entries)}
+            self.class_names = [words for _, words in entries]
+            for name in folders:
+                if name not in index:
+                    raise DataError(
+                        f"class folder {self.root / name} is not listed in the class-list file {Path(classes_file).expanduser()}"
+                    )
+        self.samples: list[tuple[str, int]] = []
+        for name in folders:
+            files = sorted(p for p in (self.root / name).rglob("*") if _is_image(p))
+            self.samples.extend((str(p), index[name]) for p in files)
+        if not self.samples:
+            raise DataError(f"no images found under {self.root} (expected {self.root}/<class>/<image>)")
+        self.num_classes = len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        path, label = self.samples[i]
+        return load_image(path, self.preprocess), label
+
+
+class SegNetDataset(Dataset):
+    """SegNet/CamVid layout: ``root/<split>/<name>.jpg`` with ``root/<split>annot/<name>.png``."""
+
+    def __init__(
+        self,
+        root: PathLike,
+        split: str,
+        preprocess: Preprocess,
+        ignore_index: int = 255,
+        class_names: Optional[Sequence[str]] = None,
+    ):
+        self.root = _existing_dir(root, "dataset folder")
+        self.split, self.preprocess, self.ignore_index = split, preprocess, ignore_index
+        self.class_names = list(class_names) if class_names is not None else None
+        self.num_classes = len(self.class_names) if self.class_names is not None else None
+        images_dir = _existing_dir(self.root / split, f"split folder (split '{split}')")
+        labels_dir = _existing_dir(self.root / f"{split}annot", f"label folder (split '{split}')")
+        images = sorted(p for p in images_dir.iterdir() if _is_image(p, SEGNET_IMAGE_EXTENSIONS))
+        if not images:
+            raise DataError(f"no images found in {images_dir} (expected {images_dir}/<name>.jpg|.png)")
+        self.samples: list[tuple[str, str]] = []
+        for img in images:
+            label = labels_dir / f"{img.stem}.png"
+            if not label.is_file():
+                raise DataError(f"label {label} for image {img} does not exist")
+            self.samples.append((str(img), str(label)))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        image_path, label_path = self.samples[i]
+        img = _open(image_path)
+        size_hw = (img.height, img.width)  # labels are checked against the size *before* geometry
+        image = image_to_array(img, self.preprocess, image_path)
+        label = load_label(label_path, size_hw, self.preprocess, image_path=image_path, fill=self.ignore_index)
+        return image, label
+
+
+class SubsetDataset(Dataset):
+    """A fixed selection of another dataset's samples; other attributes come from the base."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int]):
+        self.dataset, self.indices = dataset, [int(i) for i in indices]
+        base_samples = getattr(dataset, "samples", None)
+        if base_samples is not None:
+            self.samples = [base_samples[i] for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.dataset[self.indices[i]]
+
+    def __getattr__(self, name: str):
+        # Guard: during unpickling (spawned DataLoader workers) 'dataset' is not set yet and a
+        # plain delegation would recurse forever.
+        if name.startswith("__") or name in ("dataset", "indices"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def subset(dataset: Dataset, count: Optional[int], seed: int = 0) -> Dataset:
+    """A seeded random ``count`` samples, kept in the dataset's order; all of them if count ≥ len."""
+    n = len(dataset)
+    if count is None or count == n:
+        return dataset
+    if count > n:
+        warnings.warn(f"count={count} but the dataset has only {n} samples: using all {n}", stacklevel=2)
+        return dataset
+    chosen = np.sort(np.random.default_rng(seed).permutation(n)[:count])
+    return SubsetDataset(dataset, chosen.tolist())
+
+
+_FORMAT_TASK = {"imagefolder": "classification", "segnet": "segmentation"}
+
+
+def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
+    """The dataset ``spec`` describes, checked against the model's task, subset to ``spec.count``."""
+    needed = _FORMAT_TASK.get(spec.format)
+    if needed is None:
+        raise DataError(f"unknown dataset format '{spec.format}' for {spec.root} (expected one of {sorted(_FORMAT_TASK)})")
+    if task != needed:
+        raise DataError(f"dataset {spec.root} has format '{spec.format}', which needs task '{needed}', but the model's task is '{task}'")
+    if spec.format == "imagefolder":
+        ds = ImageFolderDataset(spec.root, preprocess, spec.classes)
+    else:
+        # For segmentation the class-list file only names the classes: line order = label id,
+        # the whole line is the name ("Road marking").
+        names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes else None
+        ds = SegNetDataset(spec.root, spec.split, preprocess, spec.ignore_index, names)
+    return subset(ds, spec.count, spec.seed)

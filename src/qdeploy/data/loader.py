@@ -1,0 +1,157 @@
+"""Batches of decoded ``uint8`` images, decoded in parallel once and then served from memory.
+
+Evaluation runs every variant (engine × precision) over the same images: decoding JPEGs once and
+replaying the cached ``uint8`` batches keeps later passes from measuring the decoder.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterator, Optional
+
+import numpy as np
+from rich.console import Console
+from rich.errors import LiveError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch.utils.data import DataLoader, Dataset
+
+from qdeploy.config import DatasetSpec, Preprocess, Task
+from qdeploy.data.datasets import build_dataset
+from qdeploy.errors import QDeployError
+
+# Below this many samples, starting worker processes costs more than decoding in-process.
+MIN_SAMPLES_FOR_WORKERS = 64
+
+
+class _Failure:
+    """A user error raised while decoding a sample, carried back as data.
+
+    DataLoader re-raises worker exceptions with the worker's traceback folded into the message;
+    returning the error as a value keeps the original one-line message and exception class.
+    """
+
+    def __init__(self, exc: QDeployError):
+        self.exc_type, self.message = type(exc), str(exc)
+
+    def reraise(self):
+        raise self.exc_type(self.message)
+
+
+class _Guarded(Dataset):
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        try:
+            return self.dataset[i]
+        except QDeployError as e:  # only user errors: bugs keep their traceback
+            return _Failure(e)
+
+
+def _collate(items: list):
+    """Stack ``(uint8 CHW, label)`` samples into ``(N,C,H,W) uint8, (N,...) int64`` numpy arrays."""
+    for item in items:
+        if isinstance(item, _Failure):
+            return item
+    images = np.stack([im for im, _ in items])
+    labels = np.stack([np.asarray(lab, dtype=np.int64) for _, lab in items])
+    return images, labels
+
+
+def _start_progress(desc: str, total: int) -> Optional[tuple[Progress, int]]:
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=False,
+    )
+    try:
+        progress.start()
+    except LiveError:  # the caller already shows a live display on this console: go without a bar
+        return None
+    return progress, progress.add_task(desc, total=total)
+
+
+class Batches:
+    """Re-iterable ``(images uint8 (N,C,H,W), labels int64)`` batches of a dataset, in order.
+
+    The first pass decodes with ``workers`` processes (and shows a progress bar); if the decoded
+    data fits in ``cache_limit_mb`` it is kept, and later passes replay it without decoding.
+    Do not modify yielded arrays in place: they may be the cached ones.
+    """
+
+    def __init__(self, dataset: Dataset, *, task: Task, preprocess: Preprocess, batch_size: int, workers: int,
+                 desc: Optional[str] = None, cache_limit_mb: float = 2048, ignore_index: Optional[int] = None,
+                 progress: bool = True):
+        self.dataset, self.task, self.preprocess = dataset, task, preprocess
+        self.batch_size, self.desc, self.progress = int(batch_size), desc, progress
+        self.num_samples = len(dataset)
+        self.workers = workers if self.num_samples >= MIN_SAMPLES_FOR_WORKERS else 0
+        self.input_size = tuple(preprocess.input_size)
+        self.class_names = getattr(dataset, "class_names", None)
+        self.num_classes = getattr(dataset, "num_classes", None)
+        self.ignore_index = ignore_index if task == "segmentation" else None
+        h, w = self.input_size
+        label_bytes = h * w * 8 if task == "segmentation" else 8
+        self.estimated_mb = self.num_samples * (preprocess.channels * h * w + label_bytes) / 2**20
+        self.cacheable = self.estimated_mb <= cache_limit_mb
+        self._cache: Optional[list[tuple[np.ndarray, np.ndarray]]] = None
+
+    @property
+    def cached(self) -> bool:
+        return self._cache is not None
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return iter(self._cache) if self._cache is not None else self._decode()
+
+    def _decode(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        loader = DataLoader(_Guarded(self.dataset), batch_size=self.batch_size, shuffle=False,
+                            num_workers=self.workers, collate_fn=_collate)
+        cache = [] if self.cacheable else None
+        # iter() starts (forks) the workers: do it before the progress bar starts its refresh
+        # thread, so no child is forked while that thread holds a lock.
+        it = iter(loader)
+        bar = _start_progress(self.desc or "decoding images", self.num_samples) if self.progress else None
+        try:
+            for batch in it:
+                if isinstance(batch, _Failure):
+                    batch.reraise()
+                if cache is not None:
+                    cache.append(batch)
+                if bar is not None:
+                    bar[0].advance(bar[1], len(batch[0]))
+                yield batch
+            if cache is not None:  # only a complete pass is cached; an abandoned one is dropped
+                self._cache = cache
+        finally:
+            if bar is not None:
+                bar[0].stop()
+            del it  # shuts the worker processes down now, also on error or early exit
+
+    def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``n`` samples (fewer if the dataset is smaller), decoded in this process."""
+        n = min(int(n), self.num_samples)
+        if n <= 0:
+            raise ValueError("first(n) needs n >= 1")
+        if self._cache is not None:
+            images = np.concatenate([b[0] for b in self._cache[: math.ceil(n / self.batch_size)]])[:n]
+            labels = np.concatenate([b[1] for b in self._cache[: math.ceil(n / self.batch_size)]])[:n]
+            return images, labels
+        return _collate([self.dataset[i] for i in range(n)])
+
+
+def default_workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+def make_batches(spec: DatasetSpec, preprocess: Preprocess, task: Task, batch_size: Optional[int] = None,
+                 desc: Optional[str] = None, cache_limit_mb: float = 2048, progress: bool = True) -> Batches:
+    """Build the dataset ``spec`` describes and wrap it in re-iterable, cached :class:`Batches`."""
+    dataset = build_dataset(spec, preprocess, task)
+    return Batches(dataset, task=task, preprocess=preprocess, batch_size=batch_size or spec.batch_size,
+                   workers=spec.workers if spec.workers is not None else default_workers(), desc=desc,
+                   cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress)

@@ -1,0 +1,128 @@
+"""PyTorch eager engine: FP32 on CPU/GPU, FP16/BF16 on GPU, channels_last, CUDA graphs, torch.compile."""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import numpy as np
+import torch
+
+from qdeploy.engines.base import CudaTimer, Engine, register_engine
+from qdeploy.errors import VariantUnavailable
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# torch.compile modes whose Inductor output already replays CUDA graphs: manual capture would nest graphs
+_COMPILE_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
+
+
+def resolve_torch_device(requested: str, precision: str) -> str:
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise VariantUnavailable("device 'cuda' was asked for but torch.cuda.is_available() is False")
+    device = "cuda" if requested == "cuda" or (requested == "auto" and has_cuda) else "cpu"
+    if precision in ("fp16", "bf16") and device != "cuda":
+        raise VariantUnavailable(f"{precision.upper()} in PyTorch needs a CUDA GPU; this machine has none (or device: cpu was set)")
+    return device
+
+
+@register_engine("torch")
+class TorchEngine(Engine):
+    def load(self) -> None:
+        v = self.variant
+        self.device = resolve_torch_device(v.device, v.precision)
+        if v.cuda_graphs and self.device != "cuda":
+            raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")
+        if v.threads:
+            torch.set_num_threads(v.threads)
+        if self.device == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick its fastest kernels, as trtexec does
+        self.dtype = _DTYPES[v.precision]
+        self.memory_format = torch.channels_last if v.channels_last else torch.contiguous_format
+        model = copy.deepcopy(self.artifacts.torch_model())
+        model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
+        self.compile_mode = None
+        if v.compile:
+            mode = "default" if v.compile is True else v.compile
+            if v.cuda_graphs and mode in _COMPILE_GRAPH_MODES:
+                mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
+            self.compile_mode = mode
+            model = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+        self.model = model
+        self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
+
+    def _to_device(self, batch: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(batch))
+        if self.device == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(dtype=self.dtype).contiguous(memory_format=self.memory_format)
+
+    def _graph_for(self, x: torch.Tensor):
+        """Capture (once per input shape) a CUDA graph of the forward pass, after warm-up on a side stream."""
+        key = tuple(x.shape)
+        if key not in self._graphs:
+            static_in = x.clone()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(3):  # cuDNN autotuning / lazy init must happen outside capture
+                    self.model(static_in)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.inference_mode():
+                static_out = self.model(static_in)
+            self._graphs[key] = (graph, static_in, static_out)
+        return self._graphs[key]
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.variant.cuda_graphs:
+            graph, static_in, static_out = self._graph_for(x)
+            static_in.copy_(x)
+            graph.replay()
+            return static_out
+        with torch.inference_mode():
+            return self.model(x)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        out = self._forward(self._to_device(batch))
+        return out.float().cpu().numpy()
+
+    def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
+        x = self._to_device(batch)
+        if self.variant.cuda_graphs:
+            graph = self._graph_for(x)[0]  # static input already holds x's values after capture
+            return graph.replay
+        model = self.model
+
+        def step():
+            with torch.inference_mode():
+                return model(x)
+
+        return step
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def timer(self):
+        return CudaTimer() if self.device == "cuda" else None
+
+    def describe(self) -> dict:
+        d = {
+            "device": self.device,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "channels_last": self.variant.channels_last,
+            "cuda_graphs": self.variant.cuda_graphs,
+            "compile": self.compile_mode,
+            "threads": torch.get_num_threads() if self.device == "cpu" else None,
+            "torch": torch.__version__,
+        }
+        if self.device == "cuda":
+            d["gpu"] = torch.cuda.get_device_name()
+            d["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+        return d
+
+    def close(self) -> None:
+        self._graphs = {}
+        self.model = None
+        if self.device == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,239 @@
+"""PyTorch → ONNX export, verification in ONNX Runtime, and an on-disk export cache."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdeploy import __version__
+from qdeploy.config import ExportSpec, ModelSpec, VerifySpec
+from qdeploy.errors import ExportError, ModelError
+from qdeploy.utils.atomic import atomic_path
+from qdeploy.utils.log import log
+
+INPUT_NAME = "input"
+OUTPUT_NAME = "output"
+
+
+@dataclass
+class OnnxArtifact:
+    path: Path
+    input_name: str
+    output_name: str
+    opset: int
+    exporter: str  # torchscript | dynamo | user
+    cached: bool = False
+    verify: Optional[dict] = None
+    fingerprint: Optional[str] = None
+
+    @property
+    def size_mb(self) -> float:
+        return self.path.stat().st_size / 2**20
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        d["size_mb"] = round(self.size_mb, 3)
+        return d
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("QDEPLOY_CACHE", Path.home() / ".cache" / "qdeploy"))
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export_fingerprint(spec: ModelSpec, export: ExportSpec) -> str:
+    """Hash of everything that changes the exported graph: spec, weights bytes, model code, options."""
+    payload = {
+        "spec": spec.model_dump(mode="json"),
+        "export": export.model_dump(mode="json", exclude={"verify", "cache"}),
+        "torch": torch.__version__,
+        "qdeploy": __version__,
+    }
+    if spec.weights:
+        payload["weights_sha256"] = _sha256_file(Path(spec.weights))
+    module_file = spec.source.rpartition(":")[0]
+    if module_file.endswith(".py") and Path(module_file).is_file():
+        payload["code_sha256"] = _sha256_file(Path(module_file))
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _safe_name(source: str) -> str:
+    stem = source.rpartition(":")[2] or Path(source).stem
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in stem)[:40] or "model"
+
+
+def _dummy_input(spec: ModelSpec, batch: int = 2) -> torch.Tensor:
+    # batch 2, not 1: some exporters specialise a size-1 dimension and lose the dynamic batch axis
+    h, w = spec.preprocess.input_size
+    return torch.randn(batch, spec.preprocess.channels, h, w)
+
+
+def _export_torchscript(model: nn.Module, x: torch.Tensor, path: Path, export: ExportSpec) -> None:
+    axes = {}
+    if export.dynamic_batch:
+        axes[0] = "batch"
+    if export.dynamic_hw:
+        axes.update({2: "height", 3: "width"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter is deprecated in torch >= 2.9, still the most robust
+        torch.onnx.export(
+            model, (x,), str(path), dynamo=False, opset_version=export.opset,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: {0: "batch"} if export.dynamic_batch else {}},
+            do_constant_folding=True,
+        )
+
+
+def _export_dynamo(model: nn.Module, x: torch.Tensor, path: Path, export: ExportSpec) -> None:
+    dims = {}
+    if export.dynamic_batch:
+        dims[0] = torch.export.Dim("batch", min=1, max=4096)
+    if export.dynamic_hw:
+        dims[2] = torch.export.Dim("height", min=8, max=8192)
+        dims[3] = torch.export.Dim("width", min=8, max=8192)
+    buf = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        program = torch.onnx.export(
+            model, (x,), dynamo=True, opset_version=export.opset, input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME], dynamic_shapes=({k: v for k, v in dims.items()},), verbose=False,
+        )
+        program.save(str(path), external_data=False)
+
+
+def export_onnx(
+    model: nn.Module,
+    spec: ModelSpec,
+    export: ExportSpec,
+    verify_inputs: Optional[np.ndarray] = None,
+    cache_dir: Optional[Path] = None,
+) -> OnnxArtifact:
+    """Export ``model`` to a single self-contained ONNX file, verify it, and cache it by fingerprint."""
+    fingerprint = export_fingerprint(spec, export)
+    cache_dir = Path(cache_dir or default_cache_dir()) / "exports"
+    path = cache_dir / f"{_safe_name(spec.source)}-{fingerprint[:16]}.onnx"
+    meta_path = path.with_suffix(".json")
+    cached = export.cache and path.is_file() and meta_path.is_file()
+    if cached:
+        meta = json.loads(meta_path.read_text())
+        log(f"export: cache hit {path}")
+        artifact = OnnxArtifact(path, INPUT_NAME, OUTPUT_NAME, meta["opset"], meta["exporter"], True, None, fingerprint)
+    else:
+        artifact = _export_uncached(model, spec, export, path, fingerprint)
+        if export.cache:
+            from qdeploy.utils.atomic import write_json
+
+            write_json(meta_path, {"opset": artifact.opset, "exporter": artifact.exporter, "source": spec.source})
+    if verify_inputs is not None:
+        artifact.verify = verify_onnx(model, artifact, verify_inputs, export.verify)
+    return artifact
+
+
+def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxArtifact:
+    import onnx
+
+    order = {"auto": ["torchscript", "dynamo"], "torchscript": ["torchscript"], "dynamo": ["dynamo"]}[export.exporter]
+    errors = []
+    x = _dummy_input(spec)
+    log(f"export: {spec.source} → ONNX (opset {export.opset}, dynamic batch={export.dynamic_batch}, dynamic H/W={export.dynamic_hw})")
+    for name in order:
+        try:
+            with atomic_path(path) as tmp:  # renamed onto `path` only if every check below passes
+                (_export_torchscript if name == "torchscript" else _export_dynamo)(model, x, tmp, export)
+                proto = onnx.load(str(tmp), load_external_data=False)
+                onnx.checker.check_model(proto)
+                if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+                    raise ExportError("wrote external data; qdeploy needs one self-contained file")
+                opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), export.opset)
+        except ModelError:
+            raise
+        except Exception as e:
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            errors.append(f"{name}: {type(e).__name__}: {first_line}")
+            continue
+        return OnnxArtifact(path, INPUT_NAME, OUTPUT_NAME, opset, name, False, None, fingerprint)
+    raise ExportError(f"ONNX export of {spec.source} failed: " + " | ".join(errors))
+
+
+def use_onnx_file(source: str) -> OnnxArtifact:
+    """Accept a user-supplied ONNX model: check it loads and has one input."""
+    import onnx
+
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ModelError(f"ONNX model file {path} does not exist")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise ModelError(f"ONNX model file {path} cannot be parsed: {type(e).__name__}: {e}") from None
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [i.name for i in proto.graph.input if i.name not in initializers]
+    if len(inputs) != 1:
+        raise ModelError(f"ONNX model {path} has {len(inputs)} inputs {inputs}; qdeploy supports one image input")
+    if not proto.graph.output:
+        raise ModelError(f"ONNX model {path} has no outputs")
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return OnnxArtifact(path, inputs[0], proto.graph.output[0].name, opset, "user")
+
+
+def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, spec: VerifySpec) -> dict:
+    """Run the ONNX file in ONNX Runtime (CPU) on real images and compare with PyTorch FP32."""
+    import onnxruntime as ort
+
+    x = np.ascontiguousarray(inputs[: spec.samples], dtype=np.float32)
+    with torch.inference_mode():
+        ref = model(torch.from_numpy(x)).float().numpy()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(artifact.path), opts, providers=["CPUExecutionProvider"])
+    got = sess.run(None, {artifact.input_name: x})[0]
+    if got.shape != ref.shape:
+        raise ExportError(f"ONNX output shape {got.shape} differs from PyTorch {ref.shape} ({artifact.path})")
+    diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
+    a, b = got.reshape(len(x), -1).astype(np.float64), ref.reshape(len(x), -1).astype(np.float64)
+    cos = float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)))
+    limit = spec.atol + spec.rtol * float(np.max(np.abs(ref)))
+    result = {"samples": len(x), "max_abs_diff": diff, "tolerance": limit, "cosine": cos, "min_cosine": spec.min_cosine}
+    result["passed"] = bool(np.isfinite(diff) and diff <= limit and cos >= spec.min_cosine)
+    log(f"verify: ONNX Runtime vs PyTorch on {len(x)} real images: max |diff| {diff:.3g} (tolerance {limit:.3g}), min cosine {cos:.6f}")
+    if not result["passed"]:
+        raise ExportError(
+            f"ONNX export {artifact.path} does not match PyTorch: max |diff| {diff:.3g} > tolerance {limit:.3g} "
+            f"or cosine {cos:.6f} < {spec.min_cosine} (export.verify sets the tolerances)"
+        )
+    return result
+
+
+def convert_fp16(artifact: OnnxArtifact) -> OnnxArtifact:
+    """FP16 copy of an FP32 ONNX (FP32 inputs/outputs kept, so callers feed the same arrays)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    path = artifact.path.with_name(artifact.path.stem + "-fp16.onnx")
+    if not path.is_file():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = convert_float_to_float16(onnx.load(str(artifact.path)), keep_io_types=True)
+        with atomic_path(path) as tmp:
+            onnx.save(proto, str(tmp))
+    return OnnxArtifact(path, artifact.input_name, artifact.output_name, artifact.opset, artifact.exporter + "+fp16", artifact.cached)

@@ -1,0 +1,74 @@
+"""HTML report: one self-contained file (inline CSS, plots as base64 PNG, no scripts, no external URLs),
+so it can be mailed, archived as a CI artifact or opened offline and still look the same."""
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from html import escape
+
+from qdeploy.report import plots
+from qdeploy.report import tables as T
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2433;margin:0;background:#f6f7f9}
+main{max-width:1200px;margin:0 auto;padding:24px}
+h1{font-size:22px;margin:0 0 12px}h2{font-size:17px;margin:28px 0 6px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
+p.caption{color:#5b6475;margin:2px 0 8px;font-size:13px}
+table{border-collapse:collapse;background:#fff;margin:4px 0 8px;font-size:13px}
+th,td{border:1px solid #d8dce3;padding:4px 9px;vertical-align:top}
+th{background:#eef1f5;text-align:left}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr:nth-child(even) td{background:#fafbfc}tr.muted td{color:#8a93a3;font-style:italic}
+table.kv th{width:130px}figure{margin:10px 0;background:#fff;border:1px solid #d8dce3;padding:8px;display:inline-block}
+figure img{max-width:100%;height:auto;display:block}figcaption{color:#5b6475;font-size:13px;margin-top:4px}
+"""
+
+
+def _table(t: T.Table) -> str:
+    out = [f'<h2 id="{escape(t.key)}">{escape(t.title)}</h2>']
+    if t.caption:
+        out.append(f'<p class="caption">{escape(t.caption)}</p>')
+    if not t.rows:
+        return "\n".join(out + ["<p><em>No data.</em></p>"])
+
+    def cls(i: int) -> str:
+        return ' class="n"' if t.numeric[i] else ""
+
+    out.append("<table><thead><tr>" + "".join(f"<th{cls(i)}>{escape(h)}</th>" for i, h in enumerate(t.headers))
+               + "</tr></thead><tbody>")
+    for row, muted in zip(t.rows, t.muted):
+        out.append(("<tr class=\"muted\">" if muted else "<tr>")
+                   + "".join(f"<td{cls(i)}>{escape(c)}</td>" for i, c in enumerate(row)) + "</tr>")
+    return "\n".join(out + ["</tbody></table>"])
+
+
+def _figure(png: bytes | None, alt: str, caption: str) -> str:
+    if png is None:
+        return f'<p class="caption">{escape(alt)}: nothing to plot.</p>'
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{escape(alt)}">'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
+
+
+def render_html(results: Mapping) -> str:
+    """The whole report as one HTML page: the Markdown report's tables plus two embedded plots."""
+    title = T.title(results)
+    body = [f"<h1>{escape(title)}</h1>", '<table class="kv">']
+    body += [f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in T.summary(results)]
+    body.append("</table>")
+    tables = T.all_tables(results)
+    last_latency = next((t.key for t in reversed(tables) if t.key.startswith("latency-")), "accuracy")
+    metric = T.METRICS[T.task(results)][0][1]
+    for t in tables:
+        body.append(_table(t))
+        # Plots sit right after the tables they illustrate.
+        if t.key == "accuracy":
+            body.append(_figure(plots.accuracy_vs_latency(results), "Accuracy vs latency",
+                                f"{metric} against mean latency per batch size; colour = engine, "
+                                "marker = precision (○ fp32, □ fp16, △ bf16, ◇ int8)."))
+        if t.key == last_latency:
+            body.append(_figure(plots.latency_distribution(results), "Latency distribution",
+                                "Per-iteration latency of every timed batch (box = quartiles, whiskers = 1.5 IQR)."))
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body><main>\n"
+            + "\n".join(body) + "\n</main></body>\n</html>\n")

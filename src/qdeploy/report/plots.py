@@ -1,0 +1,95 @@
+"""Report plots as PNG bytes, drawn with matplotlib's object-oriented API on the Agg canvas.
+
+``Figure`` + ``FigureCanvasAgg`` never touches pyplot, so no GUI backend is selected, nothing leaks
+between calls, and it works headless and from threads.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from qdeploy.report import tables as T
+
+MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "int8": "D"}
+
+
+def _grid(n: int) -> tuple[Figure, list]:
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(4.6 * cols, 3.8 * rows), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, list(axes[:n])
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})  # no version string: same input, same bytes
+    return buf.getvalue()
+
+
+def _log_if_wide(values: list[float], set_scale) -> None:
+    # CPU and GPU latencies can differ 100×; a linear axis would squash the fast variants into one spot.
+    if values and min(values) > 0 and max(values) / min(values) > 20:
+        set_scale("log")
+
+
+def accuracy_vs_latency(results: Mapping) -> bytes | None:
+    """Scatter of headline accuracy against mean latency, one panel per batch size; None when nothing to plot."""
+    key, name = T.METRICS[T.task(results)][0]
+    panels = []
+    for bs in T.batch_sizes(results):
+        pts = []
+        for v in T.variants(results):
+            x = T.num(T.latency_stats(v, bs).get("mean"))
+            y = T.num(T.section(v, "metrics").get(key))
+            if x is not None and y is not None:
+                pts.append((v, x, 100 * y))
+        if pts:
+            panels.append((bs, pts))
+    if not panels:
+        return None
+    engines = sorted({str(v.get("engine")) for _, pts in panels for v, _, _ in pts})
+    colour = {e: f"C{i % 10}" for i, e in enumerate(engines)}
+    fig, axes = _grid(len(panels))
+    for ax, (bs, pts) in zip(axes, panels):
+        for v, x, y in pts:
+            ax.scatter(x, y, s=40, color=colour[str(v.get("engine"))], marker=MARKERS.get(v.get("precision"), "P"),
+                       edgecolors="black", linewidths=0.5, zorder=3)
+            ax.annotate(str(v.get("name")), (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        _log_if_wide([x for _, x, _ in pts], ax.set_xscale)
+        ax.set(title=f"batch size {bs}", xlabel="mean latency (ms)", ylabel=name)
+        ax.grid(True, alpha=0.3)
+        ax.margins(0.15)  # room for the point labels
+    handles = [axes[0].scatter([], [], color=colour[e], label=e) for e in engines]
+    axes[0].legend(handles=handles, fontsize=8, loc="best")
+    return _png(fig)
+
+
+def latency_distribution(results: Mapping) -> bytes | None:
+    """Box plot of the raw per-iteration latencies, one panel per batch size; None without samples."""
+    panels = []
+    for bs in T.batch_sizes(results):
+        series = []
+        for v in T.variants(results):
+            raw = T.at_batch(T.section(v, "latency_samples_ms"), bs)
+            values = [f for f in map(T.num, raw if isinstance(raw, list) else []) if f is not None]
+            if values:
+                series.append((str(v.get("name")), values))
+        if series:
+            panels.append((bs, series))
+    if not panels:
+        return None
+    fig, axes = _grid(len(panels))
+    for ax, (bs, series) in zip(axes, panels):
+        ax.boxplot([s for _, s in series], showfliers=True, flierprops={"markersize": 2, "alpha": 0.5})
+        ax.set_xticks(range(1, len(series) + 1), [n for n, _ in series], rotation=30, ha="right", fontsize=8)
+        _log_if_wide([x for _, s in series for x in s], ax.set_yscale)
+        ax.set(title=f"batch size {bs}", ylabel="latency per batch (ms)")
+        ax.grid(True, axis="y", alpha=0.3)
+    return _png(fig)

@@ -1,0 +1,297 @@
+"""Turn a results dict into display-ready tables, shared by the Markdown, HTML and terminal renderers.
+
+Every cell is already a string here, so all reports show identical numbers and a missing value
+(skipped variant, absent key, ``None``) becomes "–" in exactly one place. Nothing here assumes the
+dict was validated: renderers may be called on partial results.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DASH = "–"
+
+# Per task: (metric key, column label); the first one is the headline metric (Δ, plots, terminal).
+METRICS = {
+    "classification": [("top1", "Top-1 %"), ("top5", "Top-5 %")],
+    "segmentation": [("miou", "mIoU %"), ("pixel_acc", "Pixel acc %")],
+}
+
+
+# ---------------------------------------------------------------------------- values and formats
+def num(x: Any) -> float | None:
+    """``x`` as a float, or None when it is missing, not a number, a bool or not finite."""
+    if x is None or isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def fmt(x: Any, digits: int = 2, scale: float = 1.0, sep: bool = False) -> str:
+    f = num(x)
+    if f is None:
+        return DASH
+    return f"{f * scale:,.{digits}f}" if sep else f"{f * scale:.{digits}f}"
+
+
+def pct(x: Any) -> str:
+    """A fraction in 0..1 as a percentage with 2 decimals: 0.9173 -> '91.73'."""
+    return fmt(x, 2, 100.0)
+
+
+def section(d: Any, key: str) -> dict:
+    """``d[key]`` when it is a mapping, else {}: skipped variants may hold None or nothing at all."""
+    value = d.get(key) if isinstance(d, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def at_batch(mapping: Mapping, bs: str) -> Any:
+    """Per-batch-size lookup; keys are strings in JSON but may still be ints in a fresh dict."""
+    if bs in mapping:
+        return mapping[bs]
+    return mapping.get(int(bs)) if bs.isdigit() else None
+
+
+def task(results: Mapping) -> str:
+    t = section(results, "model").get("task")
+    if t in METRICS:
+        return t
+    seg = any("miou" in section(v, "metrics") for v in variants(results))
+    return "segmentation" if seg else "classification"
+
+
+def variants(results: Mapping) -> list[dict]:
+    vs = results.get("variants") if isinstance(results, Mapping) else None
+    return [v for v in vs if isinstance(v, Mapping)] if isinstance(vs, list) else []
+
+
+def is_ok(v: Mapping) -> bool:
+    return v.get("status") == "ok"
+
+
+def label(v: Mapping) -> str:
+    """Variant name, flagged when it did not run to completion so partial numbers are not misread."""
+    name = str(v.get("name") or "?")
+    return name if is_ok(v) else f"{name} ({v.get('status') or 'unknown'})"
+
+
+def batch_sizes(results: Mapping) -> list[str]:
+    """Configured batch sizes plus any a variant reports, in numeric order, as strings."""
+    sizes = {str(b) for b in section(results, "bench").get("batch_sizes") or []}
+    for v in variants(results):
+        for key in ("latency_ms", "throughput_ips", "latency_samples_ms"):
+            sizes.update(str(k) for k in section(v, key))
+    return sorted(sizes, key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s))
+
+
+def reference(results: Mapping) -> dict | None:
+    name = results.get("reference")
+    return next((v for v in variants(results) if v.get("name") == name), None)
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    if isinstance(value, Mapping):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- tables
+@dataclass
+class Table:
+    key: str                      # stable id: HTML anchor, and where the HTML page puts plots
+    title: str
+    headers: list[str]
+    numeric: list[bool]           # per column: right-align
+    caption: str = ""
+    rows: list[list[str]] = field(default_factory=list)
+    muted: list[bool] = field(default_factory=list)  # per row: variant did not run ok
+
+    def add(self, cells: list[str], muted: bool = False) -> None:
+        self.rows.append(cells)
+        self.muted.append(muted)
+
+
+def _shown(results: Mapping, has_data) -> list[dict]:
+    """Variants for a measurement table: every ok one, plus non-ok ones that still measured something."""
+    return [v for v in variants(results) if is_ok(v) or has_data(v)]
+
+
+def accuracy_table(results: Mapping) -> Table:
+    metrics = METRICS[task(results)]
+    head_key, head_label = metrics[0]
+    ref = reference(results)
+    ref_value = num(section(ref, "metrics").get(head_key)) if ref else None
+    with_note = any(v.get("note") for v in variants(results))
+    t = Table("accuracy", "Accuracy",
+              ["Variant", *[m[1] for m in metrics], f"Δ {head_label.split()[0]} (pts)", "Agreement %", "Samples"]
+              + (["Note"] if with_note else []),
+              [False] + [True] * (len(metrics) + 3) + ([False] if with_note else []),
+              caption=(f"Δ is in percentage points against the reference variant {results.get('reference')}; "
+                       "agreement is the share of predictions identical to the reference's."
+                       if ref else "No reference variant: Δ and agreement are not available."))
+    for v in _shown(results, lambda v: bool(section(v, "metrics"))):
+        m = section(v, "metrics")
+        is_ref = ref is not None and v is ref
+        value = num(m.get(head_key))
+        delta = "ref" if is_ref else (DASH if value is None or ref_value is None
+                                      else f"{100 * (value - ref_value):+.2f}")
+        agreement = "ref" if is_ref and v.get("agreement") is None else pct(v.get("agreement"))
+        samples = fmt(m.get("samples"), 0, sep=True)
+        t.add([label(v), *[pct(m.get(k)) for k, _ in metrics], delta, agreement, samples]
+              + ([str(v.get("note") or "")] if with_note else []), muted=not is_ok(v))
+    return t
+
+
+def latency_tables(results: Mapping) -> list[Table]:
+    ref = reference(results)
+    tables = []
+    for bs in batch_sizes(results):
+        t = Table(f"latency-{bs}", f"Latency, batch size {bs}",
+                  ["Variant", "Mean ± std ms", "p50 ms", "p95 ms", "p99 ms", "Throughput img/s", "Speed-up"],
+                  [False] + [True] * 6,
+                  caption=f"Time for one batch of {bs}; speed-up is the reference's mean latency over the variant's.")
+        ref_mean = num(latency_stats(ref, bs).get("mean")) if ref else None
+        for v in _shown(results, lambda v: latency_stats(v, bs) or at_batch(section(v, "throughput_ips"), bs)):
+            lat = latency_stats(v, bs)
+            mean, std = num(lat.get("mean")), num(lat.get("std"))
+            mean_std = DASH if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
+            speedup = DASH if not (mean and ref_mean) else f"{ref_mean / mean:.2f}×"
+            t.add([label(v), mean_std, *[fmt(lat.get(p)) for p in ("p50", "p95", "p99")],
+                   fmt(at_batch(section(v, "throughput_ips"), bs), 1, sep=True), speedup], muted=not is_ok(v))
+        tables.append(t)
+    return tables
+
+
+def latency_stats(v: Mapping, bs: str) -> Mapping:
+    stats = at_batch(section(v, "latency_ms"), bs)
+    return stats if isinstance(stats, Mapping) else {}
+
+
+def memory_table(results: Mapping) -> Table:
+    keys = [("rss_peak", "RSS peak MB"), ("rss_delta", "RSS Δ MB"), ("gpu_allocated_peak", "GPU allocated peak MB"),
+            ("gpu_reserved_peak", "GPU reserved peak MB"), ("artifact", "Artifact MB")]
+    t = Table("memory", "Memory", ["Variant", *[k[1] for k in keys]], [False] + [True] * len(keys))
+    for v in _shown(results, lambda v: any(num(x) is not None for x in section(v, "memory_mb").values())):
+        mem = section(v, "memory_mb")
+        t.add([label(v), *[fmt(mem.get(k), 1, sep=True) for k, _ in keys]], muted=not is_ok(v))
+    return t
+
+
+def iou_table(results: Mapping) -> Table | None:
+    """Per-class IoU (segmentation only): one row per class, one column per variant."""
+    if task(results) != "segmentation":
+        return None
+    names = list(section(section(results, "data"), "eval").get("class_names") or [])
+    cols = []
+    for v in variants(results):
+        ious = section(v, "metrics").get("per_class_iou")
+        if isinstance(ious, list):  # tolerate index order instead of a name -> IoU map
+            ious = {str(names[i]) if i < len(names) else str(i): x for i, x in enumerate(ious)}
+        if isinstance(ious, Mapping) and ious:
+            cols.append((v, ious))
+    if not cols:
+        return None
+    classes = [str(n) for n in names]
+    classes += [c for _, ious in cols for c in ious if c not in classes]  # classes the data section misses
+    classes = list(dict.fromkeys(classes))
+    t = Table("per-class-iou", "Per-class IoU %", ["Class", *[label(v) for v, _ in cols]], [False] + [True] * len(cols),
+              caption="– means the class does not occur in the evaluation data (or was not measured).")
+    for c in classes:
+        t.add([c, *[pct(ious.get(c)) for _, ious in cols]])
+    return t
+
+
+def skipped_table(results: Mapping) -> Table:
+    t = Table("skipped", "Skipped and failed variants", ["Variant", "Engine", "Precision", "Status", "Reason"],
+              [False] * 5)
+    for v in variants(results):
+        if not is_ok(v):
+            t.add([str(v.get("name") or "?"), str(v.get("engine") or DASH), str(v.get("precision") or DASH),
+                   str(v.get("status") or "unknown"), str(v.get("reason") or DASH)], muted=True)
+    return t
+
+
+def details_table(results: Mapping) -> Table:
+    t = Table("details", "Variant details", ["Variant", "Engine", "Precision", "Device", "Details",
+                                              "Load s", "Eval s", "Bench s"], [False] * 5 + [True] * 3)
+    for v in variants(results):
+        details = "; ".join(f"{k}={_compact(x)}" for k, x in section(v, "details").items())
+        times = section(v, "timings_s")
+        t.add([label(v), str(v.get("engine") or DASH), str(v.get("precision") or DASH), str(v.get("device") or DASH),
+               details or DASH, *[fmt(times.get(k)) for k in ("load", "eval", "bench")]], muted=not is_ok(v))
+    return t
+
+
+def all_tables(results: Mapping) -> list[Table]:
+    """Every report table, in report order (per-class IoU only for segmentation)."""
+    tables = [accuracy_table(results), *latency_tables(results), memory_table(results), iou_table(results),
+              skipped_table(results), details_table(results)]
+    return [t for t in tables if t is not None]
+
+
+# ---------------------------------------------------------------------------- header
+def title(results: Mapping) -> str:
+    return f"qdeploy report: {section(results, 'model').get('source') or 'unknown model'}"
+
+
+def onnx_line(results: Mapping) -> str | None:
+    """One line on the ONNX export and its check against PyTorch, or None when nothing was exported."""
+    onnx = section(results, "model").get("onnx")
+    if not isinstance(onnx, Mapping):
+        return None
+    parts = [f"opset {onnx.get('opset', DASH)}", f"{onnx.get('exporter') or '?'} exporter",
+             f"{fmt(onnx.get('size_mb'), 1)} MB"]
+    verify = onnx.get("verify")
+    if isinstance(verify, Mapping):
+        passed = verify.get("passed")
+        verdict = "passed" if passed is True else "FAILED" if passed is False else "inconclusive"
+        diff = num(verify.get("max_abs_diff"))
+        cos = num(verify.get("cosine"))
+        parts.append(f"verification {verdict} (max |Δ| {DASH if diff is None else f'{diff:.2e}'}, "
+                     f"cosine {DASH if cos is None else f'{cos:.6f}'}, {verify.get('samples', DASH)} samples)")
+    else:
+        parts.append("not verified")
+    return ", ".join(parts)
+
+
+def summary(results: Mapping) -> list[tuple[str, str]]:
+    """Key facts for the report header as (label, text) pairs; absent facts are left out."""
+    model, env, bench = section(results, "model"), section(results, "environment"), section(results, "bench")
+    data = section(section(results, "data"), "eval")
+    rows = []
+    size = model.get("input_size")
+    size = "×".join(map(str, size)) if isinstance(size, list) else size
+    rows.append(("Model", f"{model.get('source') or '?'} ({task(results)}"
+                          + (f", input {size}" if size else "") + ")"))
+    if data:
+        bits = [str(data.get("format") or "?"), f"{fmt(data.get('samples'), 0, sep=True)} samples"]
+        if data.get("num_classes") is not None:
+            bits.append(f"{data['num_classes']} classes")
+        rows.append(("Data", ", ".join(bits) + (f" from {data['root']}" if data.get("root") else "")))
+    rows.append(("Reference", str(results.get("reference") or "none")))
+    if bench:
+        bs = ", ".join(map(str, bench.get("batch_sizes") or [])) or DASH
+        rows.append(("Benchmark", f"batch sizes {bs}; {bench.get('warmup', DASH)} warm-up + "
+                                  f"{bench.get('iterations', DASH)} timed iterations"))
+    onnx = onnx_line(results)
+    if onnx:
+        rows.append(("ONNX export", onnx))
+    if env:
+        rows.append(("Python", f"{env.get('python') or '?'} on {env.get('platform') or '?'}"))
+        rows.append(("CPU", f"{env.get('cpu') or '?'}" + (f" ({env['cpu_count']} cores)" if env.get("cpu_count") else "")))
+        gpu = env.get("gpu")
+        rows.append(("GPU", "none" if not gpu else str(gpu) + "".join(
+            f", {k} {env[k]}" for k in ("cuda", "cudnn") if env.get(k) is not None)))
+        libs = [f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime") if env.get(k)]
+        if libs:
+            rows.append(("Libraries", ", ".join(libs)))
+    created, version = results.get("created"), results.get("qdeploy_version")
+    if created or version:
+        rows.append(("Created", f"{created or '?'}" + (f" by qdeploy {version}" if version else "")))
+    return rows

@@ -1,0 +1,36 @@
+"""One console for qdeploy's messages (stderr, so stdout stays clean for machine-readable output)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=True, highlight=False)
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    global _quiet
+    _quiet = quiet
+
+
+def log(msg: str) -> None:
+    if not _quiet:
+        console.print(f"[dim]qdeploy[/dim] {msg}", markup=True, soft_wrap=True)
+
+
+def warn(msg: str) -> None:
+    console.print(f"[yellow]warning:[/yellow] {msg}", soft_wrap=True)
+
+
+@contextmanager
+def progress(desc: str, total: int | None):
+    """A progress bar; yields ``advance(n)``. Transient so finished bars don't clutter the log."""
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=console, transient=True, disable=_quiet or not console.is_terminal,
+    )
+    with bar:
+        task = bar.add_task(desc, total=total)
+        yield lambda n=1: bar.advance(task, n)
