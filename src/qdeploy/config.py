@@ -74,7 +74,7 @@ class ModelSpec(_Strict):
 
     source: str = Field(description="torchvision:NAME | timm:NAME | file.py:factory | pkg.module:factory | model.onnx")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    weights: Optional[str] = None
+    weights: Optional[str] = Field(None, description="state_dict file, or pkg:PACKAGE/path for weights shipped in a package")
     weights_key: Optional[str] = Field(None, description="take the state_dict from this key of the checkpoint")
     task: Task = "classification"
     output: Optional[Union[str, int]] = Field(None, description="key/index to take when the model returns a dict/tuple")
@@ -267,7 +267,7 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     """Make relative paths in the config relative to the config file, not to the current directory."""
 
     def fix(p: Any) -> Any:
-        if isinstance(p, str) and p and not Path(p).expanduser().is_absolute():
+        if isinstance(p, str) and p and not p.startswith("pkg:") and not Path(p).expanduser().is_absolute():
             return str((base / p).resolve())
         return p
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Iterator, Optional
 
 import numpy as np
@@ -21,6 +22,12 @@ from qdeploy.errors import QDeployError
 
 # Below this many samples, starting worker processes costs more than decoding in-process.
 MIN_SAMPLES_FOR_WORKERS = 64
+# Workers only run PIL and numpy (no CUDA, no OpenMP), so fork is safe on Linux even after the
+# parent initialised CUDA or torch threads; it starts in milliseconds where spawn/forkserver
+# (Python 3.14's default) re-import torch in every worker, and it does not require the caller's
+# script to have an ``if __name__ == "__main__"`` guard. Elsewhere the platform default (spawn)
+# is used: everything handed to the workers is picklable.
+MP_CONTEXT: Optional[str] = "fork" if sys.platform.startswith("linux") else None
 
 
 class _Failure:
@@ -110,7 +117,8 @@ class Batches:
 
     def _decode(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         loader = DataLoader(_Guarded(self.dataset), batch_size=self.batch_size, shuffle=False,
-                            num_workers=self.workers, collate_fn=_collate)
+                            num_workers=self.workers, collate_fn=_collate,
+                            multiprocessing_context=MP_CONTEXT if self.workers > 0 else None)
         cache = [] if self.cacheable else None
         # iter() starts (forks) the workers: do it before the progress bar starts its refresh
         # thread, so no child is forked while that thread holds a lock.

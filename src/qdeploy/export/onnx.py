@@ -69,7 +69,9 @@ def export_fingerprint(spec: ModelSpec, export: ExportSpec) -> str:
         "qdeploy": __version__,
     }
     if spec.weights:
-        payload["weights_sha256"] = _sha256_file(Path(spec.weights))
+        from qdeploy.models.loader import resolve_weights_path
+
+        payload["weights_sha256"] = _sha256_file(resolve_weights_path(spec.weights))
     module_file = spec.source.rpartition(":")[0]
     if module_file.endswith(".py") and Path(module_file).is_file():
         payload["code_sha256"] = _sha256_file(Path(module_file))

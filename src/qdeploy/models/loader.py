@@ -4,7 +4,7 @@ Sources (a small registry, in the spirit of timm's):
   ``torchvision:NAME``      torchvision.models.get_model(NAME, **kwargs)
   ``timm:NAME``             timm.create_model(NAME, pretrained=False, **kwargs)
   ``path/to/file.py:fn``    fn(**kwargs) from a Python file
-  ``package.module:fn``     fn(**kwargs) from an importable module
+  ``package.module:fn``     fn(**kwargs) from an importable module (``fn`` may be dotted: ``Class.from_name``)
   ``model.onnx``            not a PyTorch model: only ONNX-based engines can run it
 """
 from __future__ import annotations
@@ -79,7 +79,9 @@ def resolve_factory(source: str) -> Callable[..., Any]:
             module = importlib.import_module(module_part)
         except ImportError as e:
             raise ModelError(f"model source '{source}': cannot import module '{module_part}': {e}") from None
-    factory = getattr(module, attr, None)
+    factory = module
+    for part in attr.split("."):  # dotted paths reach class methods, e.g. pkg:EfficientNet.from_name
+        factory = getattr(factory, part, None)
     if factory is None:
         raise ModelError(f"model source '{source}': '{module_part}' has no attribute '{attr}'")
     if not callable(factory):
@@ -134,6 +136,20 @@ class SelectOutput(nn.Module):
         raise ModelError(f"the model returns {type(out).__name__}; expected a tensor, dict or tuple")
 
 
+def resolve_weights_path(weights: str | Path) -> Path:
+    """A filesystem path, or ``pkg:PACKAGE/relative/file`` for weights shipped inside an installed package."""
+    weights = str(weights)
+    if weights.startswith("pkg:"):
+        package, _, rel = weights[4:].partition("/")
+        try:
+            import importlib.resources
+
+            return Path(str(importlib.resources.files(package) / rel))
+        except ModuleNotFoundError:
+            raise ModelError(f"weights {weights}: package '{package}' is not installed") from None
+    return Path(weights).expanduser()
+
+
 def _read_checkpoint(path: Path, key: str | None) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ModelError(f"weights file {path} does not exist")
@@ -161,10 +177,11 @@ def _read_checkpoint(path: Path, key: str | None) -> dict[str, torch.Tensor]:
 
 def load_state_dict_checked(model: nn.Module, path: str | Path, key: str | None = None) -> None:
     """Load weights, and if they do not fit, say exactly which keys are missing, unexpected or mis-shaped."""
-    path = Path(path)
+    path = resolve_weights_path(path)
     state = _read_checkpoint(path, key)
     expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
+    # BatchNorm's step counter is not a weight and many published checkpoints omit it
+    missing = [k for k in expected if k not in state and not k.endswith("num_batches_tracked")]
     unexpected = [k for k in state if k not in expected]
     mis_shaped = [
         f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
@@ -178,7 +195,7 @@ def load_state_dict_checked(model: nn.Module, path: str | Path, key: str | None 
                 more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
                 parts.append(f"{label}: {', '.join(items[:5])}{more}")
         raise ModelError(f"weights {path} do not match the model architecture: " + "; ".join(parts))
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=False)  # every key was checked above
 
 
 def build_torch_model(spec: ModelSpec) -> nn.Module:

@@ -1,9 +1,12 @@
 """Terminal summary: one compact ``rich`` table, the numbers one looks at right after a run."""
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -12,37 +15,62 @@ from qdeploy.report import tables as T
 
 def print_table(results: Mapping, console: Console | None = None) -> Table:
     """Print variant, status, accuracy, agreement, p50/p95 latency and throughput per batch size and peak
-    memory; skipped/failed rows are dim and carry their reason. Returns the ``rich`` table."""
-    console = console or Console()
+    memory; skipped/failed rows are dim. Reasons and notes follow the table, one line per variant: inside
+    it, a long reason would squeeze the numbers into slivers. Returns the ``rich`` table printed."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=200)  # a log, not a screen: rich's 80-column fallback would cramp it
     key, metric = T.METRICS[T.task(results)][0]
     sizes = T.batch_sizes(results)
     vs = T.variants(results)
     gpu = any(T.num(T.section(v, "memory_mb").get("gpu_allocated_peak")) is not None for v in vs)
-    table = Table(title=T.title(results), header_style="bold", title_justify="left")
-    table.add_column("Variant")
-    table.add_column("Status")
-    for name in (metric, "Agree %"):
-        table.add_column(name, justify="right")
-    for bs in sizes:
-        table.add_column(f"bs {bs} p50/p95 ms", justify="right")
-        table.add_column(f"bs {bs} img/s", justify="right")
-    table.add_column("RSS peak MB", justify="right")
-    if gpu:
-        table.add_column("GPU peak MB", justify="right")
-    table.add_column("Note / reason")
+
+    rows, notes = [], []
     for v in vs:
         mem = T.section(v, "memory_mb")
         cells = [str(v.get("name") or "?"), str(v.get("status") or "?"), T.pct(T.section(v, "metrics").get(key)),
                  "ref" if v.get("name") == results.get("reference") else T.pct(v.get("agreement"))]
+        per_batch = []
         for bs in sizes:
             lat = T.latency_stats(v, bs)
-            cells.append(f"{T.fmt(lat.get('p50'))} / {T.fmt(lat.get('p95'))}" if lat else T.DASH)
-            cells.append(T.fmt(T.at_batch(T.section(v, "throughput_ips"), bs), 1, sep=True))
-        cells.append(T.fmt(mem.get("rss_peak"), 1, sep=True))
-        if gpu:
-            cells.append(T.fmt(mem.get("gpu_allocated_peak"), 1, sep=True))
-        cells.append(str((v.get("note") or "") if T.is_ok(v) else (v.get("reason") or "")))
-        # Text() so that "[...]" in names or reasons is shown verbatim, not parsed as rich markup.
-        table.add_row(*map(Text, cells), style=None if T.is_ok(v) else "dim")
+            per_batch.append((f"{T.fmt(lat.get('p50'))}/{T.fmt(lat.get('p95'))}" if lat else T.DASH,
+                              T.fmt(T.at_batch(T.section(v, "throughput_ips"), bs), 1, sep=True)))
+        tail = [T.fmt(mem.get("rss_peak"), 1, sep=True)] + ([T.fmt(mem.get("gpu_allocated_peak"), 1, sep=True)] if gpu else [])
+        rows.append((cells, per_batch, tail, T.is_ok(v)))
+        text = v.get("note") if T.is_ok(v) else f"{v.get('status')}: {v.get('reason') or 'no reason given'}"
+        if text:
+            notes.append(Text(f"  {cells[0]}: {text}", style=None if T.is_ok(v) else "dim"))
+
+    def joined(pb: tuple[str, str]) -> str:
+        return T.DASH if pb == (T.DASH, T.DASH) else "\n".join(pb)
+
+    def build(stacked: bool) -> Table:
+        # One line per variant when it fits; else each batch size becomes one column of "p50/p95 ⏎ img/s".
+        # Headers span lines so that they are no wider than the numbers under them.
+        headers = ["Variant", "Status", metric.replace(" ", "\n"), "Agree\n%"]
+        for bs in sizes:
+            headers += [f"bs {bs}\np50/p95 ms\nimg/s"] if stacked else [f"bs {bs}\np50/p95\nms", f"bs {bs}\nimg/s"]
+        headers += ["RSS\npeak\nMB"] + (["GPU\npeak\nMB"] if gpu else [])
+        body = [cells + [x for pb in per_batch for x in ([joined(pb)] if stacked else pb)] + tail
+                for cells, per_batch, tail, _ in rows]
+        table = Table(title=T.title(results), header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
+                      collapse_padding=True, pad_edge=False)
+        for i, h in enumerate(headers):
+            # Numbers are never cut to "98.…": each column is at least as wide as its widest value.
+            width = max(len(line) for text in [h] + [r[i] for r in body] for line in text.split("\n"))
+            table.add_column(h, justify="left" if i < 2 else "right", no_wrap=i > 0, overflow="fold",
+                             min_width=min(width, 18) if i == 0 else width)
+        for cells, (*_, ok) in zip(body, rows):
+            # Text() so that "[...]" in names is shown verbatim, not parsed as rich markup.
+            table.add_row(*map(Text, cells), style=None if ok else "dim")
+        return table
+
+    table = build(stacked=False)
+    natural = Measurement.get(console, console.options.update_width(10**4), table).maximum  # unclamped width
+    if natural > console.width:
+        table = build(stacked=True)
     console.print(table)
+    for line in notes:
+        console.print(line)
     return table

@@ -20,6 +20,7 @@ th{background:#eef1f5;text-align:left}td.n,th.n{text-align:right;font-variant-nu
 tr:nth-child(even) td{background:#fafbfc}tr.muted td{color:#8a93a3;font-style:italic}
 table.kv th{width:130px}figure{margin:10px 0;background:#fff;border:1px solid #d8dce3;padding:8px;display:inline-block}
 figure img{max-width:100%;height:auto;display:block}figcaption{color:#5b6475;font-size:13px;margin-top:4px}
+details{margin:4px 0}pre{background:#fff;border:1px solid #d8dce3;padding:8px;overflow-x:auto;font-size:12px}
 """
 
 
@@ -65,6 +66,10 @@ def render_html(results: Mapping) -> str:
             body.append(_figure(plots.accuracy_vs_latency(results), "Accuracy vs latency",
                                 f"{metric} against mean latency per batch size; colour = engine, "
                                 "marker = precision (○ fp32, □ fp16, △ bf16, ◇ int8)."))
+        if t.key == "skipped":
+            body += [f"<details><summary>Traceback of {escape(str(v.get('name')))}</summary>"
+                     f"<pre>{escape(str(T.section(v, 'details')['traceback']))}</pre></details>"
+                     for v in T.variants(results) if T.section(v, "details").get("traceback")]
         if t.key == last_latency:
             body.append(_figure(plots.latency_distribution(results), "Latency distribution",
                                 "Per-iteration latency of every timed batch (box = quartiles, whiskers = 1.5 IQR)."))

@@ -141,7 +141,7 @@ def accuracy_table(results: Mapping) -> Table:
         value = num(m.get(head_key))
         delta = "ref" if is_ref else (DASH if value is None or ref_value is None
                                       else f"{100 * (value - ref_value):+.2f}")
-        agreement = "ref" if is_ref and v.get("agreement") is None else pct(v.get("agreement"))
+        agreement = "ref" if is_ref else pct(v.get("agreement"))  # producers store None or 1.0 for it
         samples = fmt(m.get("samples"), 0, sep=True)
         t.add([label(v), *[pct(m.get(k)) for k, _ in metrics], delta, agreement, samples]
               + ([str(v.get("note") or "")] if with_note else []), muted=not is_ok(v))
@@ -221,7 +221,8 @@ def details_table(results: Mapping) -> Table:
     t = Table("details", "Variant details", ["Variant", "Engine", "Precision", "Device", "Details",
                                               "Load s", "Eval s", "Bench s"], [False] * 5 + [True] * 3)
     for v in variants(results):
-        details = "; ".join(f"{k}={_compact(x)}" for k, x in section(v, "details").items())
+        # A failed variant's traceback would swamp the cell: it stays in results.json (and the HTML page).
+        details = "; ".join(f"{k}={_compact(x)}" for k, x in section(v, "details").items() if k != "traceback")
         times = section(v, "timings_s")
         t.add([label(v), str(v.get("engine") or DASH), str(v.get("precision") or DASH), str(v.get("device") or DASH),
                details or DASH, *[fmt(times.get(k)) for k in ("load", "eval", "bench")]], muted=not is_ok(v))

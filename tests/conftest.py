@@ -1,0 +1,112 @@
+"""Shared fixtures: a tiny real model file, real image folders, and the ../shared locator."""
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+TINY_MODEL = '''
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def tiny(num_classes=3):
+    torch.manual_seed(0)
+    return Tiny(num_classes)
+
+
+class TinySeg(nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv2d(3, num_classes, 3, padding=1)
+
+    def forward(self, x):
+        return {"out": self.conv(x), "aux": self.conv(x) * 0}
+
+
+def tiny_seg(num_classes=3):
+    torch.manual_seed(0)
+    return TinySeg(num_classes)
+
+
+NOT_CALLABLE = 42
+'''
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or skip the test with the reason when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not present: real-data test needs ../shared beside the repository")
+    return path
+
+
+@pytest.fixture
+def tiny_model_file(tmp_path) -> Path:
+    path = tmp_path / "tiny_model.py"
+    path.write_text(TINY_MODEL)
+    return path
+
+
+@pytest.fixture
+def tiny_weights(tiny_model_file, tmp_path) -> Path:
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("tiny_for_weights", tiny_model_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "tiny.pt"
+    torch.save(mod.tiny().state_dict(), path)
+    return path
+
+
+def write_image_folder(root: Path, classes=("a", "b", "c"), per_class=6, size=(12, 10), seed=0) -> Path:
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            arr = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(arr).save(root / c / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    return write_image_folder(tmp_path / "images")
+
+
+@pytest.fixture
+def tiny_config(tiny_model_file, tiny_weights, image_folder) -> dict:
+    return {
+        "model": {
+            "source": f"{tiny_model_file}:tiny",
+            "weights": str(tiny_weights),
+            "task": "classification",
+            "preprocess": {"input_size": [8, 8], "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]},
+        },
+        "data": {"eval": {"format": "imagefolder", "root": str(image_folder), "batch_size": 4, "workers": 0}},
+        "variants": [{"engine": "torch"}, {"engine": "onnxruntime"}, {"engine": "torch", "precision": "fp16"}],
+        "bench": {"batch_sizes": [1, 4], "warmup": 2, "iterations": 5},
+    }
