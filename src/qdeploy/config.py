@@ -85,6 +85,7 @@ class DatasetSpec(_Strict):
     format: Literal["imagefolder", "segnet"] = "imagefolder"
     root: str
     classes: Optional[str] = Field(None, description="class-list file: one class per line in index order, first word = folder name")
+    class_names: Optional[list[str]] = Field(None, description="names in label-index order (alternative to a classes file)")
     split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/)")
     ignore_index: int = Field(255, description="segmentation label that is excluded from metrics")
     count: Optional[int] = Field(None, gt=0, description="seeded random subset of this many samples")

@@ -197,9 +197,13 @@ def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Data
         raise DataError(f"dataset {spec.root} has format '{spec.format}', which needs task '{needed}', but the model's task is '{task}'")
     if spec.format == "imagefolder":
         ds = ImageFolderDataset(spec.root, preprocess, spec.classes)
+        if spec.class_names:  # display names only: indices still come from folders / the classes file
+            if len(spec.class_names) != ds.num_classes:
+                raise DataError(f"data class_names has {len(spec.class_names)} names but {spec.root} has {ds.num_classes} classes")
+            ds.class_names = list(spec.class_names)
     else:
         # For segmentation the class-list file only names the classes: line order = label id,
         # the whole line is the name ("Road marking").
-        names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes else None
+        names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes else spec.class_names
         ds = SegNetDataset(spec.root, spec.split, preprocess, spec.ignore_index, names)
     return subset(ds, spec.count, spec.seed)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Everything measured on the GPU machine in one call (see docs/benchmarks.md).
+# Expects: wheels for missing packages in .whl/, data/weights in .devdata/ (prepared by bench/prepare_devdata.sh).
+# Usage on the device: bash bench/gpu_run.sh [harness|resnet50|camvid|tests|all]...
+set -u
+OUT=${OUT:-/tmp/qdeploy-gpu-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -m qdeploy.cli doctor | tee -a "$OUT/gpu.txt"
+steps=${*:-all}
+for step in $steps; do
+  case $step in
+    harness|all) python3 bench/harness_overhead.py --out "$OUT/harness.json" 2>&1 | tee "$OUT/harness.log" ;;&
+    compile) python3 bench/harness_overhead.py --repeats 1 --batch-sizes 1 --compile --out "$OUT/compile.json" 2>&1 | tee "$OUT/compile.log" ;;&
+    resnet50|all) python3 -m qdeploy.cli --quiet bench bench/configs/gpu_resnet50.yaml --out "$OUT/resnet50" 2>&1 | tail -30 ;;&
+    camvid|all) python3 -m qdeploy.cli --quiet run bench/configs/gpu_camvid_deeplabv3.yaml --out "$OUT/camvid" 2>&1 | tail -30 ;;&
+    tests|all) python3 -m pytest -q -x tests -p no:cacheprovider 2>&1 | tail -15 ;;&
+    *) ;;
+  esac
+done
