@@ -9,6 +9,7 @@ import torch
 
 from qdeploy.engines.base import CudaTimer, Engine, register_engine
 from qdeploy.errors import VariantUnavailable
+from qdeploy.utils.malloc import tune_glibc_malloc
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # torch.compile modes whose Inductor output already replays CUDA graphs: manual capture would nest graphs
@@ -32,6 +33,7 @@ class TorchEngine(Engine):
         self.device = resolve_torch_device(v.device, v.precision)
         if v.cuda_graphs and self.device != "cuda":
             raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")
+        self.malloc_tuned = tune_glibc_malloc()  # see qdeploy.utils.malloc: 3x on CPU for large activations
         if v.threads:
             torch.set_num_threads(v.threads)
         if self.device == "cuda":
@@ -114,12 +116,21 @@ class TorchEngine(Engine):
             "cuda_graphs": self.variant.cuda_graphs,
             "compile": self.compile_mode,
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
+            "glibc_malloc_tuned": self.malloc_tuned,
             "torch": torch.__version__,
         }
         if self.device == "cuda":
             d["gpu"] = torch.cuda.get_device_name()
             d["cudnn_benchmark"] = torch.backends.cudnn.benchmark
         return d
+
+    def artifact_path(self):
+        """The weights file this variant was built from (PyTorch has no separate compiled artifact)."""
+        if not self.artifacts.spec.weights:
+            return None
+        from qdeploy.models.loader import resolve_weights_path
+
+        return str(resolve_weights_path(self.artifacts.spec.weights))
 
     def close(self) -> None:
         self._graphs = {}
