@@ -16,10 +16,10 @@ steps=${*:-all}
 for step in $steps; do
   case $step in
     harness|all) python3 bench/harness_overhead.py --out "$OUT/harness.json" 2>&1 | tee "$OUT/harness.log" ;;&
-    compile) python3 bench/harness_overhead.py --repeats 1 --batch-sizes 1 --compile --out "$OUT/compile.json" 2>&1 | tee "$OUT/compile.log" ;;&
+    compile) python3 bench/harness_overhead.py --repeats 1 --batch-sizes 1 --compile --out "$OUT/compile.json" > "$OUT/compile.log" 2>&1; tail -4 "$OUT/compile.log" ;;&
     resnet50|all) python3 -m qdeploy.cli --quiet bench bench/configs/gpu_resnet50.yaml --out "$OUT/resnet50" 2>&1 | tail -30 ;;&
     camvid|all) python3 -m qdeploy.cli --quiet run bench/configs/gpu_camvid_deeplabv3.yaml --out "$OUT/camvid" 2>&1 | tail -30 ;;&
-    tests|all) python3 -m pytest -q -x tests -p no:cacheprovider 2>&1 | tail -15 ;;&
+    tests|all) python3 -m pytest -q -ra tests -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15 ;;&
     *) ;;
   esac
 done

@@ -1,14 +1,15 @@
 """Is the qdeploy harness the bottleneck? ResNet-50 FP16 + CUDA graphs through qdeploy vs a bare replay loop.
 
-Both are measured in the same process on the same GPU, same model object settings (torchvision ResNet-50,
-random weights — latency does not depend on weight values — FP16, eval, cuDNN benchmark on):
+Both are measured in the same process on the same GPU with the same settings (torchvision ResNet-50,
+random weights — latency does not depend on weight values — FP16, eval, cuDNN benchmark on), once with
+contiguous (NCHW) and once with channels_last (NHWC) tensors:
 
   bare (pipelined):  events around N back-to-back graph replays, divided by N — the floor
   bare (per-iter):   events around each replay + synchronize — what a latency measurement costs
   qdeploy:           TorchEngine(precision=fp16, cuda_graphs=True) timed by qdeploy.benchmark
 
 Goal: qdeploy's mean within 5% of the bare pipelined loop at batch 1 and 32.
-Optionally (--compile) also times torch.compile(mode="max-autotune") through qdeploy.
+Optionally (--compile) also times torch.compile(mode="max-autotune", channels_last) through qdeploy.
 
 Run on the GPU machine:  PYTHONPATH=src python bench/harness_overhead.py --out results.json
 """
@@ -28,8 +29,9 @@ from qdeploy.engines import create_engine
 from qdeploy.models import ModelArtifacts
 
 
-def bare_loop(model, bs: int, iters: int, warmup: int) -> dict:
-    x = torch.randn(bs, 3, 224, 224, device="cuda", dtype=torch.float16)
+def bare_loop(model, bs: int, iters: int, warmup: int, channels_last: bool) -> dict:
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(bs, 3, 224, 224, device="cuda", dtype=torch.float16).contiguous(memory_format=fmt)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.inference_mode():
@@ -85,26 +87,31 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     bs_list = [int(b) for b in args.batch_sizes.split(",")]
     torch.backends.cudnn.benchmark = True
-    model = torchvision.models.resnet50(weights=None).eval().cuda().half()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
               "iterations": args.iterations, "warmup": args.warmup, "runs": []}
-    for rep in range(args.repeats):
-        run = {"bare": {}, "qdeploy": None}
-        for bs in bs_list:
-            run["bare"][str(bs)] = bare_loop(model, bs, args.iterations, args.warmup)
-        run["qdeploy"] = qdeploy_variant(VariantSpec(engine="torch", precision="fp16", cuda_graphs=True), bs_list, args.iterations, args.warmup)
-        report["runs"].append(run)
+    for channels_last in (False, True):
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        model = torchvision.models.resnet50(weights=None).eval().cuda().half().to(memory_format=fmt)
+        for rep in range(args.repeats):
+            run = {"channels_last": channels_last, "repeat": rep, "bare": {}, "qdeploy": None}
+            for bs in bs_list:
+                run["bare"][str(bs)] = bare_loop(model, bs, args.iterations, args.warmup, channels_last)
+            variant = VariantSpec(engine="torch", precision="fp16", cuda_graphs=True, channels_last=channels_last)
+            run["qdeploy"] = qdeploy_variant(variant, bs_list, args.iterations, args.warmup)
+            report["runs"].append(run)
+        del model
     if args.compile:
         report["compile_max_autotune"] = qdeploy_variant(
-            VariantSpec(engine="torch", precision="fp16", compile="max-autotune"), bs_list, args.iterations, args.warmup)
+            VariantSpec(engine="torch", precision="fp16", channels_last=True, compile="max-autotune"), bs_list, args.iterations, args.warmup)
     print(f"{report['gpu']}  torch {report['torch']}")
-    print(f"{'run':>3} {'bs':>3} {'bare pipelined':>15} {'bare per-iter':>14} {'qdeploy mean':>13} {'qdeploy p50':>12} {'overhead vs pipelined':>22}")
-    for i, run in enumerate(report["runs"]):
+    print(f"{'layout':>14} {'run':>3} {'bs':>3} {'bare pipelined':>15} {'bare per-iter':>14} {'qdeploy mean':>13} {'qdeploy p50':>12} {'overhead vs pipelined':>22}")
+    for run in report["runs"]:
+        layout = "channels_last" if run["channels_last"] else "contiguous"
         for bs in bs_list:
             b = run["bare"][str(bs)]
             q = run["qdeploy"]["latency_ms"][str(bs)]
             over = 100 * (q["mean"] / b["pipelined_mean_ms"] - 1)
-            print(f"{i:>3} {bs:>3} {b['pipelined_mean_ms']:>12.3f} ms {b['per_iter_mean_ms']:>11.3f} ms {q['mean']:>10.3f} ms {q['p50']:>9.3f} ms {over:>20.1f} %")
+            print(f"{layout:>14} {run['repeat']:>3} {bs:>3} {b['pipelined_mean_ms']:>12.3f} ms {b['per_iter_mean_ms']:>11.3f} ms {q['mean']:>10.3f} ms {q['p50']:>9.3f} ms {over:>20.1f} %")
     if "compile_max_autotune" in report:
         c = report["compile_max_autotune"]
         print("torch.compile max-autotune through qdeploy: " + ", ".join(
