@@ -197,3 +197,16 @@ def test_demo_trains_and_reports_above_95_percent(tmp_path, monkeypatch):
     assert {v["engine"] for v in ok} == {"torch", "onnxruntime"}
     assert all(v["metrics"]["top1"] > 0.95 for v in ok), [v["metrics"] for v in ok]
     assert (tmp_path / "demo" / "report.html").is_file() and (tmp_path / "demo" / "config.yaml").is_file()
+
+
+def test_onnx_only_model_runs_in_onnxruntime_and_torch_is_skipped(tiny_config, tmp_path):
+    exported = api.export(tiny_config, tmp_path / "exp", cache_dir=tmp_path / "cache")
+    cfg = dict(tiny_config)
+    cfg["model"] = {**tiny_config["model"], "source": exported["copied_to"], "weights": None}
+    cfg["variants"] = [{"engine": "onnxruntime"}, {"engine": "torch"}]
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    o, t = results["variants"]
+    assert o["status"] == "ok" and o["metrics"]["samples"] == 18 and o["agreement"] == 1.0
+    assert t["status"] == "skipped" and "ONNX-only" in t["reason"]
+    assert results["reference"] == "onnxruntime-fp32"

@@ -43,14 +43,18 @@ def _select_variants(cfg: RunConfig, only: Optional[Iterable[str]]) -> list[Vari
     return [v for v in cfg.variants if v.label in only]
 
 
-def _pick_reference(cfg: RunConfig, variants: list[VariantSpec]) -> Optional[str]:
+def _check_reference(cfg: RunConfig, variants: list[VariantSpec]) -> None:
+    if cfg.eval.reference and cfg.eval.reference not in [v.label for v in variants]:
+        raise QDeployError(f"eval.reference '{cfg.eval.reference}' is not one of the variants {[v.label for v in variants]}")
+
+
+def _pick_reference(cfg: RunConfig, variants: list[VariantSpec], evaluated: dict) -> Optional[str]:
+    """The configured reference, else the first evaluated FP32 variant (torch preferred: it is the source model)."""
     if cfg.eval.reference:
-        if cfg.eval.reference not in [v.label for v in variants]:
-            raise QDeployError(f"eval.reference '{cfg.eval.reference}' is not one of the variants {[v.label for v in variants]}")
         return cfg.eval.reference
-    fp32 = [v.label for v in variants if v.precision == "fp32"]
-    torch_fp32 = [v.label for v in variants if v.precision == "fp32" and v.engine == "torch"]
-    return (torch_fp32 or fp32 or [None])[0]
+    fp32 = [v for v in variants if v.precision == "fp32" and v.label in evaluated]
+    ranked = [v for v in fp32 if v.engine == "torch"] + fp32
+    return ranked[0].label if ranked else None
 
 
 def run(
@@ -82,7 +86,7 @@ def run(
         return normalize(batches.first(n)[0], spec.preprocess)
 
     artifacts = ModelArtifacts(spec, cfg.export, verify_inputs=real_inputs, cache_dir=cache_dir)
-    reference = _pick_reference(cfg, variants) if "eval" in stages else None
+    _check_reference(cfg, variants)
     records, predictions = [], {}
     onnx_info = None
     if any(v.engine == "onnxruntime" for v in variants):
@@ -139,12 +143,11 @@ def run(
         finally:
             engine.close()
 
+    reference = _pick_reference(cfg, variants, predictions) if "eval" in stages else None
     ref_pred = predictions.get(reference)
     for rec in records:
-        if rec["name"] != reference and rec["name"] in predictions:
+        if rec["name"] in predictions and ref_pred is not None:
             rec["agreement"] = agreement(predictions[rec["name"]], ref_pred)
-        elif rec["name"] == reference:
-            rec["agreement"] = 1.0
 
     results = {
         "schema": "qdeploy.results/1",

@@ -30,6 +30,8 @@ def resolve_torch_device(requested: str, precision: str) -> str:
 class TorchEngine(Engine):
     def load(self) -> None:
         v = self.variant
+        if not self.artifacts.has_torch:
+            raise VariantUnavailable(f"the model is ONNX-only ({self.artifacts.spec.source}); the torch engine needs a PyTorch model")
         self.device = resolve_torch_device(v.device, v.precision)
         if v.cuda_graphs and self.device != "cuda":
             raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")
