@@ -10,10 +10,10 @@ from qdeploy.engines import create_engine
 from qdeploy.evaluate import evaluate
 from qdeploy.export import export_onnx
 from qdeploy.models import ModelArtifacts, build_torch_model
-from qdeploy.pipeline import export, run
+from qdeploy.pipeline import export, quantize, run
 from qdeploy.report import write_reports
 
 __all__ = [
-    "RunConfig", "load_config", "parse_config", "run", "export", "build_torch_model", "export_onnx", "ModelArtifacts",
+    "RunConfig", "load_config", "parse_config", "run", "export", "quantize", "build_torch_model", "export_onnx", "ModelArtifacts",
     "make_batches", "normalize", "create_engine", "evaluate", "benchmark", "write_reports",
 ]

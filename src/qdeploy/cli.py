@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--out", required=True)
     p.add_argument("--cache-dir", type=Path, default=None)
+    p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
+    _add_common(p)
     p = sub.add_parser("doctor", help="which engines, devices and versions are usable here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits and compare it (offline, ~1-2 min on CPU)")
@@ -102,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
             console.print(f"wrote {summary['copied_to']} (opset {summary['opset']}, {summary['exporter']} exporter, {summary['size_mb']:.2f} MB)")
+            return 0
+        if args.command == "quantize":
+            from qdeploy import api
+
+            summary = api.quantize(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
+            for name, info in summary.items():
+                st = info["structure"]
+                console.print(f"{name}: {info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
+                              f"{st['residual_adds_quantized']}/{st['residual_adds']} residual Adds quantized", highlight=False, markup=False)
             return 0
         if args.command == "doctor":
             return _cmd_doctor(args)

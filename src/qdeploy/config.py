@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from qdeploy.errors import ConfigError
 
 Task = Literal["classification", "segmentation"]
-Precision = Literal["fp32", "fp16", "bf16"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
 Size = Union[int, tuple[int, int]]
 
 
@@ -112,15 +112,32 @@ class VariantSpec(_Strict):
     # onnxruntime only
     providers: Optional[list[str]] = None
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    # int8 only
+    calibrator: Literal["max", "entropy", "percentile", "mse"] = "entropy"
+    percentile: float = Field(99.99, gt=0, le=100, description="for calibrator: percentile")
+    target: Literal["onnxruntime", "tensorrt"] = Field(
+        "onnxruntime", description="INT8 artifact: onnxruntime = ORT-fast QDQ (uint8 act.); tensorrt = TensorRT-style symmetric Q/DQ (simulated in ORT)")
+    exclude: list[str] = Field(default_factory=list, description="regexes on layer (node) names kept in float")
+    exclude_ops: list[str] = Field(default_factory=list, description="op types kept in float, e.g. [Resize, Gemm]")
+    calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
 
     @model_validator(mode="after")
     def _engine_options(self) -> "VariantSpec":
         torch_only = {"channels_last": False, "cuda_graphs": False, "compile": False}
         ort_only = {"providers": None, "graph_optimization": "all"}
-        wrong = torch_only if self.engine != "torch" else ort_only
+        int8_only = {"calibrator": "entropy", "percentile": 99.99, "target": "onnxruntime", "exclude": [], "exclude_ops": [], "calibration_cache": None}
+        wrong = dict(torch_only if self.engine != "torch" else ort_only)
+        if self.precision != "int8":
+            wrong.update(int8_only)
         for key, default in wrong.items():
             if getattr(self, key) != default:
-                raise ValueError(f"option '{key}' does not apply to engine '{self.engine}'")
+                why = f"engine '{self.engine}'" if key not in int8_only else f"precision '{self.precision}' (only int8)"
+                raise ValueError(f"option '{key}' does not apply to {why}")
+        if self.precision == "int8" and self.engine != "onnxruntime":
+            raise ValueError(
+                "precision int8 runs on engine onnxruntime (target: onnxruntime or tensorrt); "
+                "PyTorch INT8 through ModelOpt is not implemented yet"
+            )
         return self
 
     @property
@@ -128,6 +145,12 @@ class VariantSpec(_Strict):
         if self.name:
             return self.name
         parts = [self.engine, self.precision]
+        if self.precision == "int8":
+            parts += (["trt"] if self.target == "tensorrt" else []) + [self.calibrator if not self.calibration_cache else "trtcache"]
+            if self.calibrator == "percentile" and self.percentile != 99.99:
+                parts[-1] += f"{self.percentile:g}"
+            if self.exclude or self.exclude_ops:
+                parts.append("partial")
         if self.device != "auto":
             parts.append(self.device)
         if self.channels_last:
@@ -280,6 +303,9 @@ def _resolve_paths(data: dict, base: Path) -> dict:
             model["source"] = str(Path(fix(path)).expanduser()) + (sep + factory if sep else "")
         if isinstance(model.get("weights"), str):
             model["weights"] = fix(model["weights"])
+    for variant in data.get("variants") or []:
+        if isinstance(variant, dict) and isinstance(variant.get("calibration_cache"), str):
+            variant["calibration_cache"] = fix(variant["calibration_cache"])
     d = data.get("data")
     if isinstance(d, dict):
         for part in d.values():

@@ -57,6 +57,28 @@ def _pick_reference(cfg: RunConfig, variants: list[VariantSpec], evaluated: dict
     return ranked[0].label if ranked else None
 
 
+def _calibration_loader(cfg: RunConfig, eval_batches):
+    """A memoised loader of data.calibration that refuses to calibrate on evaluation images."""
+    if cfg.data.calibration is None:
+        return None
+    memo = {}
+
+    def load():
+        if "batches" not in memo:
+            calib = make_batches(cfg.data.calibration, cfg.model.preprocess, cfg.model.task, desc="decode calibration images")
+            eval_paths = {str(p) for p, _ in getattr(eval_batches.dataset, "samples", [])}
+            shared = [str(p) for p, _ in getattr(calib.dataset, "samples", []) if str(p) in eval_paths]
+            if shared:
+                raise QDeployError(
+                    f"data.calibration shares {len(shared)} images with data.eval (e.g. {shared[0]}): "
+                    "calibrating on evaluation images inflates INT8 accuracy; use a disjoint folder or split"
+                )
+            memo["batches"] = calib
+        return memo["batches"]
+
+    return load
+
+
 def run(
     config: Union[RunConfig, dict, str, Path],
     out_dir: Union[str, Path],
@@ -85,7 +107,8 @@ def run(
     def real_inputs(n: int = 8) -> np.ndarray:
         return normalize(batches.first(n)[0], spec.preprocess)
 
-    artifacts = ModelArtifacts(spec, cfg.export, verify_inputs=real_inputs, cache_dir=cache_dir)
+    artifacts = ModelArtifacts(spec, cfg.export, verify_inputs=real_inputs, cache_dir=cache_dir,
+                               calibration=_calibration_loader(cfg, batches))
     _check_reference(cfg, variants)
     records, predictions = [], {}
     onnx_info = None
@@ -128,6 +151,10 @@ def run(
                     rec.update(benchmark(engine, bench_images, cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations))
                     rec["timings_s"]["bench"] = time.perf_counter() - t0
                 rec["details"] = engine.describe()
+                if engine.note():
+                    rec["note"] = engine.note()
+                if engine.quantization():
+                    rec["quantization"] = engine.quantization()
             rec["memory_mb"] = mem.result()
             path = engine.artifact_path()
             rec["memory_mb"]["artifact"] = round(Path(path).stat().st_size / 2**20, 3) if path else None
@@ -195,4 +222,37 @@ def export(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path],
     summary = info.to_dict()
     summary["copied_to"] = str(out_dir / "model.onnx")
     write_json(out_dir / "export.json", summary)
+    return summary
+
+
+def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], only: Optional[Iterable[str]] = None,
+             cache_dir: Optional[Path] = None) -> dict:
+    """Build the INT8 artifacts of the config's int8 variants without evaluating or benchmarking them.
+
+    Writes ``DIR/<variant>.onnx``, ``DIR/<variant>.trtcache`` (TensorRT calibration cache) and
+    ``DIR/quantize.json`` (ranges source, timings, Q/DQ structure, excluded layers).
+    """
+    from qdeploy.quantize import quantize_variant
+    from qdeploy.export.onnx import default_cache_dir
+    from qdeploy.utils.atomic import write_json
+
+    cfg = as_config(config)
+    out_dir = ensure_writable_dir(out_dir)
+    variants = [v for v in _select_variants(cfg, only) if v.precision == "int8"]
+    if not variants:
+        raise QDeployError("no int8 variants to quantize: add e.g. {engine: onnxruntime, precision: int8, calibrator: entropy}")
+    batches = make_batches(cfg.data.eval, cfg.model.preprocess, cfg.model.task, desc="decode")
+    artifacts = ModelArtifacts(
+        cfg.model, cfg.export, verify_inputs=lambda: normalize(batches.first(cfg.export.verify.samples)[0], cfg.model.preprocess),
+        cache_dir=cache_dir, calibration=_calibration_loader(cfg, batches),
+    )
+    summary = {}
+    for v in variants:
+        art = quantize_variant(artifacts, v, artifacts.calibration, Path(cache_dir or default_cache_dir()))
+        with atomic_path(out_dir / f"{v.label}.onnx") as tmp:
+            tmp.write_bytes(Path(art.path).read_bytes())
+        with atomic_path(out_dir / f"{v.label}.trtcache") as tmp:
+            tmp.write_bytes(Path(art.info["trt_calibration_cache"]).read_bytes())
+        summary[v.label] = {**art.info, "artifact": str(out_dir / f"{v.label}.onnx"), "trt_calibration_cache": str(out_dir / f"{v.label}.trtcache")}
+    write_json(out_dir / "quantize.json", summary)
     return summary

@@ -69,6 +69,14 @@ class Engine(ABC):
     def artifact_path(self) -> Optional[str]:
         return None
 
+    def note(self) -> Optional[str]:
+        """A caveat shown next to the variant's numbers in every table (e.g. 'simulated INT8')."""
+        return None
+
+    def quantization(self) -> Optional[dict]:
+        """Calibration/placement details for INT8 variants."""
+        return None
+
     def close(self) -> None:
         pass
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ def resolve_providers(requested_device: str, precision: str, explicit: list[str]
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
-    if precision != "fp32" and providers[0] == "CPUExecutionProvider":
+    if precision in ("fp16", "bf16") and providers[0] == "CPUExecutionProvider":
         raise VariantUnavailable(
             f"{precision.upper()} in ONNX Runtime needs a GPU execution provider (CUDA); this build has {available}"
         )
@@ -49,6 +50,12 @@ class OnnxRuntimeEngine(Engine):
             from qdeploy.export.onnx import convert_fp16
 
             artifact = self.artifacts.derived("onnx-fp16", lambda: convert_fp16(artifact))
+        elif v.precision == "int8":
+            from qdeploy.export.onnx import default_cache_dir
+            from qdeploy.quantize import quantize_variant
+
+            cache_dir = Path(self.artifacts.cache_dir or default_cache_dir())
+            artifact = quantize_variant(self.artifacts, v, self.artifacts.calibration, cache_dir)
         self.artifact = artifact
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -93,6 +100,16 @@ class OnnxRuntimeEngine(Engine):
             "opset": self.artifact.opset,
             "onnxruntime": ort.__version__,
         }
+
+    def note(self):
+        if self.variant.precision == "int8" and self.variant.target == "tensorrt":
+            return "TensorRT Q/DQ artifact: INT8 accuracy simulated in ONNX Runtime (TensorRT not run); speed is ONNX Runtime's, not TensorRT's"
+        if self.variant.precision == "int8":
+            return "ONNX Runtime-targeted INT8 (uint8 activations, per-channel int8 weights)"
+        return None
+
+    def quantization(self):
+        return getattr(self.artifact, "info", None) or None
 
     def artifact_path(self):
         return str(self.artifact.path)

@@ -23,11 +23,13 @@ class ModelArtifacts:
         export: ExportSpec,
         verify_inputs: Optional[Callable[[], np.ndarray]] = None,
         cache_dir: Optional[Path] = None,
+        calibration: Optional[Callable[[], object]] = None,
     ):
         self.spec = spec
         self.export_spec = export
         self.verify_inputs = verify_inputs  # real, preprocessed images for export verification
         self.cache_dir = cache_dir
+        self.calibration = calibration  # () -> Batches of data.calibration (memoised by the caller)
         self._torch: Optional[nn.Module] = None
         self._onnx = None
         self._derived: dict = {}

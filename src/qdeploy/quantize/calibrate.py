@@ -1,0 +1,145 @@
+"""Calibration with a cache, and the per-variant INT8 artifact (what engines load)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from qdeploy.errors import QDeployError
+from qdeploy.quantize.ranges import TensorRange, compute_ranges
+from qdeploy.utils.atomic import write_json
+from qdeploy.utils.log import log
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentile: float, num_bins: int, names=None) -> str:
+    """Identity of a set of ranges: model bytes, the exact calibration images, preprocessing, method, options."""
+    samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
+    payload = {
+        "onnx": _sha256_file(Path(onnx_path)),
+        "samples": hashlib.sha256("\n".join(samples).encode()).hexdigest(), "count": batches.num_samples,
+        "preprocess": preprocess.model_dump(mode="json"),
+        "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
+        "tensors": hashlib.sha256("\n".join(names).encode()).hexdigest() if names is not None else "all",
+        "version": 2,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: float = 99.99,
+              cache_dir: Optional[Path] = None, stats_memo: Optional[dict] = None, num_bins: int = 2048,
+              names: Optional[list] = None) -> tuple[dict, dict]:
+    """Ranges for the float activations ``names`` (default: all) of ``onnx_path``; returns (ranges, info).
+
+    One ONNX Runtime pass collects statistics of every activation; ``stats_memo`` keeps them for the
+    other methods of the same run. Ranges are cached on disk by ``calibration_key``.
+    """
+    from qdeploy.data import normalize
+    from qdeploy.quantize.collect import collect_activation_stats
+
+    key = calibration_key(onnx_path, batches, preprocess, method, percentile, num_bins, names)
+    path = Path(cache_dir) / "calibration" / f"{key}.json" if cache_dir else None
+    info = {"method": method, "percentile": percentile if method == "percentile" else None,
+            "samples": batches.num_samples, "cache": str(path) if path else None}
+    if path is not None and path.is_file():
+        data = json.loads(path.read_text())
+        log(f"calibrate: cache hit {path} ({method})")
+        info.update(cache_hit=True, time_s=0.0)
+        return {k: TensorRange(*v) for k, v in data["ranges"].items()}, info
+    t0 = time.perf_counter()
+    memo_key = (str(onnx_path), id(batches), num_bins)
+    stats = stats_memo.get(memo_key) if stats_memo is not None else None
+    if stats is None or (method != "max" and next(iter(stats.tensors.values())).hist is None):
+        # histograms only when a histogram method needs them: max alone is a plain min/max pass
+        stats = collect_activation_stats(onnx_path, (normalize(x, preprocess) for x, _ in batches), batches.num_samples,
+                                         num_bins, histograms=method != "max")
+        if stats_memo is not None:
+            stats_memo[memo_key] = stats  # one histogram pass serves every method in this run
+    ranges = compute_ranges(stats, method, percentile, names=set(names) if names is not None else None)
+    info.update(cache_hit=False, time_s=round(time.perf_counter() - t0, 3), tensors=len(ranges))
+    log(f"calibrate: {method} ranges for {len(ranges)} tensors from {batches.num_samples} images in {info['time_s']:.1f} s")
+    if path is not None:
+        write_json(path, {"key": key, **{k: v for k, v in info.items() if k != "cache"},
+                          "ranges": {k: [r.lo, r.hi, r.amax] for k, r in ranges.items()}})
+    return ranges, info
+
+
+def ranges_from_trt_cache(cache_path: Path, onnx_path: Path) -> dict:
+    """Ranges from an existing TensorRT calibration cache; every entry must name a tensor of the model."""
+    import onnx
+
+    from qdeploy.quantize.collect import float_activations
+    from qdeploy.quantize.trt_cache import read_trt_cache
+
+    amax = read_trt_cache(cache_path)
+    names, _ = float_activations(onnx.load(str(onnx_path)))
+    unknown = [n for n in amax if n not in set(names)]
+    if unknown:
+        raise QDeployError(
+            f"TensorRT calibration cache {cache_path} does not match the model: {len(unknown)} of {len(amax)} tensors "
+            f"are not in {Path(onnx_path).name} (e.g. {', '.join(unknown[:5])}); model tensors look like {', '.join(names[:3])}"
+        )
+    return {n: TensorRange(-a, a, a) for n, a in amax.items()}
+
+
+@dataclass
+class QuantizedArtifact:
+    path: Path
+    input_name: str
+    output_name: str
+    opset: int
+    exporter: str
+    cached: bool = False
+    verify: Optional[dict] = None
+    info: dict = field(default_factory=dict)
+
+
+def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -> QuantizedArtifact:
+    """The INT8 ONNX for one variant (memoised per run by target, calibrator and exclusions)."""
+    from qdeploy.quantize.qdq import quantize_onnx
+    from qdeploy.quantize.structure import qdq_structure
+    from qdeploy.quantize.trt_cache import write_trt_cache
+
+    fp32 = artifacts.onnx()
+    spec = artifacts.spec
+    tag = hashlib.sha256(json.dumps([variant.target, variant.calibrator, variant.percentile, variant.exclude,
+                                     variant.exclude_ops, variant.calibration_cache], sort_keys=True).encode()).hexdigest()[:12]
+
+    def build() -> QuantizedArtifact:
+        t0 = time.perf_counter()
+        if variant.calibration_cache:
+            ranges = ranges_from_trt_cache(Path(variant.calibration_cache), fp32.path)
+            info = {"method": "tensorrt-cache", "source": variant.calibration_cache}
+            log(f"quantize: ranges of {len(ranges)} tensors from TensorRT cache {variant.calibration_cache}")
+        else:
+            if calibration_batches is None:
+                raise QDeployError(f"variant {variant.label}: INT8 needs calibration images: add data.calibration to the config")
+            import onnx
+
+            from qdeploy.quantize.qdq import tensors_to_calibrate
+
+            names = tensors_to_calibrate(onnx.load(str(fp32.path), load_external_data=False), variant.target)
+            ranges, info = calibrate(fp32.path, calibration_batches(), spec.preprocess, variant.calibrator,
+                                     variant.percentile, cache_dir, artifacts.derived("calibration-stats", dict), names=names)
+        out = Path(cache_dir) / "int8" / f"{fp32.path.stem}-int8-{variant.target}-{variant.calibrator}-{tag}.onnx"
+        placed = quantize_onnx(fp32.path, ranges, variant.target, out, variant.exclude, variant.exclude_ops)
+        trt_cache = write_trt_cache(out.with_suffix(".trtcache"), ranges)
+        info.update(placed)
+        info.update(target=variant.target, trt_calibration_cache=str(trt_cache), quantize_time_s=round(time.perf_counter() - t0, 3),
+                    structure=qdq_structure(out), artifact=str(out))
+        s = info["structure"]
+        log(f"quantize: {out.name}: {s['compute_ops_quantized']}/{s['compute_ops']} compute ops INT8, "
+            f"{s['residual_adds_quantized']}/{s['residual_adds']} residual Adds quantized")
+        return QuantizedArtifact(out, fp32.input_name, fp32.output_name, fp32.opset, f"{fp32.exporter}+int8-{variant.target}", info=info)
+
+    return artifacts.derived(f"int8-{tag}", build)

@@ -1,0 +1,135 @@
+"""Write an INT8 ONNX from an FP32 ONNX and per-tensor ranges, with ONNX Runtime's Q/DQ quantizer.
+
+Two placements (``target``), same ranges:
+
+``tensorrt``     what TensorRT ≥ 10 consumes (explicit quantization): symmetric INT8 activations,
+                 per-channel (axis 0) symmetric INT8 weights kept as float + Q/DQ, float bias;
+                 Q/DQ only on the *inputs* of Conv/ConvTranspose/Gemm/MatMul and on both inputs of
+                 activation+activation (residual) Adds, so TensorRT can fuse Conv+Add in INT8.
+``onnxruntime``  what ONNX Runtime's CPU kernels run fast: ONNX Runtime's default static placement
+                 (QLinearConv/QLinearAdd/... fusions), uint8 asymmetric activations, per-channel
+                 int8 weights.
+
+The ranges come from qdeploy's calibrators (ranges.py); ONNX Runtime only places the nodes.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from qdeploy.utils.atomic import atomic_path
+from qdeploy.utils.log import warn
+
+TARGETS = ("tensorrt", "onnxruntime")
+TRT_OP_TYPES = ["Conv", "ConvTranspose", "Gemm", "MatMul", "Add"]
+
+
+def _constant_names(model) -> set[str]:
+    names = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            names.update(node.output)
+    return names
+
+
+def tensors_to_calibrate(model, target: str):
+    """Activations the target's placement can quantize (None = all): TensorRT style needs only the inputs of
+    compute ops and of activation+activation Adds, so range search (entropy/mse) skips the rest."""
+    if target != "tensorrt":
+        return None
+    consts = _constant_names(model)
+    names = set()
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
+            names.add(node.input[0])
+        elif node.op_type == "MatMul" or (node.op_type == "Add" and not any(i in consts for i in node.input)):
+            names.update(i for i in node.input if i not in consts)
+    return sorted(names)
+
+
+def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Node names left in float by the user's regexes/op types; also the patterns that matched nothing."""
+    exclude = list(exclude or [])
+    exclude_ops = set(exclude_ops or [])
+    excluded, unmatched = [], []
+    compiled = []
+    for pattern in exclude:
+        try:
+            compiled.append((pattern, re.compile(pattern)))
+        except re.error as e:
+            from qdeploy.errors import ConfigError
+
+            raise ConfigError(f"exclude pattern '{pattern}' is not a valid regular expression: {e}") from None
+    hits = {p: 0 for p in exclude}
+    for node in model.graph.node:
+        name = node.name or node.output[0]
+        matched = [p for p, rx in compiled if rx.search(name)]
+        for p in matched:
+            hits[p] += 1
+        if matched or node.op_type in exclude_ops:
+            excluded.append(name)
+    unmatched = [p for p, n in hits.items() if n == 0]
+    for p in unmatched:
+        warn(f"exclude pattern '{p}' matches no layer of the model")
+    present_ops = {n.op_type for n in model.graph.node}
+    for op in exclude_ops - present_ops:
+        warn(f"exclude_ops '{op}' does not occur in the model")
+    return excluded, unmatched
+
+
+def _ensure_node_names(model) -> None:
+    # the quantizer and the exclude list address nodes by name; exporters sometimes leave them empty
+    seen = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
+                  exclude: Iterable[str] = (), exclude_ops: Iterable[str] = ()) -> dict:
+    """Write the INT8 ONNX to ``out_path`` (atomically). Returns what was excluded and why."""
+    import onnx
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantType
+
+    if target not in TARGETS:
+        raise ValueError(f"unknown INT8 target '{target}' (one of {TARGETS})")
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32_path)))
+    _ensure_node_names(model)
+    user_excluded, unmatched = select_excluded(model, exclude, exclude_ops)
+    excluded = list(user_excluded)
+    symmetric = target == "tensorrt"
+    data = {}
+    for name, r in ranges.items():
+        lo, hi = (-r.amax, r.amax) if symmetric else (min(r.lo, 0.0), max(r.hi, 0.0))
+        data[name] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
+    tensors_range = TensorsData(CalibrationMethod.MinMax, data)
+    if target == "tensorrt":
+        consts = _constant_names(model)
+        # only activation+activation Adds are residual joins; x + constant (bias, hardswish's +3) stay float
+        excluded += [n.name for n in model.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)]
+        op_types = [t for t in TRT_OP_TYPES if t not in set(exclude_ops or [])]
+        extra = {
+            "ActivationSymmetric": True, "WeightSymmetric": True, "AddQDQPairToWeight": True,
+            "QuantizeBias": False, "OpTypesToExcludeOutputQuantization": op_types, "DedicatedQDQPair": False,
+        }
+        act_type = QuantType.QInt8
+    else:
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+        op_types = sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(exclude_ops or []))
+        extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
+        act_type = QuantType.QUInt8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, act_type, tensors_range, [], excluded, op_types, extra)
+        quantizer.quantize_model()
+    with atomic_path(out_path) as tmp:
+        onnx.save(quantizer.model.model, str(tmp))
+    return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types}
