@@ -49,6 +49,34 @@ def tiny_seg(num_classes=3):
     return TinySeg(num_classes)
 
 
+class TinyRes(nn.Module):
+    """conv → relu → conv + skip (a residual Add of two activations) → pool → fc; channel 0 of conv1 is dead."""
+
+    def __init__(self, num_classes=3, dead_channel=True, nan=False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+        self.nan = nan
+        if dead_channel:
+            with torch.no_grad():
+                self.conv1.weight[0].zero_()
+                self.conv1.bias[0] = -1.0  # relu(−1) = 0 everywhere: an all-zero channel
+
+    def forward(self, x):
+        y = torch.relu(self.conv1(x))
+        if self.nan:
+            z = torch.sqrt(y - 10.0)  # negative → NaN inside the graph on any normal input...
+            y = y + torch.where(torch.isnan(z), torch.zeros_like(z), z)  # ...but finite outputs
+        y = torch.relu(self.conv2(y) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+def tiny_res(num_classes=3, nan=False):
+    torch.manual_seed(0)
+    return TinyRes(num_classes, nan=nan)
+
+
 NOT_CALLABLE = 42
 '''
 

@@ -229,10 +229,35 @@ def details_table(results: Mapping) -> Table:
     return t
 
 
+def quantization_table(results: Mapping) -> Table | None:
+    """INT8 variants: how ranges were obtained and the Q/DQ structure that decides TensorRT's INT8 fusion."""
+    rows = [(v, section(v, "quantization")) for v in variants(results) if section(v, "quantization")]
+    if not rows:
+        return None
+    t = Table("quantization", "INT8 artifacts",
+              ["Variant", "Target", "Ranges", "Calib. images", "Calib. s", "Compute ops INT8", "Residual Adds Q/DQ",
+               "Left in float"], [False, False, False, True, True, True, True, False],
+              caption="Target tensorrt = explicit Q/DQ placed for TensorRT (its INT8 accuracy is simulated in ONNX Runtime); "
+                      "onnxruntime = ONNX Runtime's fast CPU placement. Left in float: compute ops without Q/DQ on both "
+                      "inputs, residual Adds without Q/DQ, and layers excluded by the config.")
+    for v, q in rows:
+        st = section(q, "structure")
+        ranges = str(q.get("method") or DASH) + (" (cache hit)" if q.get("cache_hit") else "")
+        floats = list(st.get("compute_ops_float") or []) + list(st.get("compute_ops_partly_quantized") or []) \
+            + list(st.get("residual_adds_float") or []) + [f"{n} (excluded)" for n in q.get("excluded_by_user") or []]
+        shown = ", ".join(dict.fromkeys(floats)) if floats else "none"
+        if len(shown) > 300:
+            shown = shown[:300] + f"… ({len(floats)} in all, see results.json)"
+        t.add([label(v), str(q.get("target") or DASH), ranges, fmt(q.get("samples"), 0, sep=True), fmt(q.get("time_s")),
+               f"{st.get('compute_ops_quantized', DASH)}/{st.get('compute_ops', DASH)}",
+               f"{st.get('residual_adds_quantized', DASH)}/{st.get('residual_adds', DASH)}", shown], muted=not is_ok(v))
+    return t
+
+
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
-    tables = [accuracy_table(results), *latency_tables(results), memory_table(results), iou_table(results),
-              skipped_table(results), details_table(results)]
+    tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
+              iou_table(results), skipped_table(results), details_table(results)]
     return [t for t in tables if t is not None]
 
 
