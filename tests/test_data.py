@@ -281,3 +281,17 @@ def test_real_camvid_test_split():
     images, labels = batches.first(2)
     assert images.shape == (2, 3, 360, 480) and labels.shape == (2, 360, 480)
     assert labels.max() <= 11
+
+
+def test_complement_subset_is_the_disjoint_rest(tmp_path):
+    from qdeploy.config import DatasetSpec, Preprocess
+    from qdeploy.data import build_dataset
+
+    from conftest import write_image_folder
+
+    root = write_image_folder(tmp_path / "imgs", per_class=5)
+    pre = Preprocess(input_size=[8, 8])
+    part = build_dataset(DatasetSpec(root=str(root), count=6, seed=3), pre, "classification")
+    rest = build_dataset(DatasetSpec(root=str(root), count=6, seed=3, complement=True), pre, "classification")
+    a, b = {p for p, _ in part.samples}, {p for p, _ in rest.samples}
+    assert len(a) == 6 and len(b) == 9 and not a & b

@@ -61,6 +61,20 @@ def test_trt_cache_round_trip(tmp_path):
 
 # ---- pipeline ---------------------------------------------------------------------------------
 
+def _q_inputs(proto, index: int) -> list:
+    """Input ``index`` (1 = scale, 2 = zero point) of every QuantizeLinear, stored as initializer or Constant."""
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    for n in proto.graph.node:
+        if n.op_type == "Constant":
+            consts[n.output[0]] = onnx.numpy_helper.to_array(next(a.t for a in n.attribute if a.name == "value"))
+    return [consts[n.input[index]] for n in proto.graph.node
+            if n.op_type == "QuantizeLinear" and len(n.input) > index and n.input[index] in consts]
+
+
+def _zero_points(proto) -> list:
+    return _q_inputs(proto, 2)
+
+
 @pytest.fixture
 def int8_config(tiny_model_file, tmp_path):
     evalset = write_image_folder(tmp_path / "eval", per_class=8, size=(16, 16), seed=1)
@@ -73,7 +87,8 @@ def int8_config(tiny_model_file, tmp_path):
             {"engine": "onnxruntime"},
             {"engine": "onnxruntime", "precision": "int8", "calibrator": "entropy"},
             {"engine": "onnxruntime", "precision": "int8", "calibrator": "mse", "target": "tensorrt"},
-            {"engine": "onnxruntime", "precision": "int8", "calibrator": "percentile", "target": "tensorrt", "exclude": ["conv2"]},
+            {"engine": "onnxruntime", "precision": "int8", "calibrator": "percentile", "target": "tensorrt", "exclude": ["conv2"],
+             "quantizer": "onnx"},
         ],
         "bench": {"enabled": False},
     }
@@ -92,12 +107,11 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     assert st["compute_ops"] == 3 and st["compute_ops_quantized"] == 3
     assert st["residual_adds"] == 1 and st["residual_adds_quantized"] == 1
     # TensorRT placement: weights stay float behind Q/DQ, activations symmetric int8
-    proto = onnx.load(trt8["quantization"]["artifact"])
-    zero_points = [t for t in proto.graph.initializer if "zero_point" in t.name]
-    assert zero_points and all(t.data_type == onnx.TensorProto.INT8 for t in zero_points)
-    assert all(not onnx.numpy_helper.to_array(t).any() for t in zero_points)
-    ort_proto = onnx.load(ort8["quantization"]["artifact"])
-    assert any(t.data_type == onnx.TensorProto.UINT8 for t in ort_proto.graph.initializer if "zero_point" in t.name)
+    assert trt8["quantization"]["quantizer"] == "modelopt"  # PyTorch model → ModelOpt path by default
+    assert trt8["quantization"]["residual_adds_with_quantizers"] == 1
+    zero_points = _zero_points(onnx.load(trt8["quantization"]["artifact"]))
+    assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
+    assert any(z.dtype == np.uint8 for z in _zero_points(onnx.load(ort8["quantization"]["artifact"])))
     # partial quantization: the excluded conv is listed as float
     pst = partial["quantization"]["structure"]
     assert any("conv2" in n for n in partial["quantization"]["excluded_by_user"])
@@ -119,15 +133,17 @@ def test_calibration_cache_hit_on_rerun(int8_config, tmp_path, capsys):
 
 def test_quantize_stage_command_and_trt_cache_as_input(int8_config, tmp_path):
     summary = api.quantize(int8_config, tmp_path / "q", cache_dir=tmp_path / "cache")
-    name = "onnxruntime-int8-trt-mse"
+    name = "onnxruntime-int8-trt-onnx-percentile-partial"
+    assert (tmp_path / "q" / "onnxruntime-int8-trt-mse.onnx").is_file()
     assert (tmp_path / "q" / f"{name}.onnx").is_file() and (tmp_path / "q" / "quantize.json").is_file()
     trt_cache = tmp_path / "q" / f"{name}.trtcache"
     int8_config["data"].pop("calibration")  # ranges come from the cache alone
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "calibration_cache": str(trt_cache)}]
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "calibration_cache": str(trt_cache),
+                                "exclude": ["conv2"]}]
     results = api.run(int8_config, tmp_path / "from-cache", cache_dir=tmp_path / "cache")
     v = results["variants"][0]
     assert v["status"] == "ok" and v["quantization"]["method"] == "tensorrt-cache"
-    assert v["quantization"]["structure"]["compute_ops_quantized"] == summary[name]["structure"]["compute_ops_quantized"]
+    assert v["quantization"]["structure"] == summary[name]["structure"]
 
 
 # ---- bad input ----------------------------------------------------------------------------------
@@ -169,7 +185,7 @@ def test_all_zero_channel_gets_a_floor_scale_not_a_division_by_zero(int8_config,
     v = results["variants"][1]
     assert v["status"] == "ok", v["reason"]
     proto = onnx.load(v["quantization"]["artifact"])
-    scales = np.concatenate([onnx.numpy_helper.to_array(t).ravel() for t in proto.graph.initializer if "scale" in t.name])
+    scales = np.concatenate([a.ravel() for a in _q_inputs(proto, 1)])
     assert np.all(np.isfinite(scales)) and np.all(scales > 0)
 
 

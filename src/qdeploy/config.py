@@ -90,6 +90,7 @@ class DatasetSpec(_Strict):
     ignore_index: int = Field(255, description="segmentation label that is excluded from metrics")
     count: Optional[int] = Field(None, gt=0, description="seeded random subset of this many samples")
     seed: int = 0
+    complement: bool = Field(False, description="take every sample except the seeded `count` subset (disjoint eval/calibration splits of one folder)")
     batch_size: int = Field(32, gt=0)
     workers: Optional[int] = Field(None, ge=0, description="decoding worker processes (default: min(4, CPUs))")
 
@@ -120,12 +121,15 @@ class VariantSpec(_Strict):
     exclude: list[str] = Field(default_factory=list, description="regexes on layer (node) names kept in float")
     exclude_ops: list[str] = Field(default_factory=list, description="op types kept in float, e.g. [Resize, Gemm]")
     calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
+    quantizer: Literal["auto", "modelopt", "onnx"] = Field(
+        "auto", description="target tensorrt: modelopt = ModelOpt on the PyTorch model (auto for PyTorch models), onnx = Q/DQ inserted into the ONNX")
 
     @model_validator(mode="after")
     def _engine_options(self) -> "VariantSpec":
         torch_only = {"channels_last": False, "cuda_graphs": False, "compile": False}
         ort_only = {"providers": None, "graph_optimization": "all"}
-        int8_only = {"calibrator": "entropy", "percentile": 99.99, "target": "onnxruntime", "exclude": [], "exclude_ops": [], "calibration_cache": None}
+        int8_only = {"calibrator": "entropy", "percentile": 99.99, "target": "onnxruntime", "exclude": [], "exclude_ops": [],
+                     "calibration_cache": None, "quantizer": "auto"}
         wrong = dict(torch_only if self.engine != "torch" else ort_only)
         if self.precision != "int8":
             wrong.update(int8_only)
@@ -133,6 +137,8 @@ class VariantSpec(_Strict):
             if getattr(self, key) != default:
                 why = f"engine '{self.engine}'" if key not in int8_only else f"precision '{self.precision}' (only int8)"
                 raise ValueError(f"option '{key}' does not apply to {why}")
+        if self.quantizer == "modelopt" and (self.target != "tensorrt" or self.calibration_cache or self.exclude_ops):
+            raise ValueError("quantizer 'modelopt' produces target tensorrt from calibration (no calibration_cache / exclude_ops; use exclude)")
         if self.precision == "int8" and self.engine != "onnxruntime":
             raise ValueError(
                 "precision int8 runs on engine onnxruntime (target: onnxruntime or tensorrt); "
@@ -147,6 +153,8 @@ class VariantSpec(_Strict):
         parts = [self.engine, self.precision]
         if self.precision == "int8":
             parts += (["trt"] if self.target == "tensorrt" else []) + [self.calibrator if not self.calibration_cache else "trtcache"]
+            if self.quantizer != "auto":
+                parts.insert(-1, self.quantizer)
             if self.calibrator == "percentile" and self.percentile != 99.99:
                 parts[-1] += f"{self.percentile:g}"
             if self.exclude or self.exclude_ops:

@@ -173,15 +173,23 @@ class SubsetDataset(Dataset):
         return getattr(self.dataset, name)
 
 
-def subset(dataset: Dataset, count: Optional[int], seed: int = 0) -> Dataset:
-    """A seeded random ``count`` samples, kept in the dataset's order; all of them if count ≥ len."""
+def subset(dataset: Dataset, count: Optional[int], seed: int = 0, complement: bool = False) -> Dataset:
+    """A seeded random ``count`` samples, kept in the dataset's order; all of them if count ≥ len.
+
+    ``complement=True`` gives every sample *except* that subset, so one folder can be split into
+    disjoint calibration (``count``) and evaluation (``count`` + ``complement``) parts.
+    """
     n = len(dataset)
-    if count is None or count == n:
+    if count is None or (count == n and not complement):
         return dataset
     if count > n:
         warnings.warn(f"count={count} but the dataset has only {n} samples: using all {n}", stacklevel=2)
-        return dataset
+        count = n
+        if not complement:
+            return dataset
     chosen = np.sort(np.random.default_rng(seed).permutation(n)[:count])
+    if complement:
+        chosen = np.setdiff1d(np.arange(n), chosen)
     return SubsetDataset(dataset, chosen.tolist())
 
 
@@ -206,4 +214,4 @@ def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Data
         # the whole line is the name ("Road marking").
         names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes else spec.class_names
         ds = SegNetDataset(spec.root, spec.split, preprocess, spec.ignore_index, names)
-    return subset(ds, spec.count, spec.seed)
+    return subset(ds, spec.count, spec.seed, spec.complement)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.ranges import TensorRange, compute_ranges
 from qdeploy.utils.atomic import write_json
@@ -92,6 +94,36 @@ def ranges_from_trt_cache(cache_path: Path, onnx_path: Path) -> dict:
     return {n: TensorRange(-a, a, a) for n, a in amax.items()}
 
 
+def ranges_from_qdq(onnx_path: Path) -> dict:
+    """Activation ranges read back from a Q/DQ ONNX (per-tensor QuantizeLinear on non-constant inputs)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(onnx_path))
+    consts = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            consts[node.output[0]] = next(a.t for a in node.attribute if a.name == "value")
+    producers = {o: n for n in model.graph.node for o in n.output}
+    ranges = {}
+    for node in model.graph.node:
+        if node.op_type != "QuantizeLinear" or node.input[0] in consts:
+            continue
+        tensor = node.input[0]
+        while tensor in producers and producers[tensor].op_type in ("Cast", "Identity"):  # ModelOpt casts before Q
+            tensor = producers[tensor].input[0]
+        if tensor in consts:
+            continue
+        scale = consts.get(node.input[1])
+        if scale is None:
+            continue
+        s = numpy_helper.to_array(scale)
+        if s.size == 1:
+            amax = float(s.reshape(())) * 127.0
+            ranges[tensor] = TensorRange(-amax, amax, amax)
+    return ranges
+
+
 @dataclass
 class QuantizedArtifact:
     path: Path
@@ -113,9 +145,46 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
     fp32 = artifacts.onnx()
     spec = artifacts.spec
     tag = hashlib.sha256(json.dumps([variant.target, variant.calibrator, variant.percentile, variant.exclude,
-                                     variant.exclude_ops, variant.calibration_cache], sort_keys=True).encode()).hexdigest()[:12]
+                                     variant.exclude_ops, variant.calibration_cache, variant.quantizer],
+                                    sort_keys=True).encode()).hexdigest()[:12]
+
+    use_modelopt = variant.target == "tensorrt" and not variant.calibration_cache and not variant.exclude_ops and (
+        variant.quantizer == "modelopt" or (variant.quantizer == "auto" and artifacts.has_torch))
+    if variant.quantizer == "modelopt" and not artifacts.has_torch:
+        raise QDeployError(f"variant {variant.label}: quantizer modelopt needs a PyTorch model; {spec.source} is ONNX-only")
+
+    def build_modelopt() -> QuantizedArtifact:
+        t0 = time.perf_counter()
+        if calibration_batches is None:
+            raise QDeployError(f"variant {variant.label}: INT8 needs calibration images: add data.calibration to the config")
+        batches = calibration_batches()
+        key = calibration_key(fp32.path, batches, spec.preprocess, variant.calibrator, variant.percentile, 2048,
+                              ["modelopt"] + list(variant.exclude))
+        cache = Path(cache_dir) / "calibration" / f"{key}.json"
+        info = {"method": variant.calibrator, "percentile": variant.percentile if variant.calibrator == "percentile" else None,
+                "samples": batches.num_samples, "cache": str(cache), "quantizer": "modelopt"}
+        cached = json.loads(cache.read_text())["amax"] if cache.is_file() else None
+        if cached is not None:
+            log(f"calibrate: cache hit {cache} ({variant.calibrator}, ModelOpt)")
+        from qdeploy.data import normalize
+        from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
+
+        qm, amax, details = quantize_torch_model(
+            artifacts.torch_model(), (normalize(x, spec.preprocess) for x, _ in batches), batches.num_samples,
+            variant.calibrator, variant.percentile, variant.exclude, amax=cached)
+        info.update(details, cache_hit=cached is not None, time_s=0.0 if cached is not None else round(time.perf_counter() - t0, 3))
+        if cached is None:
+            write_json(cache, {"key": key, "method": variant.calibrator, "amax": amax})
+            log(f"calibrate: ModelOpt {variant.calibrator} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
+        out = Path(cache_dir) / "int8" / f"{fp32.path.stem}-int8-tensorrt-modelopt-{variant.calibrator}-{tag}.onnx"
+        h, w = spec.preprocess.input_size
+        export_qdq_onnx(qm, torch.randn(2, spec.preprocess.channels, h, w), out, artifacts.export_spec.opset, artifacts.export_spec.dynamic_batch)
+        return out, ranges_from_qdq(out), info, t0
 
     def build() -> QuantizedArtifact:
+        if use_modelopt:
+            out, ranges, info, t0 = build_modelopt()
+            return finish(out, ranges, info, t0)
         t0 = time.perf_counter()
         if variant.calibration_cache:
             ranges = ranges_from_trt_cache(Path(variant.calibration_cache), fp32.path)
@@ -133,8 +202,11 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
                                      variant.percentile, cache_dir, artifacts.derived("calibration-stats", dict), names=names)
         out = Path(cache_dir) / "int8" / f"{fp32.path.stem}-int8-{variant.target}-{variant.calibrator}-{tag}.onnx"
         placed = quantize_onnx(fp32.path, ranges, variant.target, out, variant.exclude, variant.exclude_ops)
+        info.update(placed, quantizer="onnxruntime-qdq")
+        return finish(out, ranges, info, t0)
+
+    def finish(out: Path, ranges: dict, info: dict, t0: float) -> QuantizedArtifact:
         trt_cache = write_trt_cache(out.with_suffix(".trtcache"), ranges)
-        info.update(placed)
         info.update(target=variant.target, trt_calibration_cache=str(trt_cache), quantize_time_s=round(time.perf_counter() - t0, 3),
                     structure=qdq_structure(out), artifact=str(out))
         s = info["structure"]

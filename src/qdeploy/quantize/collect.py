@@ -22,6 +22,18 @@ class NonFiniteActivation(QDeployError):
     """NaN/Inf inside the model on calibration data: ranges would be meaningless."""
 
 
+def modelopt_histogram_calibrator():
+    """ModelOpt's HistogramCalibrator, imported quietly (a ~4 s import that logs CUDA/JIT notices on CPU boxes)."""
+    import logging
+    import warnings
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from modelopt.torch.quantization.calib import HistogramCalibrator
+    return HistogramCalibrator
+
+
 @dataclass
 class TensorStats:
     name: str
@@ -71,7 +83,7 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
     import torch
 
     if histograms:
-        from modelopt.torch.quantization.calib import HistogramCalibrator  # a ~4 s import: only when needed
+        HistogramCalibrator = modelopt_histogram_calibrator()
 
     model = onnx.load(str(onnx_path))
     all_names, producer = float_activations(model)
