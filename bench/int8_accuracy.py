@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--out", default="runs/int8")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--groups", default="onnxruntime,tensorrt-modelopt,tensorrt-onnx",
+                    help="INT8 artifact kinds: onnxruntime (ORT-targeted), tensorrt-modelopt, tensorrt-onnx")
     args = ap.parse_args()
     from qdeploy import api
     from qdeploy.config import VariantSpec
@@ -47,9 +49,12 @@ def main() -> None:
     rows = []
     for name in args.models:
         cfg = config_for(name)
+        groups = args.groups.split(",")
+        kinds = {"onnxruntime": {"target": "onnxruntime"}, "tensorrt-modelopt": {"target": "tensorrt", "quantizer": "modelopt"},
+                 "tensorrt-onnx": {"target": "tensorrt", "quantizer": "onnx"}}
         cfg.variants = [VariantSpec(engine="onnxruntime", precision="fp32", threads=2)] + [
-            VariantSpec(engine="onnxruntime", precision="int8", calibrator=c, target=t, threads=2)
-            for t in ("onnxruntime", "tensorrt") for c in CALIBRATORS]
+            VariantSpec(engine="onnxruntime", precision="int8", calibrator=c, threads=2, **kinds[g])
+            for g in groups for c in CALIBRATORS]
         cfg.bench.enabled = False
         results = api.run(cfg, Path(args.out) / name)
         speed = {}
@@ -74,10 +79,11 @@ def main() -> None:
     print("| model | FP32 | target | max | entropy | percentile | mse | CPU INT8 speed-up bs1 / bs8 |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        for t in ("onnxruntime", "tensorrt"):
+        for t in args.groups.split(","):
             cells = []
             for c in CALIBRATORS:
-                key = f"onnxruntime-int8-{'trt-' if t == 'tensorrt' else ''}{c}"
+                key = {"onnxruntime": f"onnxruntime-int8-{c}", "tensorrt-modelopt": f"onnxruntime-int8-trt-modelopt-{c}",
+                       "tensorrt-onnx": f"onnxruntime-int8-trt-onnx-{c}"}[t]
                 v = row["variants"].get(key, {})
                 m = v.get("metric")
                 cells.append("–" if m is None else f"{100 * m:.2f} ({100 * (v.get('agreement') or 0):.1f})")
