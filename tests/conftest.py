@@ -77,6 +77,25 @@ def tiny_res(num_classes=3, nan=False):
     return TinyRes(num_classes, nan=nan)
 
 
+class Branchy(nn.Module):
+    """Data-dependent control flow: ONNX export (tracing) works, torch.fx symbolic tracing does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if y.mean() > -1e9:
+            y = torch.relu(y)
+        return y.mean((2, 3))
+
+
+def branchy():
+    torch.manual_seed(0)
+    return Branchy()
+
+
 NOT_CALLABLE = 42
 '''
 

@@ -225,3 +225,15 @@ def test_trt_cache_that_does_not_match_the_model(int8_config, tmp_path):
     int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "calibration_cache": str(bad)}]
     with pytest.raises(QDeployError, match="does not match the model: 1 of 2 tensors .*resnet/layer1/out"):
         api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+
+
+def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_forced(int8_config, tiny_model_file, tmp_path, capsys):
+    int8_config["model"]["source"] = f"{tiny_model_file}:branchy"
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "target": "tensorrt"}]
+    results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+    v = results["variants"][0]
+    assert v["status"] == "ok" and v["quantization"]["quantizer"] == "onnxruntime-qdq"
+    assert "falling back to Q/DQ insertion" in capsys.readouterr().err
+    int8_config["variants"][0]["quantizer"] = "modelopt"
+    with pytest.raises(QDeployError, match="torch.fx cannot trace"):
+        api.run(int8_config, tmp_path / "out2", cache_dir=tmp_path / "cache")

@@ -52,7 +52,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("QDEPLOY_CACHE", Path.home() / ".cache" / "qdeploy"))
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -71,10 +71,10 @@ def export_fingerprint(spec: ModelSpec, export: ExportSpec) -> str:
     if spec.weights:
         from qdeploy.models.loader import resolve_weights_path
 
-        payload["weights_sha256"] = _sha256_file(resolve_weights_path(spec.weights))
+        payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights))
     module_file = spec.source.rpartition(":")[0]
     if module_file.endswith(".py") and Path(module_file).is_file():
-        payload["code_sha256"] = _sha256_file(Path(module_file))
+        payload["code_sha256"] = sha256_file(Path(module_file))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -11,24 +11,17 @@ from typing import Optional
 import torch
 
 from qdeploy.errors import QDeployError
+from qdeploy.export.onnx import sha256_file
 from qdeploy.quantize.ranges import TensorRange, compute_ranges
 from qdeploy.utils.atomic import write_json
-from qdeploy.utils.log import log
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from qdeploy.utils.log import log, warn
 
 
 def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentile: float, num_bins: int, names=None) -> str:
     """Identity of a set of ranges: model bytes, the exact calibration images, preprocessing, method, options."""
     samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
     payload = {
-        "onnx": _sha256_file(Path(onnx_path)),
+        "onnx": sha256_file(Path(onnx_path)),
         "samples": hashlib.sha256("\n".join(samples).encode()).hexdigest(), "count": batches.num_samples,
         "preprocess": preprocess.model_dump(mode="json"),
         "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
@@ -183,8 +176,15 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
 
     def build() -> QuantizedArtifact:
         if use_modelopt:
-            out, ranges, info, t0 = build_modelopt()
-            return finish(out, ranges, info, t0)
+            from qdeploy.quantize.modelopt_torch import NotTraceable
+
+            try:
+                out, ranges, info, t0 = build_modelopt()
+                return finish(out, ranges, info, t0)
+            except NotTraceable as e:
+                if variant.quantizer == "modelopt":
+                    raise
+                warn(f"{variant.label}: {e}; falling back to Q/DQ insertion in the ONNX graph")
         t0 = time.perf_counter()
         if variant.calibration_cache:
             ranges = ranges_from_trt_cache(Path(variant.calibration_cache), fp32.path)

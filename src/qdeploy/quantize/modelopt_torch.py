@@ -31,6 +31,10 @@ from qdeploy.errors import QDeployError
 from qdeploy.utils.log import progress, warn
 
 
+class NotTraceable(QDeployError):
+    """torch.fx cannot trace the model, so ModelOpt's residual-Add quantizers cannot be placed."""
+
+
 class ResidualAdd(nn.Module):
     """``a + b`` as a module, so quantization tools can attach quantizers to both inputs."""
 
@@ -71,7 +75,7 @@ def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     try:
         gm = fx.symbolic_trace(model)
     except Exception as e:  # data-dependent control flow etc.
-        raise QDeployError(
+        raise NotTraceable(
             f"torch.fx cannot trace the model for ModelOpt quantization ({type(e).__name__}: {str(e).splitlines()[0]}); "
             "use quantizer: onnx for this variant"
         ) from None
