@@ -237,3 +237,24 @@ def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_for
     int8_config["variants"][0]["quantizer"] = "modelopt"
     with pytest.raises(QDeployError, match="torch.fx cannot trace"):
         api.run(int8_config, tmp_path / "out2", cache_dir=tmp_path / "cache")
+
+
+def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
+    """EfficientNet-style static 'same' padding exports Pad with Constant-node inputs; ORT's quantizer needs their ranges."""
+    model_file = tmp_path / "padded.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def padded():\n    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6(),\n"
+        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))\n")
+    evalset = write_image_folder(tmp_path / "eval", per_class=2, size=(9, 9))
+    calib = write_image_folder(tmp_path / "calib", per_class=4, size=(9, 9), seed=3)
+    cfg = {
+        "model": {"source": f"{model_file}:padded", "preprocess": {"input_size": [9, 9]}},
+        "data": {"eval": {"root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
+        "variants": [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "calibrator": "max"}],
+        "bench": {"enabled": False},
+    }
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert results["variants"][1]["status"] == "ok", results["variants"][1]["reason"]
+    assert results["variants"][1]["quantization"]["structure"]["compute_ops_quantized"] == 2

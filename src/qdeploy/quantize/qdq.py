@@ -109,6 +109,17 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     for name, r in ranges.items():
         lo, hi = (-r.amax, r.amax) if symmetric else (min(r.lo, 0.0), max(r.hi, 0.0))
         data[name] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
+    # Constant-node outputs (e.g. Pad values exported as Constant) are quantized by ONNX Runtime like
+    # activations when they feed a quantized op: give them their own exact range.
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] not in data:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and value.data_type == onnx.TensorProto.FLOAT:
+                arr = onnx.numpy_helper.to_array(value)
+                if arr.size:
+                    amax = max(float(np.abs(arr).max()), 1e-8)
+                    lo, hi = (-amax, amax) if symmetric else (min(float(arr.min()), 0.0), max(float(arr.max()), 1e-8))
+                    data[node.output[0]] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
     tensors_range = TensorsData(CalibrationMethod.MinMax, data)
     if target == "tensorrt":
         consts = _constant_names(model)
