@@ -19,6 +19,7 @@ for step in $steps; do
     compile) python3 bench/harness_overhead.py --repeats 1 --batch-sizes 1 --compile --out "$OUT/compile.json" > "$OUT/compile.log" 2>&1; tail -4 "$OUT/compile.log" ;;&
     resnet50|all) python3 -m qdeploy.cli --quiet bench bench/configs/gpu_resnet50.yaml --out "$OUT/resnet50" 2>&1 | tail -30 ;;&
     camvid|all) python3 -m qdeploy.cli --quiet run bench/configs/gpu_camvid_deeplabv3.yaml --out "$OUT/camvid" 2>&1 | tail -30 ;;&
+    calib) python3 bench/gpu_calibration.py --data .devdata2/cifar-train --model-file .devdata2/cifar_resnet.py --weights .devdata2/resnet20.pt --out "$OUT/calib.json" 2>&1 | grep -v "^W1121\|warn" | tail -6 ;;&
     tests|all) python3 -m pytest -q -ra tests -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15 ;;&
     *) ;;
   esac

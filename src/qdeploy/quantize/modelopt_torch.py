@@ -133,10 +133,14 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         for q in quantizers.values():
             q.disable_quant()
             q.enable_calib()
+        # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        qm.to(device)
         with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
             for x in batches:
-                qm(torch.from_numpy(x))
+                qm(torch.from_numpy(x).to(device, non_blocking=True))
                 advance(len(x))
+        qm.to("cpu")
         amax = {}
         for name, q in quantizers.items():
             if name.endswith("weight_quantizer") or method == "max":
@@ -149,7 +153,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                 top = float(q._calibrator._calib_bin_edges[-1])
                 st.lo, st.hi, st.samples = -top, top, 1
                 q.amax = torch.tensor(compute_amax(st, method, percentile))
-            value = q.amax.detach().float()
+            value = q.amax.detach().float().cpu()
             if not torch.isfinite(value).all():
                 raise QDeployError(f"calibration produced NaN/Inf in layer '{name.rsplit('.', 1)[0]}'")
             q.amax = torch.clamp(value, min=1e-8)  # all-zero channels: a floor, not a zero scale
