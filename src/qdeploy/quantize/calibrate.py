@@ -87,6 +87,20 @@ def ranges_from_trt_cache(cache_path: Path, onnx_path: Path) -> dict:
     return {n: TensorRange(-a, a, a) for n, a in amax.items()}
 
 
+def ort_preprocessed(fp32_path: Path) -> Path:
+    """``onnxruntime.quantization.shape_inference.quant_pre_process`` of the FP32 ONNX (cached next to it)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from qdeploy.utils.atomic import atomic_path
+
+    out = Path(fp32_path).with_name(Path(fp32_path).stem + "-ortpre.onnx")
+    if not out.is_file():
+        with atomic_path(out) as tmp:
+            tmp.unlink()  # quant_pre_process writes the file itself
+            quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=False)
+    return out
+
+
 def ranges_from_qdq(onnx_path: Path) -> dict:
     """Activation ranges read back from a Q/DQ ONNX (per-tensor QuantizeLinear on non-constant inputs)."""
     import onnx
@@ -186,8 +200,13 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
                     raise
                 warn(f"{variant.label}: {e}; falling back to Q/DQ insertion in the ONNX graph")
         t0 = time.perf_counter()
+        # ONNX Runtime's recommended pre-processing (shape inference + basic graph optimisation) for its own
+        # INT8 kernels: on torchvision ResNet-18 (224², 2 threads) INT8 goes from 0.55x to 2.65x FP32 with it.
+        # The TensorRT-style artifact keeps the exported graph as is.
+        source = artifacts.derived("onnx-ort-preprocessed", lambda: ort_preprocessed(fp32.path)) \
+            if variant.target == "onnxruntime" else fp32.path
         if variant.calibration_cache:
-            ranges = ranges_from_trt_cache(Path(variant.calibration_cache), fp32.path)
+            ranges = ranges_from_trt_cache(Path(variant.calibration_cache), source)
             info = {"method": "tensorrt-cache", "source": variant.calibration_cache}
             log(f"quantize: ranges of {len(ranges)} tensors from TensorRT cache {variant.calibration_cache}")
         else:
@@ -197,11 +216,11 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
 
             from qdeploy.quantize.qdq import tensors_to_calibrate
 
-            names = tensors_to_calibrate(onnx.load(str(fp32.path), load_external_data=False), variant.target)
-            ranges, info = calibrate(fp32.path, calibration_batches(), spec.preprocess, variant.calibrator,
+            names = tensors_to_calibrate(onnx.load(str(source), load_external_data=False), variant.target)
+            ranges, info = calibrate(source, calibration_batches(), spec.preprocess, variant.calibrator,
                                      variant.percentile, cache_dir, artifacts.derived("calibration-stats", dict), names=names)
         out = Path(cache_dir) / "int8" / f"{fp32.path.stem}-int8-{variant.target}-{variant.calibrator}-{tag}.onnx"
-        placed = quantize_onnx(fp32.path, ranges, variant.target, out, variant.exclude, variant.exclude_ops)
+        placed = quantize_onnx(source, ranges, variant.target, out, variant.exclude, variant.exclude_ops)
         info.update(placed, quantizer="onnxruntime-qdq")
         return finish(out, ranges, info, t0)
 
