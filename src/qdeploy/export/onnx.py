@@ -60,7 +60,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def export_fingerprint(spec: ModelSpec, export: ExportSpec) -> str:
+def state_fingerprint(model: nn.Module) -> str:
+    """Hash of the module's parameters and buffers: catches randomly initialised models (no weights file),
+    whose spec alone would map two different networks to one cached export."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def export_fingerprint(spec: ModelSpec, export: ExportSpec, model: Optional[nn.Module] = None) -> str:
     """Hash of everything that changes the exported graph: spec, weights bytes, model code, options."""
     payload = {
         "spec": spec.model_dump(mode="json"),
@@ -72,6 +82,8 @@ def export_fingerprint(spec: ModelSpec, export: ExportSpec) -> str:
         from qdeploy.models.loader import resolve_weights_path
 
         payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights))
+    elif model is not None:
+        payload["state_sha256"] = state_fingerprint(model)
     module_file = spec.source.rpartition(":")[0]
     if module_file.endswith(".py") and Path(module_file).is_file():
         payload["code_sha256"] = sha256_file(Path(module_file))
@@ -131,7 +143,7 @@ def export_onnx(
     cache_dir: Optional[Path] = None,
 ) -> OnnxArtifact:
     """Export ``model`` to a single self-contained ONNX file, verify it, and cache it by fingerprint."""
-    fingerprint = export_fingerprint(spec, export)
+    fingerprint = export_fingerprint(spec, export, model)
     cache_dir = Path(cache_dir or default_cache_dir()) / "exports"
     path = cache_dir / f"{_safe_name(spec.source)}-{fingerprint[:16]}.onnx"
     meta_path = path.with_suffix(".json")
