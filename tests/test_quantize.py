@@ -258,3 +258,21 @@ def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert results["variants"][1]["status"] == "ok", results["variants"][1]["reason"]
     assert results["variants"][1]["quantization"]["structure"]["compute_ops_quantized"] == 2
+
+
+def test_quantize_cli_command(int8_config, tmp_path, capsys):
+    import yaml
+
+    from qdeploy.cli import main
+
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "target": "tensorrt"}]
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(yaml.safe_dump(int8_config))
+    assert main(["quantize", str(cfg), "--out", str(tmp_path / "q"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime-int8-trt-max" in out and "3/3 compute ops INT8, 1/1 residual Adds quantized" in out
+    assert (tmp_path / "q" / "onnxruntime-int8-trt-max.trtcache").read_text().startswith("TRT-")
+    int8_config["variants"] = [{"engine": "onnxruntime"}]
+    cfg.write_text(yaml.safe_dump(int8_config))
+    assert main(["quantize", str(cfg), "--out", str(tmp_path / "q2")]) == 2
+    assert "no int8 variants to quantize" in capsys.readouterr().err
