@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             from qdeploy import api
 
             summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
-            console.print(f"wrote {summary['copied_to']} (opset {summary['opset']}, {summary['exporter']} exporter, {summary['size_mb']:.2f} MB)")
+            print(f"wrote {summary['copied_to']} (opset {summary['opset']}, {summary['exporter']} exporter, {summary['size_mb']:.2f} MB)")
             return 0
         if args.command == "quantize":
             from qdeploy import api
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = api.quantize(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
             for name, info in summary.items():
                 st = info["structure"]
-                console.print(f"{name}: {info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
-                              f"{st['residual_adds_quantized']}/{st['residual_adds']} residual Adds quantized", highlight=False, markup=False)
+                print(f"{name}: {info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
+                      f"{st['residual_adds_quantized']}/{st['residual_adds']} residual Adds quantized")
             return 0
         if args.command == "doctor":
             return _cmd_doctor(args)

@@ -117,7 +117,10 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     select = model.key if isinstance(model, SelectOutput) else None
     inner = model.model if isinstance(model, SelectOutput) else model  # the output selector is not traceable
     gm, n_adds = prepare_for_quantization(inner)
-    with warnings.catch_warnings():
+    import contextlib
+    import io
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
