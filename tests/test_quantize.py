@@ -196,23 +196,24 @@ def test_exclude_pattern_that_matches_nothing_warns(int8_config, tmp_path, capsy
     assert "matches no layer" in capsys.readouterr().err
 
 
-def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
-    """ConvTranspose has no TensorRT-target Q/DQ support in our op list when excluded by type: listed as float."""
-    from torch import nn
-
-    model_file = tmp_path / "up.py"
-    model_file.write_text(
-        "import torch\nfrom torch import nn\n"
-        "def up():\n    torch.manual_seed(0)\n"
-        "    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, stride=2),\n"
-        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten())\n")
-    evalset = write_image_folder(tmp_path / "eval", per_class=2, size=(8, 8))
-    calib = write_image_folder(tmp_path / "calib", per_class=4, size=(8, 8), seed=3)
-    cfg = {
-        "model": {"source": f"{model_file}:up", "preprocess": {"input_size": [8, 8]}},
-        "data": {"eval": {"format": "imagefolder", "root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
-        "variants": [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "exclude_ops": ["ConvTranspose"]}],
+def _sequential_model_config(tmp_path, layers: str, size: int, variants: list) -> dict:
+    """A config around ``nn.Sequential(<layers>)`` written to a model file, with tiny eval/calibration folders."""
+    model_file = tmp_path / "seq_model.py"
+    model_file.write_text(f"import torch\nfrom torch import nn\ndef net():\n    torch.manual_seed(0)\n    return nn.Sequential({layers})\n")
+    evalset = write_image_folder(tmp_path / "eval", per_class=2, size=(size, size))
+    calib = write_image_folder(tmp_path / "calib", per_class=4, size=(size, size), seed=3)
+    return {
+        "model": {"source": f"{model_file}:net", "preprocess": {"input_size": [size, size]}},
+        "data": {"eval": {"root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
+        "variants": variants, "bench": {"enabled": False},
     }
+
+
+def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
+    """An op kept out of the quantizer (here ConvTranspose via exclude_ops) stays float and is listed by name."""
+    cfg = _sequential_model_config(
+        tmp_path, "nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten()",
+        8, [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "exclude_ops": ["ConvTranspose"]}])
     summary = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")
     st = next(iter(summary.values()))["structure"]
     assert st["compute_ops"] == 2 and st["compute_ops_quantized"] == 1
@@ -241,20 +242,9 @@ def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_for
 
 def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
     """EfficientNet-style static 'same' padding exports Pad with Constant-node inputs; ORT's quantizer needs their ranges."""
-    model_file = tmp_path / "padded.py"
-    model_file.write_text(
-        "import torch\nfrom torch import nn\n"
-        "def padded():\n    torch.manual_seed(0)\n"
-        "    return nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6(),\n"
-        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))\n")
-    evalset = write_image_folder(tmp_path / "eval", per_class=2, size=(9, 9))
-    calib = write_image_folder(tmp_path / "calib", per_class=4, size=(9, 9), seed=3)
-    cfg = {
-        "model": {"source": f"{model_file}:padded", "preprocess": {"input_size": [9, 9]}},
-        "data": {"eval": {"root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
-        "variants": [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "calibrator": "max"}],
-        "bench": {"enabled": False},
-    }
+    cfg = _sequential_model_config(
+        tmp_path, "nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)",
+        9, [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "calibrator": "max"}])
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert results["variants"][1]["status"] == "ok", results["variants"][1]["reason"]
     assert results["variants"][1]["quantization"]["structure"]["compute_ops_quantized"] == 2
