@@ -160,7 +160,7 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
     if variant.quantizer == "modelopt" and not artifacts.has_torch:
         raise QDeployError(f"variant {variant.label}: quantizer modelopt needs a PyTorch model; {spec.source} is ONNX-only")
 
-    def build_modelopt() -> QuantizedArtifact:
+    def build_modelopt() -> tuple:
         t0 = time.perf_counter()
         if calibration_batches is None:
             raise QDeployError(f"variant {variant.label}: INT8 needs calibration images: add data.calibration to the config")
