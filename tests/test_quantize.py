@@ -109,6 +109,7 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     # TensorRT placement: weights stay float behind Q/DQ, activations symmetric int8
     assert trt8["quantization"]["quantizer"] == "modelopt"  # PyTorch model → ModelOpt path by default
     assert trt8["quantization"]["residual_adds_with_quantizers"] == 1
+    assert trt8["quantization"]["export_check"]["min_cosine"] > 0.99
     zero_points = _zero_points(onnx.load(trt8["quantization"]["artifact"]))
     assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
     assert any(z.dtype == np.uint8 for z in _zero_points(onnx.load(ort8["quantization"]["artifact"])))

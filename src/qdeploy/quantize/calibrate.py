@@ -101,6 +101,30 @@ def ort_preprocessed(fp32_path: Path) -> Path:
     return out
 
 
+def check_qdq_export(qm, onnx_path: Path, inputs, min_cosine: float = 0.99) -> dict:
+    """The exported Q/DQ ONNX (in ONNX Runtime) must compute what ModelOpt's fake-quantized model computes.
+
+    Rounding at Q/DQ boundaries may differ by one step between the two, so the check is a cosine
+    similarity per image rather than the tight tolerance of the FP32 export check.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    x = np.ascontiguousarray(inputs, dtype=np.float32)
+    with torch.inference_mode():
+        ref = qm(torch.from_numpy(x)).float().numpy()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    got = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    a, b = got.reshape(len(x), -1).astype(np.float64), ref.reshape(len(x), -1).astype(np.float64)
+    cos = float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)))
+    result = {"samples": len(x), "min_cosine": cos, "max_abs_diff": float(np.max(np.abs(a - b)))}
+    if not cos >= min_cosine:
+        raise QDeployError(f"Q/DQ export {onnx_path} does not match ModelOpt's fake-quantized model: cosine {cos:.4f} < {min_cosine}")
+    log(f"quantize: Q/DQ ONNX vs ModelOpt fake-quant model on {len(x)} real images: min cosine {cos:.5f}")
+    return result
+
+
 def ranges_from_qdq(onnx_path: Path) -> dict:
     """Activation ranges read back from a Q/DQ ONNX (per-tensor QuantizeLinear on non-constant inputs)."""
     import onnx
@@ -186,6 +210,8 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
         out = Path(cache_dir) / "int8" / f"{fp32.path.stem}-int8-tensorrt-modelopt-{variant.calibrator}-{tag}.onnx"
         h, w = spec.preprocess.input_size
         export_qdq_onnx(qm, torch.randn(2, spec.preprocess.channels, h, w), out, artifacts.export_spec.opset, artifacts.export_spec.dynamic_batch)
+        if artifacts.verify_inputs is not None:
+            info["export_check"] = check_qdq_export(qm, out, artifacts.verify_inputs())
         return out, ranges_from_qdq(out), info, t0
 
     def build() -> QuantizedArtifact:
