@@ -1,4 +1,6 @@
 """INT8: calibrators against ModelOpt, Q/DQ placement, TensorRT cache, pipeline, bad input."""
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -267,3 +269,18 @@ def test_quantize_cli_command(int8_config, tmp_path, capsys):
     cfg.write_text(yaml.safe_dump(int8_config))
     assert main(["quantize", str(cfg), "--out", str(tmp_path / "q2")]) == 2
     assert "no int8 variants to quantize" in capsys.readouterr().err
+
+
+def test_modelopt_histogram_methods_share_one_statistics_pass(int8_config, tmp_path):
+    trt = {"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "quantizer": "modelopt"}
+    int8_config["variants"] = [{**trt, "calibrator": "entropy"}, {**trt, "calibrator": "mse"}]
+    shared = api.run(int8_config, tmp_path / "a", cache_dir=tmp_path / "cache-a")
+    first, second = (v["quantization"] for v in shared["variants"])
+    assert first["shared_statistics"] is False and second["shared_statistics"] is True
+    int8_config["variants"] = [{**trt, "calibrator": "mse"}]
+    alone = api.run(int8_config, tmp_path / "b", cache_dir=tmp_path / "cache-b")["variants"][0]["quantization"]
+    assert alone["shared_statistics"] is False
+    import json
+
+    ranges = [json.loads(Path(q["cache"]).read_text())["amax"] for q in (second, alone)]
+    assert ranges[0] == ranges[1]  # sharing the pass changes nothing but time

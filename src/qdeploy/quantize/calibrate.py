@@ -202,7 +202,8 @@ def quantize_variant(artifacts, variant, calibration_batches, cache_dir: Path) -
 
         qm, amax, details = quantize_torch_model(
             artifacts.torch_model(), (normalize(x, spec.preprocess) for x, _ in batches), batches.num_samples,
-            variant.calibrator, variant.percentile, variant.exclude, amax=cached)
+            variant.calibrator, variant.percentile, variant.exclude, amax=cached,
+            stats_memo=artifacts.derived("modelopt-stats", dict))
         info.update(details, cache_hit=cached is not None, time_s=0.0 if cached is not None else round(time.perf_counter() - t0, 3))
         if cached is None:
             write_json(cache, {"key": key, "method": variant.calibrator, "amax": amax})

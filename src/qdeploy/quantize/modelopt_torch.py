@@ -106,12 +106,16 @@ def _quant_config(method: str) -> dict:
 
 
 def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total: int, method: str,
-                         percentile: float = 99.99, exclude: Iterable[str] = (), amax: Optional[dict] = None):
-    """ModelOpt-quantized copy of ``model`` and its quantizers' amax (``amax`` given: reuse, no calibration)."""
-    from qdeploy.quantize.ranges import TensorRange, compute_amax
-    from qdeploy.quantize.collect import TensorStats
+                         percentile: float = 99.99, exclude: Iterable[str] = (), amax: Optional[dict] = None,
+                         stats_memo: Optional[dict] = None):
+    """ModelOpt-quantized copy of ``model`` and its quantizers' amax.
 
+    ``amax`` given: reuse it, no calibration. ``stats_memo``: a dict kept for one run, so that entropy,
+    percentile and mse variants share one statistics pass (their quantizers have the same names).
+    """
     from qdeploy.models.loader import SelectOutput
+    from qdeploy.quantize.collect import TensorStats
+    from qdeploy.quantize.ranges import compute_amax
 
     mtq, TensorQuantizer = _modelopt()
     select = model.key if isinstance(model, SelectOutput) else None
@@ -133,30 +137,45 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         if name.rsplit(".", 1)[0] in excluded:
             quantizers.pop(name).disable()
     if amax is None:
-        for q in quantizers.values():
-            q.disable_quant()
-            q.enable_calib()
-        # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        qm.to(device)
-        with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
-            for x in batches:
-                qm(torch.from_numpy(x).to(device, non_blocking=True))
-                advance(len(x))
-        qm.to("cpu")
+        memo_key = ("histogram", tuple(exclude or ()))
+        stats = stats_memo.get(memo_key) if stats_memo is not None and method != "max" else None
+        shared = stats is not None
+        if stats is None:  # one statistics pass; histogram methods of the same run share it
+            for q in quantizers.values():
+                q.disable_quant()
+                q.enable_calib()
+            # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            qm.to(device)
+            with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
+                for x in batches:
+                    qm(torch.from_numpy(x).to(device, non_blocking=True))
+                    advance(len(x))
+            qm.to("cpu")
+            stats = {"weights": {}, "inputs": {}}
+            for name, q in quantizers.items():
+                if name.endswith("weight_quantizer") or method == "max":
+                    q.load_calib_amax()
+                    stats["weights" if name.endswith("weight_quantizer") else "inputs"][name] = q.amax.detach().float().cpu()
+                else:
+                    stats["inputs"][name] = q._calibrator
+            if stats_memo is not None and method != "max":
+                stats_memo[memo_key] = stats
         amax = {}
         for name, q in quantizers.items():
-            if name.endswith("weight_quantizer") or method == "max":
-                q.load_calib_amax()
-            else:
-                st = TensorStats(name, hist=q._calibrator)
-                hist = q._calibrator._calib_hist
-                if hist is None:
+            source = stats["weights"] if name.endswith("weight_quantizer") else stats["inputs"]
+            if name not in source:
+                raise QDeployError(f"quantizer {name} saw no data during calibration")
+            entry = source[name]
+            if isinstance(entry, torch.Tensor):
+                value = entry
+            else:  # a histogram calibrator
+                if entry._calib_hist is None:
                     raise QDeployError(f"quantizer {name} saw no data during calibration")
-                top = float(q._calibrator._calib_bin_edges[-1])
-                st.lo, st.hi, st.samples = -top, top, 1
-                q.amax = torch.tensor(compute_amax(st, method, percentile))
-            value = q.amax.detach().float().cpu()
+                top = float(entry._calib_bin_edges[-1])
+                st = TensorStats(name, lo=-top, hi=top, hist=entry, samples=1)
+                value = torch.tensor(compute_amax(st, method, percentile))
+            value = value.detach().float().cpu()
             if not torch.isfinite(value).all():
                 raise QDeployError(f"calibration produced NaN/Inf in layer '{name.rsplit('.', 1)[0]}'")
             q.amax = torch.clamp(value, min=1e-8)  # all-zero channels: a floor, not a zero scale
@@ -164,6 +183,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.disable_calib()
             q.enable_quant()
     else:
+        shared = False
         for name, q in quantizers.items():
             if name not in amax:
                 raise QDeployError(f"cached ranges do not cover quantizer {name}; delete the calibration cache")
@@ -171,7 +191,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.disable_calib()
             q.enable_quant()
     qm = SelectOutput(qm, select).eval()
-    return qm, amax, {"residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers), "excluded_by_user": excluded,
+    return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers), "excluded_by_user": excluded,
                       "unmatched_patterns": unmatched}
 
 
