@@ -79,6 +79,14 @@ def _calibration_loader(cfg: RunConfig, eval_batches):
     return load
 
 
+def _model_artifacts(cfg: RunConfig, eval_batches, cache_dir: Optional[Path]) -> ModelArtifacts:
+    """The run's lazy model forms: export verification on real evaluation images, calibration on data.calibration."""
+    return ModelArtifacts(
+        cfg.model, cfg.export, cache_dir=cache_dir, calibration=_calibration_loader(cfg, eval_batches),
+        verify_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], cfg.model.preprocess),
+    )
+
+
 def run(
     config: Union[RunConfig, dict, str, Path],
     out_dir: Union[str, Path],
@@ -104,11 +112,13 @@ def run(
     batches = make_batches(cfg.data.eval, spec.preprocess, task, desc="decode eval images")
     bench_images = None
 
-    def real_inputs(n: int = 8) -> np.ndarray:
+    def real_inputs(n: int) -> np.ndarray:
         return normalize(batches.first(n)[0], spec.preprocess)
 
-    artifacts = ModelArtifacts(spec, cfg.export, verify_inputs=real_inputs, cache_dir=cache_dir,
-                               calibration=_calibration_loader(cfg, batches))
+    artifacts = _model_artifacts(cfg, batches, cache_dir)
+    import torch
+
+    cuda = torch.cuda.is_available()
     _check_reference(cfg, variants)
     records, predictions = [], {}
     onnx_info = None
@@ -125,13 +135,6 @@ def run(
         engine = create_engine(variant, artifacts)
         log(f"[bold]{variant.label}[/bold]")
         try:
-            cuda = False
-            try:
-                import torch
-
-                cuda = torch.cuda.is_available()
-            except ImportError:
-                pass
             with MemoryProbe(cuda=cuda and variant.engine == "torch") as mem:
                 t0 = time.perf_counter()
                 engine.load()
@@ -212,10 +215,7 @@ def export(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path],
     cfg = as_config(config)
     out_dir = ensure_writable_dir(out_dir)
     batches = make_batches(cfg.data.eval, cfg.model.preprocess, cfg.model.task, desc="decode")
-    artifacts = ModelArtifacts(
-        cfg.model, cfg.export, verify_inputs=lambda: normalize(batches.first(cfg.export.verify.samples)[0], cfg.model.preprocess),
-        cache_dir=cache_dir,
-    )
+    artifacts = _model_artifacts(cfg, batches, cache_dir)
     info = artifacts.onnx()
     with atomic_path(out_dir / "model.onnx") as tmp:
         tmp.write_bytes(Path(info.path).read_bytes())
@@ -242,10 +242,7 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     if not variants:
         raise QDeployError("no int8 variants to quantize: add e.g. {engine: onnxruntime, precision: int8, calibrator: entropy}")
     batches = make_batches(cfg.data.eval, cfg.model.preprocess, cfg.model.task, desc="decode")
-    artifacts = ModelArtifacts(
-        cfg.model, cfg.export, verify_inputs=lambda: normalize(batches.first(cfg.export.verify.samples)[0], cfg.model.preprocess),
-        cache_dir=cache_dir, calibration=_calibration_loader(cfg, batches),
-    )
+    artifacts = _model_artifacts(cfg, batches, cache_dir)
     summary = {}
     for v in variants:
         art = quantize_variant(artifacts, v, artifacts.calibration, Path(cache_dir or default_cache_dir()))
