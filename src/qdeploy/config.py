@@ -7,6 +7,8 @@ quietly change what gets measured.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -92,6 +94,7 @@ class DatasetSpec(_Strict):
     seed: int = 0
     complement: bool = Field(False, description="take every sample except the seeded `count` subset (disjoint eval/calibration splits of one folder)")
     batch_size: int = Field(32, gt=0)
+    on_error: Literal["error", "skip"] = Field("error", description="an unreadable image: stop with its name (error) or leave it out and list it (skip)")
     workers: Optional[int] = Field(None, ge=0, description="decoding worker processes (default: min(4, CPUs))")
 
 
@@ -100,74 +103,108 @@ class DataConfig(_Strict):
     calibration: Optional[DatasetSpec] = None
 
 
+PLACEMENTS = ("onnxruntime", "tensorrt")
+METHODS = ("max", "entropy", "percentile", "mse")
+# Keys of earlier releases: named in the error so an old config is fixed in one step, not guessed at.
+RENAMED_KEYS = {"calibrator": "method", "target": "placement"}
+
+
+class Int8Config(_Strict):
+    """How to make an INT8 artifact: the quantization settings of one int8 variant, as one object.
+
+    Written flat in a variant (``{engine: onnxruntime, precision: int8, method: entropy}``) or as
+    ``int8: {...}``; the Python API takes it directly (``Int8Config(method="mse", placement="tensorrt")``).
+    The quantizer that executes it is looked up by name in ``qdeploy.quantize``'s registry.
+    """
+
+    method: Literal["max", "entropy", "percentile", "mse"] = Field(
+        "entropy", description="range method: how an activation's clipping range is chosen from its statistics")
+    percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
+    placement: Literal["onnxruntime", "tensorrt"] = Field(
+        "onnxruntime", description="Q/DQ placement style: onnxruntime = ORT's fast CPU placement (uint8 activations); "
+                                   "tensorrt = TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT)")
+    exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
+    exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
+    calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
+    quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx (see qdeploy doctor)")
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"exclude pattern '{pattern}' is not a valid regular expression: {e}") from None
+        return v
+
+    def label_parts(self) -> list[str]:
+        """Label pieces that tell two settings apart: every setting that changes the artifact is in the label."""
+        parts = ["trt"] if self.placement == "tensorrt" else []
+        if self.quantizer != "auto":
+            parts.append(self.quantizer)
+        if self.calibration_cache:
+            parts.append("trtcache-" + _slug(Path(self.calibration_cache).stem))
+        else:
+            method = self.method + (f"{self.percentile:g}" if self.method == "percentile" and self.percentile != 99.99 else "")
+            parts.append(method)
+        if self.exclude or self.exclude_ops:
+            parts.append("excl-" + _slug("+".join(self.exclude_ops + self.exclude)))
+        return parts
+
+
+def _slug(text: str, limit: int = 32) -> str:
+    """A label-safe rendering of free text; long or symbol-heavy text gets a short hash so labels stay unique."""
+    clean = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in text).strip("_")
+    if clean != text or len(clean) > limit:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+        clean = (clean[: limit - 7].rstrip("_") + "_" if clean else "") + digest
+    return clean
+
+
 class VariantSpec(_Strict):
-    engine: Literal["torch", "onnxruntime"]
+    """One variant: engine × precision × options. Engine options are checked against the engine's own
+    declaration (``qdeploy.engines``), so the schema here stays the same whichever engines exist."""
+
+    engine: str
     precision: Precision = "fp32"
     name: Optional[str] = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Optional[int] = Field(None, gt=0, description="CPU threads (torch.set_num_threads / ORT intra-op)")
-    # torch only
-    channels_last: bool = False
-    cuda_graphs: bool = False
-    compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = False
-    # onnxruntime only
-    providers: Optional[list[str]] = None
-    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
-    # int8 only
-    calibrator: Literal["max", "entropy", "percentile", "mse"] = "entropy"
-    percentile: float = Field(99.99, gt=0, le=100, description="for calibrator: percentile")
-    target: Literal["onnxruntime", "tensorrt"] = Field(
-        "onnxruntime", description="INT8 artifact: onnxruntime = ORT-fast QDQ (uint8 act.); tensorrt = TensorRT-style symmetric Q/DQ (simulated in ORT)")
-    exclude: list[str] = Field(default_factory=list, description="regexes on layer (node) names kept in float")
-    exclude_ops: list[str] = Field(default_factory=list, description="op types kept in float, e.g. [Resize, Gemm]")
-    calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
-    quantizer: Literal["auto", "modelopt", "onnx"] = Field(
-        "auto", description="target tensorrt: modelopt = ModelOpt on the PyTorch model (auto for PyTorch models), onnx = Q/DQ inserted into the ONNX")
+    options: dict[str, Any] = Field(default_factory=dict, description="engine options (flat keys in YAML are gathered here)")
+    int8: Optional[Int8Config] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather(cls, data: Any) -> Any:
+        """Flat YAML → structure: Int8Config keys into ``int8``, any other unknown key into ``options``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_KEYS.items():
+            if old in data:
+                raise ValueError(f"option '{old}' was renamed to '{new}'")
+        own = set(cls.model_fields)
+        int8_keys = [k for k in data if k in Int8Config.model_fields]
+        if int8_keys:
+            if data.get("precision", "fp32") != "int8":
+                raise ValueError(f"option '{int8_keys[0]}' applies only to precision int8 (this variant is "
+                                 f"{data.get('precision', 'fp32')})")
+            nested = dict(data.get("int8") or {})
+            nested.update({k: data.pop(k) for k in int8_keys})
+            data["int8"] = nested
+        extra = {k: data.pop(k) for k in list(data) if k not in own}
+        if extra:
+            data["options"] = {**dict(data.get("options") or {}), **extra}
+        if data.get("precision") == "int8" and data.get("int8") is None:
+            data["int8"] = {}
+        return data
 
     @model_validator(mode="after")
-    def _engine_options(self) -> "VariantSpec":
-        torch_only = {"channels_last": False, "cuda_graphs": False, "compile": False}
-        ort_only = {"providers": None, "graph_optimization": "all"}
-        int8_only = {"calibrator": "entropy", "percentile": 99.99, "target": "onnxruntime", "exclude": [], "exclude_ops": [],
-                     "calibration_cache": None, "quantizer": "auto"}
-        wrong = dict(torch_only if self.engine != "torch" else ort_only)
-        if self.precision != "int8":
-            wrong.update(int8_only)
-        for key, default in wrong.items():
-            if getattr(self, key) != default:
-                why = f"engine '{self.engine}'" if key not in int8_only else f"precision '{self.precision}' (only int8)"
-                raise ValueError(f"option '{key}' does not apply to {why}")
-        if self.quantizer == "modelopt" and (self.target != "tensorrt" or self.calibration_cache or self.exclude_ops):
-            raise ValueError("quantizer 'modelopt' produces target tensorrt from calibration (no calibration_cache / exclude_ops; use exclude)")
-        if self.precision == "int8" and self.engine != "onnxruntime":
-            raise ValueError(
-                "precision int8 runs on engine onnxruntime (target: onnxruntime or tensorrt); "
-                "PyTorch INT8 through ModelOpt is not implemented yet"
-            )
+    def _int8_only_for_int8(self) -> "VariantSpec":
+        if self.int8 is not None and self.precision != "int8":
+            raise ValueError(f"int8 settings apply only to precision int8 (this variant is {self.precision})")
         return self
-
-    @property
-    def label(self) -> str:
-        if self.name:
-            return self.name
-        parts = [self.engine, self.precision]
-        if self.precision == "int8":
-            parts += (["trt"] if self.target == "tensorrt" else []) + [self.calibrator if not self.calibration_cache else "trtcache"]
-            if self.quantizer != "auto":
-                parts.insert(-1, self.quantizer)
-            if self.calibrator == "percentile" and self.percentile != 99.99:
-                parts[-1] += f"{self.percentile:g}"
-            if self.exclude or self.exclude_ops:
-                parts.append("partial")
-        if self.device != "auto":
-            parts.append(self.device)
-        if self.channels_last:
-            parts.append("cl")
-        if self.cuda_graphs:
-            parts.append("cudagraph")
-        if self.compile:
-            parts.append("compile" if self.compile is True else f"compile-{self.compile}")
-        return "-".join(parts)
 
 
 class VerifySpec(_Strict):
@@ -188,9 +225,10 @@ class ExportSpec(_Strict):
 
 class BenchSpec(_Strict):
     enabled: bool = True
-    batch_sizes: list[int] = Field(default_factory=lambda: [1])
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     warmup: int = Field(10, ge=0)
     iterations: int = Field(100, gt=0)
+    repeats: int = Field(1, gt=0, description="repeat the whole timing of each batch size; the repeat with the lowest median is kept")
 
     @field_validator("batch_sizes")
     @classmethod
@@ -203,6 +241,12 @@ class BenchSpec(_Strict):
 class EvalSpec(_Strict):
     enabled: bool = True
     reference: Optional[str] = Field(None, description="variant name that agreement is measured against (default: first FP32 variant)")
+    min_agreement: float = Field(0.9, ge=0, le=1, description="an INT8 variant agreeing less than this with the reference is marked degraded")
+
+
+class ReportSpec(_Strict):
+    tolerance: float = Field(0.5, ge=0, description="recommendation: accuracy within this many points of the reference")
+    batch_size: Optional[int] = Field(None, gt=0, description="recommendation: rank by p50 latency at this batch size (default: the smallest measured)")
 
 
 class RunConfig(_Strict):
@@ -212,15 +256,7 @@ class RunConfig(_Strict):
     export: ExportSpec = Field(default_factory=ExportSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> "RunConfig":
-        seen: dict[str, int] = {}
-        for i, v in enumerate(self.variants):
-            if v.label in seen:
-                raise ValueError(f"variants[{i}] and variants[{seen[v.label]}] are both named '{v.label}': give one a 'name'")
-            seen[v.label] = i
-        return self
+    report: ReportSpec = Field(default_factory=ReportSpec)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,8 +348,10 @@ def _resolve_paths(data: dict, base: Path) -> dict:
         if isinstance(model.get("weights"), str):
             model["weights"] = fix(model["weights"])
     for variant in data.get("variants") or []:
-        if isinstance(variant, dict) and isinstance(variant.get("calibration_cache"), str):
-            variant["calibration_cache"] = fix(variant["calibration_cache"])
+        if isinstance(variant, dict):
+            for holder in (variant, variant.get("int8")):
+                if isinstance(holder, dict) and isinstance(holder.get("calibration_cache"), str):
+                    holder["calibration_cache"] = fix(holder["calibration_cache"])
     d = data.get("data")
     if isinstance(d, dict):
         for part in d.values():

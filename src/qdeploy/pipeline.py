@@ -1,27 +1,46 @@
-"""The whole comparison: data → model artifacts → per variant (engine load → evaluate → benchmark) → report."""
+"""The run: open (validate everything) → build every artifact → per variant load/eval/bench → assemble → write.
+
+``run``, ``export`` and ``quantize`` share one opening (:func:`open_run`): config resolved against the
+engine table, output folder checked, data decoded, the model run once on a real batch. Only user
+errors found there stop a run; once variants start, a failure is that variant's, recorded with the
+stage that failed, and every other result is still written.
+"""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import shutil
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
 import numpy as np
+import torch
+import yaml
 
 from qdeploy import __version__
-from qdeploy.benchmark import MemoryProbe, benchmark
-from qdeploy.config import RunConfig, VariantSpec, load_config, parse_config
+from qdeploy.benchmark import benchmark
+from qdeploy.build import Artifact, ArtifactKind, ArtifactRequest, Builder
+from qdeploy.config import RunConfig, load_config, parse_config
 from qdeploy.data import make_batches, normalize
-from qdeploy.engines import create_engine
+from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
-from qdeploy.models import ModelArtifacts
+from qdeploy.preflight import check_model, check_calibration
+from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
+from qdeploy.report.verdict import mark_degraded, recommend
 from qdeploy.sysinfo import environment
-from qdeploy.utils.atomic import atomic_path, ensure_writable_dir
+from qdeploy.utils.atomic import OutputDir, write_json
+from qdeploy.utils.hashing import sha256_file
 from qdeploy.utils.log import log, warn
+from qdeploy.utils.memory import MemoryProbe
 
 STAGES = ("eval", "bench")
+RUN_STAGES = ("build", "load", "eval", "bench")
 
 
 def as_config(config: Union[RunConfig, dict, str, Path]) -> RunConfig:
@@ -32,60 +51,300 @@ def as_config(config: Union[RunConfig, dict, str, Path]) -> RunConfig:
     return load_config(config)
 
 
-def _select_variants(cfg: RunConfig, only: Optional[Iterable[str]]) -> list[VariantSpec]:
-    if not only:
-        return list(cfg.variants)
-    only = list(only)
-    names = [v.label for v in cfg.variants]
-    unknown = [n for n in only if n not in names]
-    if unknown:
-        raise QDeployError(f"--variant {', '.join(unknown)}: not in the config's variants {names}")
-    return [v for v in cfg.variants if v.label in only]
+# ---------------------------------------------------------------------------------------------
+# Opening: everything the user can get wrong is found here, before any variant runs
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    variants: list[Variant]
+    stages: set
+    output: OutputDir
+    eval_batches: object
+    calibration: Optional[object]
+    builder: Builder
+    model_check: dict = field(default_factory=dict)
 
 
-def _check_reference(cfg: RunConfig, variants: list[VariantSpec]) -> None:
-    if cfg.eval.reference and cfg.eval.reference not in [v.label for v in variants]:
-        raise QDeployError(f"eval.reference '{cfg.eval.reference}' is not one of the variants {[v.label for v in variants]}")
+def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Iterable[str]] = None,
+             cache_dir: Optional[Path] = None, variants_filter=None) -> RunContext:
+    cfg = as_config(config)
+    stages = set(stages)
+    if not cfg.eval.enabled:
+        stages.discard("eval")
+    if not cfg.bench.enabled:
+        stages.discard("bench")
+    variants = resolve_variants(cfg, only)
+    if variants_filter is not None:
+        variants = variants_filter(variants)
+    output = OutputDir(out_dir)  # fail now, not after an hour of benchmarking
+    try:
+        pre = cfg.model.preprocess
+        eval_batches = make_batches(cfg.data.eval, pre, cfg.model.task, desc="decode eval images")
+        calibration = check_calibration(cfg, variants, eval_batches)
+        builder = Builder(cfg, cache_dir, calibration,
+                          check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
+        ctx = RunContext(cfg, variants, stages, output, eval_batches, calibration, builder)
+        ctx.model_check = check_model(cfg, builder, eval_batches, decode_all="eval" in stages)
+    except BaseException:
+        output.abort()
+        raise
+    return ctx
 
 
-def _pick_reference(cfg: RunConfig, variants: list[VariantSpec], evaluated: dict) -> Optional[str]:
+# ---------------------------------------------------------------------------------------------
+# One variant
+
+@dataclass
+class StageRecord:
+    status: str = "not_run"          # ok | failed | skipped | not_run
+    time_s: Optional[float] = None
+    error: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "time_s": None if self.time_s is None else round(self.time_s, 4), "error": self.error,
+                **self.extra}
+
+
+@dataclass
+class VariantRecord:
+    variant: Variant
+    status: str = "ok"
+    reason: Optional[str] = None
+    failed_stage: Optional[str] = None
+    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in RUN_STAGES})
+    artifact: Optional[Artifact] = None
+    device: Optional[str] = None
+    details: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    predictions: Optional[np.ndarray] = None
+    bench: dict = field(default_factory=dict)
+    memory_mb: dict = field(default_factory=dict)
+    traceback: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.variant.label
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def skip(self, stage: str, reason: str) -> None:
+        self.status, self.reason, self.failed_stage = "skipped", reason, stage
+        if stage in self.stages:
+            self.stages[stage].status = "skipped"
+        warn(f"{self.label}: skipped: {reason}")
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        user = isinstance(exc, QDeployError)
+        message = str(exc) if user else f"{type(exc).__name__}: {exc}"
+        self.status, self.reason, self.failed_stage = "failed", message, stage
+        self.stages[stage].status, self.stages[stage].error = "failed", message
+        if not user:  # a bug in qdeploy or a library: keep where it happened
+            self.traceback = traceback.format_exc(limit=8)
+        warn(f"{self.label}: failed at {stage}: {message}")
+
+
+def _stage(record: VariantRecord, name: str):
+    """Context manager timing one stage and recording its failure (the exception stops that variant only)."""
+
+    class _Timed:
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+            return record.stages[name]
+
+        def __exit__(self, exc_type, exc, tb):
+            st = record.stages[name]
+            st.time_s = time.perf_counter() - self.t0
+            if exc is None:
+                st.status = "ok"
+                return False
+            if isinstance(exc, VariantUnavailable):
+                record.skip(name, str(exc))
+                return True
+            if isinstance(exc, Exception):
+                record.fail(name, exc)
+                return True
+            return False  # KeyboardInterrupt and the like stop the run
+
+    return _Timed()
+
+
+def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
+    """Check that this machine can run the variant, then build (or fetch from the cache) its artifact."""
+    record = VariantRecord(variant)
+    try:
+        variant.engine.check(variant, ctx.builder.has_torch)
+    except VariantUnavailable as e:
+        record.skip("check", str(e))
+        return record
+    log(f"[bold]{variant.label}[/bold]: build {variant.artifact_request().kind.value}")
+    with MemoryProbe() as mem, _stage(record, "build") as st:
+        record.artifact = ctx.builder.build(variant.artifact_request())
+        st.extra["cache_hit"] = record.artifact.cache_hit
+    if record.stages["build"].status == "ok":
+        st.extra["memory_mb"] = {k: mem.result()[k] for k in ("rss_peak", "rss_delta")}
+    return record
+
+
+def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecord] = None) -> VariantRecord:
+    """Load the built artifact in its engine, evaluate and benchmark it. Builds first when not built yet."""
+    if record is None:
+        record = build_variant(ctx, variant)
+    if record.status != "ok" or record.artifact is None:
+        return record
+    cfg = ctx.cfg
+    cuda = torch.cuda.is_available()
+    engine = create_engine(variant, record.artifact)
+    log(f"[bold]{variant.label}[/bold]: run")
+    try:
+        with MemoryProbe(cuda=cuda) as mem:
+            with _stage(record, "load"):
+                engine.load()
+                record.device = engine.device
+            if record.ok and "eval" in ctx.stages:
+                with _stage(record, "eval"):
+                    record.metrics, record.predictions = evaluate(
+                        engine, ctx.eval_batches, cfg.model.preprocess, cfg.model.task, cfg.data.eval.ignore_index,
+                        ctx.eval_batches.class_names, desc=f"eval {variant.label}")
+            if record.ok and "bench" in ctx.stages:
+                with _stage(record, "bench"):
+                    images = normalize(ctx.eval_batches.first(max(cfg.bench.batch_sizes))[0], cfg.model.preprocess)
+                    record.bench = benchmark(engine, images, cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
+                                             repeats=cfg.bench.repeats)
+            if record.ok:
+                record.details = engine.describe()
+        if record.ok:
+            record.memory_mb = mem.result()
+            record.memory_mb["artifact"] = record.artifact.size_mb
+    finally:
+        engine.close()
+    return record
+
+
+def release_build_memory() -> None:
+    """Give memory freed after building (calibration statistics, exporters) back to the OS, so the next
+    variants' peak RSS measures the deployed model, not what the build left in the allocator."""
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Assembling results, copying artifacts
+
+def _pick_reference(cfg: RunConfig, records: list[VariantRecord]) -> Optional[str]:
     """The configured reference, else the first evaluated FP32 variant (torch preferred: it is the source model)."""
     if cfg.eval.reference:
         return cfg.eval.reference
-    fp32 = [v for v in variants if v.precision == "fp32" and v.label in evaluated]
-    ranked = [v for v in fp32 if v.engine == "torch"] + fp32
+    fp32 = [r for r in records if r.variant.precision == "fp32" and r.predictions is not None]
+    ranked = [r for r in fp32 if r.variant.engine.name == "torch"] + fp32
     return ranked[0].label if ranked else None
 
 
-def _calibration_loader(cfg: RunConfig, eval_batches):
-    """A memoised loader of data.calibration that refuses to calibrate on evaluation images."""
-    if cfg.data.calibration is None:
-        return None
-    memo = {}
-
-    def load():
-        if "batches" not in memo:
-            calib = make_batches(cfg.data.calibration, cfg.model.preprocess, cfg.model.task, desc="decode calibration images")
-            eval_paths = {str(p) for p, _ in getattr(eval_batches.dataset, "samples", [])}
-            shared = [str(p) for p, _ in getattr(calib.dataset, "samples", []) if str(p) in eval_paths]
-            if shared:
-                raise QDeployError(
-                    f"data.calibration shares {len(shared)} images with data.eval (e.g. {shared[0]}): "
-                    "calibrating on evaluation images inflates INT8 accuracy; use a disjoint folder or split"
-                )
-            memo["batches"] = calib
-        return memo["batches"]
-
-    return load
+def _deployable_name(artifact: Artifact, label: str) -> str:
+    if artifact.kind == ArtifactKind.ONNX_FP32:
+        return "model.onnx"
+    if artifact.kind == ArtifactKind.ONNX_FP16:
+        return "model-fp16.onnx"
+    if artifact.kind == ArtifactKind.TRT_CALIBRATION_CACHE:
+        return f"{label}.trtcache"
+    return f"{label}.onnx"
 
 
-def _model_artifacts(cfg: RunConfig, eval_batches, cache_dir: Optional[Path]) -> ModelArtifacts:
-    """The run's lazy model forms: export verification on real evaluation images, calibration on data.calibration."""
-    return ModelArtifacts(
-        cfg.model, cfg.export, cache_dir=cache_dir, calibration=_calibration_loader(cfg, eval_batches),
-        verify_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], cfg.model.preprocess),
-    )
+def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterable[tuple[str, Artifact]] = ()) -> list[dict]:
+    """Copy every deployable artifact the run built into the output folder; one entry per (variant, artifact).
 
+    The PyTorch model is the user's input, not something qdeploy produced, so it is not copied.
+    """
+    placed: dict[tuple, str] = {}
+    entries = []
+    pairs = [(r.label, r.artifact) for r in records if r.artifact is not None and r.status in ("ok", "degraded", "failed")]
+    for label, art in list(pairs) + list(extra):
+        for a in [art, *art.companions]:
+            if a.kind == ArtifactKind.PYTORCH or a.path is None:
+                continue
+            key = (a.kind, a.fingerprint)
+            if key not in placed:
+                name = _deployable_name(a, label)
+                shutil.copyfile(a.path, ctx.output.path(name))
+                placed[key] = name
+            name = placed[key]
+            entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
+                            "produced_by": a.produced_by, "inputs": list(a.inputs)})
+    return entries
+
+
+def _data_summary(batches, spec) -> dict:
+    return {"format": spec.format, "root": spec.root, "samples": batches.num_samples,
+            "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
+            "skipped_files": list(batches.skipped)}
+
+
+def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: list[dict]) -> dict:
+    cfg = ctx.cfg
+    reference = _pick_reference(cfg, records) if "eval" in ctx.stages else None
+    ref_pred = next((r.predictions for r in records if r.label == reference), None)
+    onnx = next((a for a in ctx.builder.built() if a.kind == ArtifactKind.ONNX_FP32), None)
+    artifact_path = {(e["variant"], e["kind"]): e["path"] for e in artifacts}
+    variants = []
+    for r in records:
+        v = r.variant
+        details = dict(r.details)
+        if r.artifact is not None and (v.label, r.artifact.kind.value) in artifact_path:
+            details["artifact"] = artifact_path[(v.label, r.artifact.kind.value)]
+        if r.traceback:
+            details["traceback"] = r.traceback
+        rec = {
+            "name": v.label, "engine": v.engine.name, "precision": v.precision, "status": r.status, "reason": r.reason,
+            "failed_stage": r.failed_stage, "stages": {k: s.to_dict() for k, s in r.stages.items()},
+            "device": r.device, "details": details, "metrics": r.metrics,
+            "agreement": agreement(r.predictions, ref_pred) if r.predictions is not None and ref_pred is not None else None,
+            "latency_ms": r.bench.get("latency_ms", {}), "latency_samples_ms": r.bench.get("latency_samples_ms", {}),
+            "throughput_ips": r.bench.get("throughput_ips", {}), "memory_mb": r.memory_mb,
+            "timings_s": {k: round(s.time_s, 4) for k, s in r.stages.items() if s.time_s is not None},
+            "speed_is_deployment": v.engine.speed_is_deployment(v),
+        }
+        note = v.engine.note(v)
+        if note:
+            rec["note"] = note
+        if r.artifact is not None and r.artifact.kind == ArtifactKind.ONNX_INT8:
+            rec["quantization"] = r.artifact.info
+        variants.append(rec)
+    mark_degraded(variants, cfg.model.task, cfg.eval.min_agreement)
+    data = {"eval": _data_summary(ctx.eval_batches, cfg.data.eval)}
+    if ctx.calibration is not None:
+        data["calibration"] = _data_summary(ctx.calibration, cfg.data.calibration)
+    results = {
+        "schema": SCHEMA_VERSION,
+        "qdeploy_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "stages": sorted(ctx.stages),
+        "config": cfg.model_dump(mode="json"),
+        "model": {
+            "source": cfg.model.source, "task": cfg.model.task, "input_size": list(cfg.model.preprocess.input_size),
+            "check": ctx.model_check,
+            "onnx": None if onnx is None else {"path": "model.onnx", "opset": onnx.opset, "produced_by": onnx.produced_by,
+                                                "size_mb": onnx.size_mb, "verify": onnx.info.get("verify"),
+                                                "fingerprint": onnx.fingerprint},
+        },
+        "data": data,
+        "environment": environment(),
+        "bench": cfg.bench.model_dump(mode="json"),
+        "reference": reference,
+        "variants": variants,
+        "artifacts": artifacts,
+    }
+    results["recommendation"] = recommend(results, cfg.report.tolerance, cfg.report.batch_size)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points (run / export / quantize share open_run)
 
 def run(
     config: Union[RunConfig, dict, str, Path],
@@ -95,133 +354,45 @@ def run(
     cache_dir: Optional[Path] = None,
     write: bool = True,
 ) -> dict:
-    """Compare the config's variants; write results.json, report.md and report.html into ``out_dir``."""
-    from qdeploy.report import print_table, write_reports
-
-    cfg = as_config(config)
-    stages = set(stages)
-    if not cfg.eval.enabled:
-        stages.discard("eval")
-    if not cfg.bench.enabled:
-        stages.discard("bench")
-    out_dir = ensure_writable_dir(out_dir)  # fail now, not after an hour of benchmarking
-    variants = _select_variants(cfg, only)
-    spec = cfg.model
-    task = spec.task
-
-    batches = make_batches(cfg.data.eval, spec.preprocess, task, desc="decode eval images")
-    bench_images = None
-
-    def real_inputs(n: int) -> np.ndarray:
-        return normalize(batches.first(n)[0], spec.preprocess)
-
-    artifacts = _model_artifacts(cfg, batches, cache_dir)
-    import torch
-
-    cuda = torch.cuda.is_available()
-    _check_reference(cfg, variants)
-    records, predictions = [], {}
-    onnx_info = None
-    if any(v.engine == "onnxruntime" for v in variants):
-        onnx_info = artifacts.onnx()  # export errors are user errors: fail the run loudly, not per variant
-
-    for variant in variants:
-        rec = {
-            "name": variant.label, "engine": variant.engine, "precision": variant.precision, "status": "ok", "reason": None,
-            "device": None, "details": {}, "metrics": {}, "agreement": None, "latency_ms": {}, "latency_samples_ms": {},
-            "throughput_ips": {}, "memory_mb": {}, "timings_s": {},
-        }
-        records.append(rec)
-        engine = create_engine(variant, artifacts)
-        log(f"[bold]{variant.label}[/bold]")
-        try:
-            with MemoryProbe(cuda=cuda and variant.engine == "torch") as mem:
-                t0 = time.perf_counter()
-                engine.load()
-                rec["timings_s"]["load"] = time.perf_counter() - t0
-                rec["device"] = engine.device
-                if "eval" in stages:
-                    t0 = time.perf_counter()
-                    rec["metrics"], predictions[variant.label] = evaluate(
-                        engine, batches, spec.preprocess, task, cfg.data.eval.ignore_index, batches.class_names,
-                        desc=f"eval {variant.label}",
-                    )
-                    rec["timings_s"]["eval"] = time.perf_counter() - t0
-                if "bench" in stages:
-                    if bench_images is None:
-                        bench_images = real_inputs(max(cfg.bench.batch_sizes))
-                    t0 = time.perf_counter()
-                    rec.update(benchmark(engine, bench_images, cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations))
-                    rec["timings_s"]["bench"] = time.perf_counter() - t0
-                rec["details"] = engine.describe()
-                if engine.note():
-                    rec["note"] = engine.note()
-                if engine.quantization():
-                    rec["quantization"] = engine.quantization()
-            rec["memory_mb"] = mem.result()
-            path = engine.artifact_path()
-            rec["memory_mb"]["artifact"] = round(Path(path).stat().st_size / 2**20, 3) if path else None
-        except VariantUnavailable as e:
-            rec.update(status="skipped", reason=str(e))
-            warn(f"{variant.label}: skipped: {e}")
-        except QDeployError:
-            raise
-        except Exception as e:  # one broken variant must not lose the others' results
-            rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
-            rec["details"]["traceback"] = traceback.format_exc(limit=8)
-            warn(f"{variant.label}: failed: {type(e).__name__}: {e}")
-        finally:
-            engine.close()
-
-    reference = _pick_reference(cfg, variants, predictions) if "eval" in stages else None
-    ref_pred = predictions.get(reference)
-    for rec in records:
-        if rec["name"] in predictions and ref_pred is not None:
-            rec["agreement"] = agreement(predictions[rec["name"]], ref_pred)
-
-    results = {
-        "schema": "qdeploy.results/1",
-        "qdeploy_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "stages": sorted(stages),
-        "config": cfg.model_dump(mode="json"),
-        "model": {
-            "source": spec.source, "task": task, "input_size": list(spec.preprocess.input_size),
-            "onnx": onnx_info.to_dict() if onnx_info else None,
-        },
-        "data": {"eval": {
-            "format": cfg.data.eval.format, "root": cfg.data.eval.root, "samples": batches.num_samples,
-            "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
-        }},
-        "environment": environment(),
-        "bench": cfg.bench.model_dump(mode="json"),
-        "reference": reference,
-        "variants": records,
-    }
-    if write:
-        if onnx_info is not None:
-            with atomic_path(out_dir / "model.onnx") as tmp:  # the deployable artifact, next to its report
-                tmp.write_bytes(Path(onnx_info.path).read_bytes())
-        paths = write_reports(results, out_dir)
-        print_table(results)
-        log("wrote " + ", ".join(str(p) for p in paths.values()))
+    """Compare the config's variants; write results.json, report.md, report.html and the artifacts into ``out_dir``."""
+    ctx = open_run(config, out_dir, stages, only, cache_dir)
+    try:
+        records = [build_variant(ctx, v) for v in ctx.variants]
+        release_build_memory()
+        records = [run_variant(ctx, r.variant, r) for r in records]
+        artifacts = copy_artifacts(ctx, records)
+        results = assemble_results(ctx, records, artifacts)
+        if write:
+            with open(ctx.output.path("config.yaml"), "w", encoding="utf-8") as f:
+                yaml.safe_dump(ctx.cfg.model_dump(mode="json", exclude_defaults=True), f, sort_keys=False)
+            write_reports(results, ctx.output.staging)
+            final = ctx.output.commit()
+            print_table(results)
+            log(f"wrote {final}/: results.json, report.md, report.html" + (f" and {len(artifacts)} artifact entries" if artifacts else ""))
+    finally:
+        ctx.output.abort()
     return results
+
+
+def _build_only(ctx: RunContext) -> tuple[list[VariantRecord], list[dict]]:
+    records = [build_variant(ctx, v) for v in ctx.variants]
+    return records, copy_artifacts(ctx, records)
 
 
 def export(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], cache_dir: Optional[Path] = None) -> dict:
     """Export (or reuse the cached export of) the model to ONNX, verify it, copy it to ``out_dir/model.onnx``."""
-    from qdeploy.utils.atomic import write_json
-
-    cfg = as_config(config)
-    out_dir = ensure_writable_dir(out_dir)
-    batches = make_batches(cfg.data.eval, cfg.model.preprocess, cfg.model.task, desc="decode")
-    artifacts = _model_artifacts(cfg, batches, cache_dir)
-    info = artifacts.onnx()
-    with atomic_path(out_dir / "model.onnx") as tmp:
-        tmp.write_bytes(Path(info.path).read_bytes())
-    summary = info.to_dict()
-    summary["copied_to"] = str(out_dir / "model.onnx")
-    write_json(out_dir / "export.json", summary)
+    ctx = open_run(config, out_dir, stages=(), cache_dir=cache_dir, variants_filter=lambda vs: [])
+    try:
+        onnx = ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        shutil.copyfile(onnx.path, ctx.output.path("model.onnx"))
+        summary = {"path": "model.onnx", "sha256": sha256_file(ctx.output.path("model.onnx")), "opset": onnx.opset,
+                   "produced_by": onnx.produced_by, "size_mb": onnx.size_mb, "verify": onnx.info.get("verify"),
+                   "fingerprint": onnx.fingerprint, "cache_hit": onnx.cache_hit}
+        write_json(ctx.output.path("export.json"), summary)
+        final = ctx.output.commit()
+        summary["copied_to"] = str(final / "model.onnx")
+    finally:
+        ctx.output.abort()
     return summary
 
 
@@ -230,26 +401,27 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     """Build the INT8 artifacts of the config's int8 variants without evaluating or benchmarking them.
 
     Writes ``DIR/<variant>.onnx``, ``DIR/<variant>.trtcache`` (TensorRT calibration cache) and
-    ``DIR/quantize.json`` (ranges source, timings, Q/DQ structure, excluded layers).
+    ``DIR/quantize.json`` (ranges, timings, Q/DQ structure, excluded layers, artifact list).
     """
-    from qdeploy.quantize import quantize_variant
-    from qdeploy.export.onnx import default_cache_dir
-    from qdeploy.utils.atomic import write_json
+    def int8_only(variants):
+        chosen = [v for v in variants if v.precision == "int8"]
+        if not chosen:
+            raise QDeployError("no int8 variants to quantize: add e.g. {engine: onnxruntime, precision: int8, method: entropy}")
+        return chosen
 
-    cfg = as_config(config)
-    out_dir = ensure_writable_dir(out_dir)
-    variants = [v for v in _select_variants(cfg, only) if v.precision == "int8"]
-    if not variants:
-        raise QDeployError("no int8 variants to quantize: add e.g. {engine: onnxruntime, precision: int8, calibrator: entropy}")
-    batches = make_batches(cfg.data.eval, cfg.model.preprocess, cfg.model.task, desc="decode")
-    artifacts = _model_artifacts(cfg, batches, cache_dir)
-    summary = {}
-    for v in variants:
-        art = quantize_variant(artifacts, v, artifacts.calibration, Path(cache_dir or default_cache_dir()))
-        with atomic_path(out_dir / f"{v.label}.onnx") as tmp:
-            tmp.write_bytes(Path(art.path).read_bytes())
-        with atomic_path(out_dir / f"{v.label}.trtcache") as tmp:
-            tmp.write_bytes(Path(art.info["trt_calibration_cache"]).read_bytes())
-        summary[v.label] = {**art.info, "artifact": str(out_dir / f"{v.label}.onnx"), "trt_calibration_cache": str(out_dir / f"{v.label}.trtcache")}
-    write_json(out_dir / "quantize.json", summary)
+    ctx = open_run(config, out_dir, stages=(), only=only, cache_dir=cache_dir, variants_filter=int8_only)
+    try:
+        records, artifacts = _build_only(ctx)
+        summary = {"variants": {}, "artifacts": artifacts}
+        for r in records:
+            entry = {"status": r.status, "reason": r.reason, "failed_stage": r.failed_stage,
+                     "build": r.stages["build"].to_dict()}
+            if r.artifact is not None:
+                entry.update(r.artifact.info, artifact=f"{r.label}.onnx", trt_calibration_cache=f"{r.label}.trtcache")
+            summary["variants"][r.label] = entry
+        write_json(ctx.output.path("quantize.json"), summary)
+        final = ctx.output.commit()
+        summary["out"] = str(final)
+    finally:
+        ctx.output.abort()
     return summary

@@ -1,5 +1,4 @@
-"""Benchmark stage: latency statistics, throughput and memory of one engine."""
+"""Benchmark stage: latency statistics and throughput of one engine (memory: qdeploy.utils.memory)."""
 from qdeploy.benchmark.latency import benchmark, latency_stats
-from qdeploy.benchmark.memory import MemoryProbe
 
-__all__ = ["benchmark", "latency_stats", "MemoryProbe"]
+__all__ = ["benchmark", "latency_stats"]

@@ -37,8 +37,8 @@ class _Failure:
     returning the error as a value keeps the original one-line message and exception class.
     """
 
-    def __init__(self, exc: QDeployError):
-        self.exc_type, self.message = type(exc), str(exc)
+    def __init__(self, exc: QDeployError, path: str = "?"):
+        self.exc_type, self.message, self.path = type(exc), str(exc), path
 
     def reraise(self):
         raise self.exc_type(self.message)
@@ -55,17 +55,21 @@ class _Guarded(Dataset):
         try:
             return self.dataset[i]
         except QDeployError as e:  # only user errors: bugs keep their traceback
-            return _Failure(e)
+            samples = getattr(self.dataset, "samples", None)
+            return _Failure(e, str(samples[i][0]) if samples is not None else f"sample {i}")
 
 
-def _collate(items: list):
-    """Stack ``(uint8 CHW, label)`` samples into ``(N,C,H,W) uint8, (N,...) int64`` numpy arrays."""
-    for item in items:
-        if isinstance(item, _Failure):
-            return item
+def _stack(items: list):
     images = np.stack([im for im, _ in items])
     labels = np.stack([np.asarray(lab, dtype=np.int64) for _, lab in items])
     return images, labels
+
+
+def _collate(items: list):
+    """``((N,C,H,W) uint8, (N,...) int64)`` of the samples that decoded, and the failures (``_Failure``) of the rest."""
+    good = [it for it in items if not isinstance(it, _Failure)]
+    failed = [it for it in items if isinstance(it, _Failure)]
+    return (_stack(good) if good else None), failed
 
 
 def _start_progress(desc: str, total: int) -> Optional[tuple[Progress, int]]:
@@ -90,9 +94,11 @@ class Batches:
 
     def __init__(self, dataset: Dataset, *, task: Task, preprocess: Preprocess, batch_size: int, workers: int,
                  desc: Optional[str] = None, cache_limit_mb: float = 2048, ignore_index: Optional[int] = None,
-                 progress: bool = True):
+                 progress: bool = True, on_error: str = "error"):
         self.dataset, self.task, self.preprocess = dataset, task, preprocess
         self.batch_size, self.desc, self.progress = int(batch_size), desc, progress
+        self.on_error = on_error
+        self.skipped: list[dict] = []  # {path, reason} of samples left out (on_error: skip)
         self.num_samples = len(dataset)
         self.workers = workers if self.num_samples >= MIN_SAMPLES_FOR_WORKERS else 0
         self.input_size = tuple(preprocess.input_size)
@@ -124,17 +130,23 @@ class Batches:
         # thread, so no child is forked while that thread holds a lock.
         it = iter(loader)
         bar = _start_progress(self.desc or "decoding images", self.num_samples) if self.progress else None
+        skipped = []
         try:
-            for batch in it:
-                if isinstance(batch, _Failure):
-                    batch.reraise()
+            for batch, failed in it:
+                if failed and self.on_error != "skip":
+                    failed[0].reraise()
+                skipped += [{"path": f.path, "reason": f.message} for f in failed]
+                if bar is not None:
+                    bar[0].advance(bar[1], (len(batch[0]) if batch is not None else 0) + len(failed))
+                if batch is None:
+                    continue
                 if cache is not None:
                     cache.append(batch)
-                if bar is not None:
-                    bar[0].advance(bar[1], len(batch[0]))
                 yield batch
+            self.skipped = skipped
             if cache is not None:  # only a complete pass is cached; an abandoned one is dropped
                 self._cache = cache
+                self.num_samples = sum(len(b[0]) for b in cache)
         finally:
             if bar is not None:
                 bar[0].stop()
@@ -149,7 +161,19 @@ class Batches:
             images = np.concatenate([b[0] for b in self._cache[: math.ceil(n / self.batch_size)]])[:n]
             labels = np.concatenate([b[1] for b in self._cache[: math.ceil(n / self.batch_size)]])[:n]
             return images, labels
-        return _collate([self.dataset[i] for i in range(n)])
+        guarded = _Guarded(self.dataset)
+        items = []
+        for i in range(len(self.dataset)):
+            item = guarded[i]
+            if isinstance(item, _Failure) and self.on_error != "skip":
+                item.reraise()
+            if not isinstance(item, _Failure):
+                items.append(item)
+            if len(items) == n:
+                break
+        if not items:
+            raise QDeployError("no image of the data set could be decoded")
+        return _stack(items)
 
 
 def default_workers() -> int:
@@ -162,4 +186,4 @@ def make_batches(spec: DatasetSpec, preprocess: Preprocess, task: Task, batch_si
     dataset = build_dataset(spec, preprocess, task)
     return Batches(dataset, task=task, preprocess=preprocess, batch_size=batch_size or spec.batch_size,
                    workers=spec.workers if spec.workers is not None else default_workers(), desc=desc,
-                   cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress)
+                   cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress, on_error=spec.on_error)

@@ -1,9 +1,9 @@
-"""Engines: one small interface (load / infer / prepare_timed / describe) over each runtime.
+"""Engines: a capability table (what each engine runs, its options, its availability probe) and one
+small interface (load / infer / prepare_timed / describe) over each runtime. See engines/base.py."""
+from qdeploy.engines import onnxruntime_engine, torch_engine  # noqa: F401  (register the engines)
+from qdeploy.engines.base import (
+    ENGINES, CudaTimer, Engine, Variant, create_engine, engine_table, get_engine, register_engine, resolve_variant, resolve_variants,
+)
 
-Add an engine by subclassing :class:`Engine` in a new module, decorating it with
-``@register_engine("name")`` and importing the module here.
-"""
-from qdeploy.engines.base import ENGINES, CudaTimer, Engine, create_engine, register_engine
-from qdeploy.engines import onnxruntime_engine, torch_engine  # noqa: F401  (registers the engines)
-
-__all__ = ["ENGINES", "CudaTimer", "Engine", "create_engine", "register_engine"]
+__all__ = ["ENGINES", "CudaTimer", "Engine", "Variant", "create_engine", "engine_table", "get_engine", "register_engine",
+           "resolve_variant", "resolve_variants"]

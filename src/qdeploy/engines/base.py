@@ -1,60 +1,122 @@
-"""The engine interface every backend implements, and the registry that maps ``engine:`` names to classes.
+"""The engine interface, each engine's capability declaration, and the registry built from them.
 
-An engine runs one variant (engine × precision × options) of the model:
-  ``load()``               build/compile; raise VariantUnavailable when this machine cannot run it
-  ``infer(batch)``         float32 NCHW numpy in → float32 numpy logits out (used for evaluation)
-  ``prepare_timed(batch)`` stage ``batch`` where the engine reads it (e.g. GPU memory) and return a
-                           zero-argument callable that runs one inference on it (used for benchmarks,
-                           so host↔device copies are not counted as model latency)
-  ``synchronize()``        wait for queued device work (no-op on CPU)
-  ``describe()``           what exactly runs: device, dtype, threads, providers, artifact...
+An engine class declares, as class attributes, what the rest of qdeploy derives from it:
+  ``name``          the ``engine:`` value in configs
+  ``Options``       a strict pydantic model of its own options (flat keys in a variant's YAML)
+  ``precisions``    precisions it can run; ``devices``: devices it can run on
+  ``probe()``       rows for ``qdeploy doctor``: per device, usable here or not and why
+  ``check()``       VariantUnavailable when this machine/model cannot run a variant (before anything is built)
+  ``artifact()``    which artifact the build stage must make for a variant
+  ``speed_is_deployment()``  False when the timing is not the deployment engine's (e.g. TensorRT Q/DQ in ORT)
+
+An instance runs one built artifact: ``load / infer / prepare_timed / synchronize / timer / describe``.
+Adding an engine = one module with a subclass decorated ``@register_engine``, imported in engines/__init__.py.
 """
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Iterable, Optional
 
 import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from qdeploy.config import VariantSpec
-from qdeploy.models.artifacts import ModelArtifacts
+from qdeploy.build import Artifact, ArtifactRequest
+from qdeploy.config import Int8Config, RunConfig, VariantSpec, format_validation_error
+from qdeploy.errors import ConfigError
+from qdeploy.quantize import get_quantizer
 
 ENGINES: dict[str, type["Engine"]] = {}
 
 
-def register_engine(name: str):
-    def deco(cls):
-        cls.engine_name = name
-        ENGINES[name] = cls
-        return cls
-
-    return deco
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-def create_engine(variant: VariantSpec, artifacts: ModelArtifacts) -> "Engine":
-    try:
-        cls = ENGINES[variant.engine]
-    except KeyError:
-        raise ValueError(f"unknown engine '{variant.engine}'; known: {sorted(ENGINES)}") from None
-    return cls(variant, artifacts)
+def register_engine(cls: type["Engine"]) -> type["Engine"]:
+    ENGINES[cls.name] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A config variant resolved against its engine: typed options, a unique label, the artifact it needs."""
+
+    spec: VariantSpec
+    label: str
+    engine: type["Engine"]
+    options: BaseModel
+    index: int
+
+    @property
+    def precision(self) -> str:
+        return self.spec.precision
+
+    @property
+    def int8(self) -> Optional[Int8Config]:
+        return self.spec.int8
+
+    @property
+    def device(self) -> str:
+        return self.spec.device
+
+    @property
+    def threads(self) -> Optional[int]:
+        return self.spec.threads
+
+    def artifact_request(self) -> ArtifactRequest:
+        return self.engine.artifact(self)
 
 
 class Engine(ABC):
-    engine_name: str = ""
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
 
-    def __init__(self, variant: VariantSpec, artifacts: ModelArtifacts):
+    # ---------------------------------------------------------------- capability (class level)
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> list[dict]:
+        """``[{engine, device, precisions: [..], usable: bool, note}]`` for this machine."""
+
+    @classmethod
+    def check(cls, variant: Variant, has_torch: bool) -> None:
+        """Raise VariantUnavailable when ``variant`` cannot run here (no GPU, no provider, no PyTorch model)."""
+
+    @classmethod
+    @abstractmethod
+    def artifact(cls, variant: Variant) -> ArtifactRequest: ...
+
+    @classmethod
+    def speed_is_deployment(cls, variant: Variant) -> bool:
+        return True
+
+    @classmethod
+    def note(cls, variant: Variant) -> Optional[str]:
+        """A caveat shown next to the variant's numbers in every table (e.g. 'simulated INT8')."""
+        return None
+
+    # ---------------------------------------------------------------- running one artifact
+    def __init__(self, variant: Variant, artifact: Artifact):
         self.variant = variant
-        self.artifacts = artifacts
+        self.artifact = artifact
+        self.options = variant.options
         self.device = "cpu"
 
     @abstractmethod
     def load(self) -> None: ...
 
     @abstractmethod
-    def infer(self, batch: np.ndarray) -> np.ndarray: ...
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 NCHW numpy in → float32 numpy out (evaluation)."""
 
     @abstractmethod
-    def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]: ...
+    def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
+        """Stage ``batch`` where the engine reads it; return a zero-argument callable running one inference."""
 
     def synchronize(self) -> None:
         pass
@@ -65,17 +127,6 @@ class Engine(ABC):
 
     @abstractmethod
     def describe(self) -> dict: ...
-
-    def artifact_path(self) -> Optional[str]:
-        return None
-
-    def note(self) -> Optional[str]:
-        """A caveat shown next to the variant's numbers in every table (e.g. 'simulated INT8')."""
-        return None
-
-    def quantization(self) -> Optional[dict]:
-        """Calibration/placement details for INT8 variants."""
-        return None
 
     def close(self) -> None:
         pass
@@ -89,9 +140,6 @@ class CudaTimer:
     """
 
     def __init__(self):
-        import torch
-
-        self._torch = torch
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
 
@@ -101,3 +149,96 @@ class CudaTimer:
         self.end.record()
         self.end.synchronize()
         return self.start.elapsed_time(self.end)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving config variants against the table
+
+def get_engine(name: str, where: str = "engine") -> type[Engine]:
+    if name not in ENGINES:
+        close = difflib.get_close_matches(name, list(ENGINES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"{where}: unknown engine '{name}'{hint}; engines: {', '.join(sorted(ENGINES))}")
+    return ENGINES[name]
+
+
+def _option_tags(options: BaseModel) -> list[str]:
+    """Label pieces for options set away from their defaults (``cl``, ``compile-max-autotune``...)."""
+    parts = []
+    for key, field in type(options).model_fields.items():
+        value = getattr(options, key)
+        if value == field.get_default(call_default_factory=True) or value is False or value is None:
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        tag = extra.get("label", key.replace("_", "-"))
+        if value is True:
+            parts.append(tag)
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{tag}-" + "+".join(str(v).replace("ExecutionProvider", "") for v in value))
+        else:
+            parts.append(f"{tag}-{value}")
+    return parts
+
+
+def variant_label(spec: VariantSpec, engine: type[Engine], options: BaseModel) -> str:
+    if spec.name:
+        return spec.name
+    parts = [spec.engine, spec.precision]
+    if spec.int8 is not None:
+        parts += spec.int8.label_parts()
+    if spec.device != "auto":
+        parts.append(spec.device)
+    return "-".join(parts + _option_tags(options))
+
+
+def resolve_variant(spec: VariantSpec, index: int) -> Variant:
+    where = f"variants[{index}]"
+    engine = get_engine(spec.engine, f"{where}.engine")
+    known = set(engine.Options.model_fields)
+    for key in spec.options:
+        if key not in known:
+            pool = list(known) + list(VariantSpec.model_fields) + list(Int8Config.model_fields)
+            close = difflib.get_close_matches(key, pool, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{where}.{key}: not an option of engine '{engine.name}'{hint}; its options: "
+                              f"{', '.join(sorted(known)) or 'none'}")
+    try:
+        options = engine.Options.model_validate(spec.options)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, f"{where} (engine {engine.name})", engine.Options)) from None
+    if spec.precision not in engine.precisions:
+        raise ConfigError(f"{where}.precision: engine '{engine.name}' runs {', '.join(engine.precisions)}, not {spec.precision}")
+    if spec.device != "auto" and spec.device not in engine.devices:
+        raise ConfigError(f"{where}.device: engine '{engine.name}' runs on {', '.join(engine.devices)}, not {spec.device}")
+    if spec.int8 is not None and spec.int8.quantizer != "auto":
+        get_quantizer(spec.int8.quantizer)  # unknown names fail now, naming the known ones
+    return Variant(spec, variant_label(spec, engine, options), engine, options, index)
+
+
+def resolve_variants(cfg: RunConfig, only: Optional[Iterable[str]] = None) -> list[Variant]:
+    """Every config variant resolved and checked (unique labels, known reference), then ``only`` selected."""
+    variants = [resolve_variant(spec, i) for i, spec in enumerate(cfg.variants)]
+    seen: dict[str, int] = {}
+    for v in variants:
+        if v.label in seen:
+            raise ConfigError(f"variants[{v.index}] and variants[{seen[v.label]}] would both be labelled '{v.label}': "
+                              "give one a 'name'")
+        seen[v.label] = v.index
+    if cfg.eval.reference and cfg.eval.reference not in seen:
+        raise ConfigError(f"eval.reference '{cfg.eval.reference}' is not one of the variants {list(seen)}")
+    if only:
+        only = list(only)
+        unknown = [n for n in only if n not in seen]
+        if unknown:
+            raise ConfigError(f"--variant {', '.join(unknown)}: not in the config's variants {list(seen)}")
+        variants = [v for v in variants if v.label in only]
+    return variants
+
+
+def create_engine(variant: Variant, artifact: Artifact) -> Engine:
+    return variant.engine(variant, artifact)
+
+
+def engine_table() -> list[dict]:
+    """Every registered engine's probe rows (``qdeploy doctor``, results.json's environment)."""
+    return [row for cls in ENGINES.values() for row in cls.probe()]

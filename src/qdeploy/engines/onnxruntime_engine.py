@@ -2,20 +2,27 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal, Optional
 
 import numpy as np
+import onnxruntime as ort
+from pydantic import BaseModel, ConfigDict, Field
 
-from qdeploy.engines.base import Engine, register_engine
+from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.engines.base import Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+_ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP16, "int8": ArtifactKind.ONNX_INT8}
+
+
+class OnnxRuntimeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    providers: Optional[list[str]] = Field(None, json_schema_extra={"label": "providers"})
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", json_schema_extra={"label": "opt"})
 
 
 def resolve_providers(requested_device: str, precision: str, explicit: list[str] | None) -> list[str]:
-    import onnxruntime as ort
-
     available = ort.get_available_providers()
     if explicit:
         missing = [p for p in explicit if p not in available]
@@ -28,41 +35,62 @@ def resolve_providers(requested_device: str, precision: str, explicit: list[str]
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
-    if precision in ("fp16", "bf16") and providers[0] == "CPUExecutionProvider":
-        raise VariantUnavailable(
-            f"{precision.upper()} in ONNX Runtime needs a GPU execution provider (CUDA); this build has {available}"
-        )
-    if precision == "bf16":
-        raise VariantUnavailable("BF16 is not offered for ONNX Runtime (no standard BF16 conversion for its CUDA EP); use fp16")
+    if precision == "fp16" and providers[0] == "CPUExecutionProvider":
+        raise VariantUnavailable(f"FP16 in ONNX Runtime needs a GPU execution provider (CUDA); this build has {available}")
     return providers
 
 
-@register_engine("onnxruntime")
+@register_engine
 class OnnxRuntimeEngine(Engine):
+    name = "onnxruntime"
+    description = "ONNX Runtime InferenceSession on the built ONNX (FP32, FP16 or INT8 Q/DQ)"
+    Options = OnnxRuntimeOptions
+    precisions = ("fp32", "fp16", "int8")
+    devices = ("cpu", "cuda")
+
+    @classmethod
+    def probe(cls) -> list[dict]:
+        providers = ort.get_available_providers()
+        has_cuda_ep = "CUDAExecutionProvider" in providers
+        return [
+            {"engine": cls.name, "device": "cpu", "precisions": ["fp32", "int8"], "usable": True,
+             "note": f"onnxruntime {ort.__version__}; int8: ONNX Runtime-placement Q/DQ runs INT8 kernels, "
+                     "TensorRT-placement Q/DQ is simulated"},
+            {"engine": cls.name, "device": "cuda", "precisions": ["fp32", "fp16", "int8"], "usable": has_cuda_ep,
+             "note": "CUDAExecutionProvider" if has_cuda_ep else f"this onnxruntime build has only {providers} (install onnxruntime-gpu)"},
+        ]
+
+    @classmethod
+    def check(cls, variant: Variant, has_torch: bool) -> None:
+        resolve_providers(variant.device, variant.precision, variant.options.providers)
+
+    @classmethod
+    def artifact(cls, variant: Variant) -> ArtifactRequest:
+        return ArtifactRequest(_ARTIFACTS[variant.precision], variant.int8)
+
+    @classmethod
+    def speed_is_deployment(cls, variant: Variant) -> bool:
+        # a TensorRT-placement Q/DQ graph is meant for TensorRT; ONNX Runtime runs it mostly in float
+        return not (variant.int8 is not None and variant.int8.placement == "tensorrt")
+
+    @classmethod
+    def note(cls, variant: Variant) -> Optional[str]:
+        if variant.int8 is not None and variant.int8.placement == "tensorrt":
+            return "TensorRT Q/DQ artifact: INT8 accuracy simulated in ONNX Runtime (TensorRT not run); speed is ONNX Runtime's, not TensorRT's"
+        if variant.int8 is not None:
+            return "ONNX Runtime-placement INT8 (uint8 activations, per-channel int8 weights)"
+        return None
+
     def load(self) -> None:
-        import onnxruntime as ort
-
         v = self.variant
-        self.providers = resolve_providers(v.device, v.precision, v.providers)
+        self.providers = resolve_providers(v.device, v.precision, self.options.providers)
         self.device = "cuda" if self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
-        artifact = self.artifacts.onnx()
-        if v.precision == "fp16":
-            from qdeploy.export.onnx import convert_fp16
-
-            artifact = self.artifacts.derived("onnx-fp16", lambda: convert_fp16(artifact))
-        elif v.precision == "int8":
-            from qdeploy.export.onnx import default_cache_dir
-            from qdeploy.quantize import quantize_variant
-
-            cache_dir = Path(self.artifacts.cache_dir or default_cache_dir())
-            artifact = quantize_variant(self.artifacts, v, self.artifacts.calibration, cache_dir)
-        self.artifact = artifact
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[v.graph_optimization])
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[self.options.graph_optimization])
         if v.threads:
             opts.intra_op_num_threads = v.threads
-        self.session = ort.InferenceSession(str(artifact.path), opts, providers=self.providers)
+        self.session = ort.InferenceSession(str(self.artifact.path), opts, providers=self.providers)
         self.input_name = self.session.get_inputs()[0].name
         self.threads = v.threads or os.cpu_count()  # ORT's default: one intra-op thread per core
 
@@ -73,8 +101,6 @@ class OnnxRuntimeEngine(Engine):
     def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
         x = np.ascontiguousarray(batch, dtype=np.float32)
         if self.device == "cuda":
-            import onnxruntime as ort
-
             # keep input and output on the GPU so the timing covers the model, not PCIe copies
             binding = self.session.io_binding()
             binding.bind_ortvalue_input(self.input_name, ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
@@ -89,30 +115,15 @@ class OnnxRuntimeEngine(Engine):
         return lambda: session.run(None, feed)
 
     def describe(self) -> dict:
-        import onnxruntime as ort
-
         return {
             "device": self.device,
             "providers": self.session.get_providers(),
             "threads": self.threads if self.device == "cpu" else None,
-            "graph_optimization": self.variant.graph_optimization,
-            "onnx": str(self.artifact.path),
+            "graph_optimization": self.options.graph_optimization,
+            "artifact": self.artifact.kind.value,
             "opset": self.artifact.opset,
             "onnxruntime": ort.__version__,
         }
-
-    def note(self):
-        if self.variant.precision == "int8" and self.variant.target == "tensorrt":
-            return "TensorRT Q/DQ artifact: INT8 accuracy simulated in ONNX Runtime (TensorRT not run); speed is ONNX Runtime's, not TensorRT's"
-        if self.variant.precision == "int8":
-            return "ONNX Runtime-targeted INT8 (uint8 activations, per-channel int8 weights)"
-        return None
-
-    def quantization(self):
-        return getattr(self.artifact, "info", None) or None
-
-    def artifact_path(self):
-        return str(self.artifact.path)
 
     def close(self) -> None:
         self.session = None

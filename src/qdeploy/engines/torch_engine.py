@@ -2,18 +2,28 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Callable, Literal, Optional, Union
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-from qdeploy.engines.base import CudaTimer, Engine, register_engine
+from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.utils.malloc import tune_glibc_malloc
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # torch.compile modes whose Inductor output already replays CUDA graphs: manual capture would nest graphs
 _COMPILE_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
+
+
+class TorchOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    channels_last: bool = Field(False, json_schema_extra={"label": "cl"})
+    cuda_graphs: bool = Field(False, json_schema_extra={"label": "cudagraph"})
+    compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
+        False, json_schema_extra={"label": "compile"})
 
 
 def resolve_torch_device(requested: str, precision: str) -> str:
@@ -26,28 +36,51 @@ def resolve_torch_device(requested: str, precision: str) -> str:
     return device
 
 
-@register_engine("torch")
+@register_engine
 class TorchEngine(Engine):
-    def load(self) -> None:
-        v = self.variant
-        if not self.artifacts.has_torch:
-            raise VariantUnavailable(f"the model is ONNX-only ({self.artifacts.spec.source}); the torch engine needs a PyTorch model")
-        self.device = resolve_torch_device(v.device, v.precision)
-        if v.cuda_graphs and self.device != "cuda":
+    name = "torch"
+    description = "PyTorch eager (optionally torch.compile / CUDA graphs) on the FP32 module"
+    Options = TorchOptions
+    precisions = ("fp32", "fp16", "bf16")
+    devices = ("cpu", "cuda")
+
+    @classmethod
+    def probe(cls) -> list[dict]:
+        cuda = torch.cuda.is_available()
+        return [
+            {"engine": cls.name, "device": "cpu", "precisions": ["fp32"], "usable": True, "note": f"{torch.get_num_threads()} threads"},
+            {"engine": cls.name, "device": "cuda", "precisions": ["fp32", "fp16", "bf16"], "usable": cuda,
+             "note": torch.cuda.get_device_name() if cuda else "torch.cuda.is_available() is False (no GPU or driver)"},
+        ]
+
+    @classmethod
+    def check(cls, variant: Variant, has_torch: bool) -> None:
+        if not has_torch:
+            raise VariantUnavailable("the model is ONNX-only; the torch engine needs a PyTorch model")
+        device = resolve_torch_device(variant.device, variant.precision)
+        if variant.options.cuda_graphs and device != "cuda":
             raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")
+
+    @classmethod
+    def artifact(cls, variant: Variant) -> ArtifactRequest:
+        return ArtifactRequest(ArtifactKind.PYTORCH)  # dtype, layout and compilation are applied at load time
+
+    def load(self) -> None:
+        v, opts = self.variant, self.options
+        self.device = resolve_torch_device(v.device, v.precision)
         self.malloc_tuned = tune_glibc_malloc()  # see qdeploy.utils.malloc: 3x on CPU for large activations
         if v.threads:
             torch.set_num_threads(v.threads)
         if self.device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick its fastest kernels, as trtexec does
         self.dtype = _DTYPES[v.precision]
-        self.memory_format = torch.channels_last if v.channels_last else torch.contiguous_format
-        model = copy.deepcopy(self.artifacts.torch_model())
+        self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
+        model = copy.deepcopy(self.artifact.module)
         model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
-        self.compile_mode = None
-        if v.compile:
-            mode = "default" if v.compile is True else v.compile
-            if v.cuda_graphs and mode in _COMPILE_GRAPH_MODES:
+        self.compile_mode: Optional[str] = None
+        if opts.compile:
+            mode = "default" if opts.compile is True else opts.compile
+            if opts.cuda_graphs and mode in _COMPILE_GRAPH_MODES:
                 mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
             self.compile_mode = mode
             model = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
@@ -78,7 +111,7 @@ class TorchEngine(Engine):
         return self._graphs[key]
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.variant.cuda_graphs:
+        if self.options.cuda_graphs:
             graph, static_in, static_out = self._graph_for(x)
             static_in.copy_(x)
             graph.replay()
@@ -92,7 +125,7 @@ class TorchEngine(Engine):
 
     def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
         x = self._to_device(batch)
-        if self.variant.cuda_graphs:
+        if self.options.cuda_graphs:
             graph = self._graph_for(x)[0]  # static input already holds x's values after capture
             return graph.replay
         model = self.model
@@ -114,8 +147,8 @@ class TorchEngine(Engine):
         d = {
             "device": self.device,
             "dtype": str(self.dtype).replace("torch.", ""),
-            "channels_last": self.variant.channels_last,
-            "cuda_graphs": self.variant.cuda_graphs,
+            "channels_last": self.options.channels_last,
+            "cuda_graphs": self.options.cuda_graphs,
             "compile": self.compile_mode,
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
             "glibc_malloc_tuned": self.malloc_tuned,
@@ -125,14 +158,6 @@ class TorchEngine(Engine):
             d["gpu"] = torch.cuda.get_device_name()
             d["cudnn_benchmark"] = torch.backends.cudnn.benchmark
         return d
-
-    def artifact_path(self):
-        """The weights file this variant was built from (PyTorch has no separate compiled artifact)."""
-        if not self.artifacts.spec.weights:
-            return None
-        from qdeploy.models.loader import resolve_weights_path
-
-        return str(resolve_weights_path(self.artifacts.spec.weights))
 
     def close(self) -> None:
         self._graphs = {}

@@ -6,20 +6,25 @@ import hashlib
 import io
 import json
 import logging
-import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
+from onnxruntime.transformers.float16 import convert_float_to_float16
 from torch import nn
 
 from qdeploy import __version__
 from qdeploy.config import ExportSpec, ModelSpec, VerifySpec
 from qdeploy.errors import ExportError, ModelError
-from qdeploy.utils.atomic import atomic_path
+from qdeploy.models.loader import model_fingerprint
+from qdeploy.utils.cache import default_cache_dir
+from qdeploy.utils.atomic import atomic_path, write_json
+from qdeploy.utils.compare import compare_outputs
 from qdeploy.utils.log import log
 
 INPUT_NAME = "input"
@@ -48,45 +53,14 @@ class OnnxArtifact:
         return d
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("QDEPLOY_CACHE", Path.home() / ".cache" / "qdeploy"))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def state_fingerprint(model: nn.Module) -> str:
-    """Hash of the module's parameters and buffers: catches randomly initialised models (no weights file),
-    whose spec alone would map two different networks to one cached export."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def export_fingerprint(spec: ModelSpec, export: ExportSpec, model: Optional[nn.Module] = None) -> str:
-    """Hash of everything that changes the exported graph: spec, weights bytes, model code, options."""
+    """Hash of everything that changes the exported graph: the model (spec, weights, code), options, versions."""
     payload = {
-        "spec": spec.model_dump(mode="json"),
+        "model": model_fingerprint(spec, model),
         "export": export.model_dump(mode="json", exclude={"verify", "cache"}),
         "torch": torch.__version__,
         "qdeploy": __version__,
     }
-    if spec.weights:
-        from qdeploy.models.loader import resolve_weights_path
-
-        payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights))
-    elif model is not None:
-        payload["state_sha256"] = state_fingerprint(model)
-    module_file = spec.source.rpartition(":")[0]
-    if module_file.endswith(".py") and Path(module_file).is_file():
-        payload["code_sha256"] = sha256_file(Path(module_file))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -155,8 +129,6 @@ def export_onnx(
     else:
         artifact = _export_uncached(model, spec, export, path, fingerprint)
         if export.cache:
-            from qdeploy.utils.atomic import write_json
-
             write_json(meta_path, {"opset": artifact.opset, "exporter": artifact.exporter, "source": spec.source})
     if verify_inputs is not None:
         artifact.verify = verify_onnx(model, artifact, verify_inputs, export.verify)
@@ -164,8 +136,6 @@ def export_onnx(
 
 
 def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxArtifact:
-    import onnx
-
     order = {"auto": ["torchscript", "dynamo"], "torchscript": ["torchscript"], "dynamo": ["dynamo"]}[export.exporter]
     errors = []
     x = _dummy_input(spec)
@@ -191,8 +161,6 @@ def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxA
 
 def use_onnx_file(source: str) -> OnnxArtifact:
     """Accept a user-supplied ONNX model: check it loads and has one input."""
-    import onnx
-
     path = Path(source).expanduser()
     if not path.is_file():
         raise ModelError(f"ONNX model file {path} does not exist")
@@ -212,8 +180,6 @@ def use_onnx_file(source: str) -> OnnxArtifact:
 
 def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, spec: VerifySpec) -> dict:
     """Run the ONNX file in ONNX Runtime (CPU) on real images and compare with PyTorch FP32."""
-    import onnxruntime as ort
-
     x = np.ascontiguousarray(inputs[: spec.samples], dtype=np.float32)
     with torch.inference_mode():
         ref = model(torch.from_numpy(x)).float().numpy()
@@ -221,12 +187,12 @@ def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, sp
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(artifact.path), opts, providers=["CPUExecutionProvider"])
     got = sess.run(None, {artifact.input_name: x})[0]
-    if got.shape != ref.shape:
-        raise ExportError(f"ONNX output shape {got.shape} differs from PyTorch {ref.shape} ({artifact.path})")
-    diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
-    a, b = got.reshape(len(x), -1).astype(np.float64), ref.reshape(len(x), -1).astype(np.float64)
-    cos = float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)))
-    limit = spec.atol + spec.rtol * float(np.max(np.abs(ref)))
+    try:
+        cmp = compare_outputs(got, ref)
+    except ValueError:
+        raise ExportError(f"ONNX output shape {got.shape} differs from PyTorch {ref.shape} ({artifact.path})") from None
+    diff, cos = cmp["max_abs_diff"], cmp["min_cosine"]
+    limit = spec.atol + spec.rtol * cmp["max_abs_reference"]
     result = {"samples": len(x), "max_abs_diff": diff, "tolerance": limit, "cosine": cos, "min_cosine": spec.min_cosine}
     result["passed"] = bool(np.isfinite(diff) and diff <= limit and cos >= spec.min_cosine)
     log(f"verify: ONNX Runtime vs PyTorch on {len(x)} real images: max |diff| {diff:.3g} (tolerance {limit:.3g}), min cosine {cos:.6f}")
@@ -238,16 +204,11 @@ def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, sp
     return result
 
 
-def convert_fp16(artifact: OnnxArtifact) -> OnnxArtifact:
+def convert_fp16(fp32_path: Path, out_path: Path) -> Path:
     """FP16 copy of an FP32 ONNX (FP32 inputs/outputs kept, so callers feed the same arrays)."""
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    path = artifact.path.with_name(artifact.path.stem + "-fp16.onnx")
-    if not path.is_file():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            proto = convert_float_to_float16(onnx.load(str(artifact.path)), keep_io_types=True)
-        with atomic_path(path) as tmp:
-            onnx.save(proto, str(tmp))
-    return OnnxArtifact(path, artifact.input_name, artifact.output_name, artifact.opset, artifact.exporter + "+fp16", artifact.cached)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = convert_float_to_float16(onnx.load(str(fp32_path)), keep_io_types=True)
+    with atomic_path(out_path) as tmp:
+        onnx.save(proto, str(tmp))
+    return Path(out_path)

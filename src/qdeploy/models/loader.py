@@ -9,17 +9,21 @@ Sources (a small registry, in the spirit of timm's):
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.resources
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torchvision
 from torch import nn
 
 from qdeploy.config import ModelSpec
 from qdeploy.errors import ModelError
+from qdeploy.utils.hashing import sha256_file, sha256_json
 
 _FACTORY_SOURCES: dict[str, Callable[[str, dict], nn.Module]] = {}
 
@@ -36,8 +40,6 @@ def register_source(prefix: str):
 
 @register_source("torchvision")
 def _torchvision(name: str, kwargs: dict) -> nn.Module:
-    import torchvision
-
     try:
         return torchvision.models.get_model(name, **kwargs)
     except ValueError as e:  # unknown name
@@ -142,8 +144,6 @@ def resolve_weights_path(weights: str | Path) -> Path:
     if weights.startswith("pkg:"):
         package, _, rel = weights[4:].partition("/")
         try:
-            import importlib.resources
-
             return Path(str(importlib.resources.files(package) / rel))
         except ModuleNotFoundError:
             raise ModelError(f"weights {weights}: package '{package}' is not installed") from None
@@ -216,3 +216,26 @@ def build_torch_model(spec: ModelSpec) -> nn.Module:
     if spec.weights:
         load_state_dict_checked(model, spec.weights, spec.weights_key)
     return SelectOutput(model, spec.output).eval()
+
+
+def state_fingerprint(model: nn.Module) -> str:
+    """Hash of the module's parameters and buffers: catches randomly initialised models (no weights file),
+    whose spec alone would map two different networks to one cached artifact."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_fingerprint(spec: ModelSpec, model: nn.Module | None = None) -> str:
+    """Identity of the FP32 model: its spec, the weights file's bytes (else the module's state), its code file."""
+    payload = {"spec": spec.model_dump(mode="json")}
+    if spec.weights:
+        payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights))
+    elif model is not None:
+        payload["state_sha256"] = state_fingerprint(model)
+    module_file = spec.source.rpartition(":")[0]
+    if module_file.endswith(".py") and Path(module_file).is_file():
+        payload["code_sha256"] = sha256_file(Path(module_file))
+    return sha256_json(payload)

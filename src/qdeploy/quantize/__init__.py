@@ -1,19 +1,24 @@
-"""Quantize stage: FP32 ONNX + calibration images → INT8 ONNX (TensorRT-style Q/DQ or ONNX Runtime-targeted).
+"""Quantize stage: FP32 ONNX (or the PyTorch model) + calibration images → INT8 Q/DQ ONNX.
 
-    ranges = calibrate(onnx_artifact, calibration_batches, preprocess, method="entropy")
-    quantize_onnx(fp32_path, ranges, target="tensorrt", out_path=...)
+    result = quantize(QuantizeInputs(fp32_onnx, preprocess, calibration=batches), Int8Config(method="mse"), out_path)
 
-Pieces: collect.py (one ONNX Runtime pass → per-tensor min/max + histograms), ranges.py (ModelOpt's
-calibrators: max / entropy / percentile / mse), qdq.py (Q/DQ placement with ONNX Runtime's quantizer),
-structure.py (what got quantized), trt_cache.py (TensorRT calibration cache in/out), cache.py.
+Settings are one object (``qdeploy.config.Int8Config``); the algorithm is a registered quantizer
+(registry.py): ``onnx`` (onnx_quantizer.py: ONNX Runtime statistics pass → ranges.py → qdq.py placement)
+and ``modelopt`` (modelopt_quantizer.py → modelopt_torch.py). Shared pieces: collect.py (statistics),
+ranges.py (max / entropy / percentile / mse), calibrate.py (ranges cache, TensorRT cache input, Q/DQ
+read-back), structure.py (what got quantized), trt_cache.py (TensorRT calibration cache in/out).
 """
-from qdeploy.quantize.calibrate import QuantizedArtifact, calibrate, quantize_variant
-from qdeploy.quantize.qdq import TARGETS, quantize_onnx
+from qdeploy.quantize import modelopt_quantizer, onnx_quantizer  # noqa: F401  (register the quantizers)
+from qdeploy.quantize.qdq import quantize_onnx
 from qdeploy.quantize.ranges import METHODS, TensorRange, compute_ranges
+from qdeploy.quantize.registry import (
+    QUANTIZERS, NotApplicable, QuantizeInputs, Quantizer, QuantResult, candidates, get_quantizer, quantize, register_quantizer,
+)
 from qdeploy.quantize.structure import qdq_structure
 from qdeploy.quantize.trt_cache import read_trt_cache, write_trt_cache
 
 __all__ = [
-    "METHODS", "TARGETS", "QuantizedArtifact", "TensorRange", "calibrate", "compute_ranges", "qdq_structure",
-    "quantize_onnx", "quantize_variant", "read_trt_cache", "write_trt_cache",
+    "METHODS", "QUANTIZERS", "NotApplicable", "QuantResult", "QuantizeInputs", "Quantizer", "TensorRange", "candidates",
+    "compute_ranges", "get_quantizer", "qdq_structure", "quantize", "quantize_onnx", "read_trt_cache", "register_quantizer",
+    "write_trt_cache",
 ]

@@ -15,7 +15,9 @@ from typing import Iterable, Optional
 import numpy as np
 
 from qdeploy.errors import QDeployError
+from qdeploy.quantize.modelopt_import import import_modelopt
 from qdeploy.utils.log import progress
+from qdeploy.utils.onnx_graph import OnnxGraph
 
 
 class NonFiniteActivation(QDeployError):
@@ -24,14 +26,7 @@ class NonFiniteActivation(QDeployError):
 
 def modelopt_histogram_calibrator():
     """ModelOpt's HistogramCalibrator, imported quietly (a ~4 s import that logs CUDA/JIT notices on CPU boxes)."""
-    import logging
-    import warnings
-
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from modelopt.torch.quantization.calib import HistogramCalibrator
-    return HistogramCalibrator
+    return import_modelopt("modelopt.torch.quantization.calib").HistogramCalibrator
 
 
 @dataclass
@@ -52,25 +47,7 @@ class ActivationStats:
 
 def float_activations(model) -> tuple[list[str], dict[str, str]]:
     """Names of all float, non-constant tensors (graph inputs and node outputs), and their producers."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model)
-    elem = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
-    consts = {t.name for t in model.graph.initializer}
-    names, producer = [], {}
-    for inp in model.graph.input:
-        if inp.name not in consts and elem.get(inp.name) == onnx.TensorProto.FLOAT:
-            names.append(inp.name)
-            producer[inp.name] = "<input>"
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            consts.update(node.output)
-            continue
-        for out in node.output:
-            if out and out not in consts and elem.get(out, onnx.TensorProto.FLOAT) == onnx.TensorProto.FLOAT:
-                names.append(out)
-                producer[out] = node.name or node.op_type
-    return names, producer
+    return OnnxGraph(model).float_activations()
 
 
 def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], total: Optional[int] = None,

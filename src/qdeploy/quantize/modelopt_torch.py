@@ -15,10 +15,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-import logging
+import io
 import operator
-import re
 import warnings
 from pathlib import Path
 from typing import Iterable, Optional
@@ -28,10 +28,17 @@ import torch
 from torch import fx, nn
 
 from qdeploy.errors import QDeployError
-from qdeploy.utils.log import progress, warn
+from qdeploy.quantize.registry import NotApplicable
+from qdeploy.export.onnx import INPUT_NAME, OUTPUT_NAME
+from qdeploy.models.loader import SelectOutput
+from qdeploy.quantize.collect import TensorStats
+from qdeploy.quantize.modelopt_import import import_modelopt
+from qdeploy.quantize.ranges import compute_amax
+from qdeploy.utils.atomic import atomic_path
+from qdeploy.utils.log import progress
 
 
-class NotTraceable(QDeployError):
+class NotTraceable(NotApplicable):
     """torch.fx cannot trace the model, so ModelOpt's residual-Add quantizers cannot be placed."""
 
 
@@ -48,11 +55,8 @@ _REGISTERED = False
 def _modelopt():
     """Import ModelOpt quietly and register the quantized ResidualAdd once."""
     global _REGISTERED
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import modelopt.torch.quantization as mtq
-        from modelopt.torch.quantization.nn import TensorQuantizer
+    mtq = import_modelopt("modelopt.torch.quantization")
+    TensorQuantizer = import_modelopt("modelopt.torch.quantization.nn").TensorQuantizer
     if not _REGISTERED:
         class QuantResidualAdd(ResidualAdd):
             def _setup(self):
@@ -110,34 +114,25 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                          stats_memo: Optional[dict] = None):
     """ModelOpt-quantized copy of ``model`` and its quantizers' amax.
 
-    ``amax`` given: reuse it, no calibration. ``stats_memo``: a dict kept for one run, so that entropy,
-    percentile and mse variants share one statistics pass (their quantizers have the same names).
+    ``exclude``: names of modules whose quantizers stay disabled (float). ``amax`` given: reuse it, no
+    calibration. ``stats_memo``: a dict kept for one run, so that entropy, percentile and mse variants
+    share one statistics pass (their quantizers have the same names).
     """
-    from qdeploy.models.loader import SelectOutput
-    from qdeploy.quantize.collect import TensorStats
-    from qdeploy.quantize.ranges import compute_amax
-
     mtq, TensorQuantizer = _modelopt()
     select = model.key if isinstance(model, SelectOutput) else None
     inner = model.model if isinstance(model, SelectOutput) else model  # the output selector is not traceable
     gm, n_adds = prepare_for_quantization(inner)
-    import contextlib
-    import io
-
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
-    patterns = [re.compile(p) for p in exclude or []]
-    excluded = sorted({n.rsplit(".", 1)[0] for n in quantizers if any(p.search(n) for p in patterns)})
-    unmatched = [p for p in exclude or [] if not any(re.search(p, n) for n in quantizers)]
-    for p in unmatched:
-        warn(f"exclude pattern '{p}' matches no layer of the model")
+    exclude = set(exclude or ())
+    excluded = sorted({n.rsplit(".", 1)[0] for n in quantizers if n.rsplit(".", 1)[0] in exclude})
     for name in list(quantizers):
         if name.rsplit(".", 1)[0] in excluded:
             quantizers.pop(name).disable()
     if amax is None:
-        memo_key = ("histogram", tuple(exclude or ()))
+        memo_key = ("histogram", tuple(sorted(exclude)))
         stats = stats_memo.get(memo_key) if stats_memo is not None and method != "max" else None
         shared = stats is not None
         if stats is None:  # one statistics pass; histogram methods of the same run share it
@@ -191,14 +186,10 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.disable_calib()
             q.enable_quant()
     qm = SelectOutput(qm, select).eval()
-    return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers), "excluded_by_user": excluded,
-                      "unmatched_patterns": unmatched}
+    return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers), "excluded_by_user": excluded}
 
 
 def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool = True) -> None:
-    from qdeploy.export.onnx import INPUT_NAME, OUTPUT_NAME
-    from qdeploy.utils.atomic import atomic_path
-
     axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else {}
     with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")

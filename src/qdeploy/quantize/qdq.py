@@ -21,19 +21,17 @@ from typing import Iterable
 
 import numpy as np
 
+from qdeploy.errors import ConfigError
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
+from qdeploy.utils.onnx_graph import OnnxGraph
 
 TARGETS = ("tensorrt", "onnxruntime")
 TRT_OP_TYPES = ["Conv", "ConvTranspose", "Gemm", "MatMul", "Add"]
 
 
 def _constant_names(model) -> set[str]:
-    names = {t.name for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            names.update(node.output)
-    return names
+    return OnnxGraph(model).constants
 
 
 def tensors_to_calibrate(model, target: str):
@@ -41,13 +39,15 @@ def tensors_to_calibrate(model, target: str):
     compute ops and of activation+activation Adds, so range search (entropy/mse) skips the rest."""
     if target != "tensorrt":
         return None
-    consts = _constant_names(model)
+    graph = OnnxGraph(model)
     names = set()
-    for node in model.graph.node:
+    for node in graph.nodes:
         if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
             names.add(node.input[0])
-        elif node.op_type == "MatMul" or (node.op_type == "Add" and not any(i in consts for i in node.input)):
-            names.update(i for i in node.input if i not in consts)
+        elif node.op_type == "MatMul":
+            names.update(i for i in node.input if not graph.is_constant(i))
+    for node in graph.residual_adds():
+        names.update(node.input)
     return sorted(names)
 
 
@@ -61,8 +61,6 @@ def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -
         try:
             compiled.append((pattern, re.compile(pattern)))
         except re.error as e:
-            from qdeploy.errors import ConfigError
-
             raise ConfigError(f"exclude pattern '{pattern}' is not a valid regular expression: {e}") from None
     hits = {p: 0 for p in exclude}
     for node in model.graph.node:
@@ -81,15 +79,6 @@ def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -
     return excluded, unmatched
 
 
-def _ensure_node_names(model) -> None:
-    # the quantizer and the exclude list address nodes by name; exporters sometimes leave them empty
-    seen = set()
-    for i, node in enumerate(model.graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{i}"
-        seen.add(node.name)
-
-
 def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
                   exclude: Iterable[str] = (), exclude_ops: Iterable[str] = ()) -> dict:
     """Write the INT8 ONNX to ``out_path`` (atomically). Returns what was excluded and why."""
@@ -101,7 +90,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     if target not in TARGETS:
         raise ValueError(f"unknown INT8 target '{target}' (one of {TARGETS})")
     model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32_path)))
-    _ensure_node_names(model)
+    OnnxGraph(model).ensure_node_names()
     user_excluded, unmatched = select_excluded(model, exclude, exclude_ops)
     excluded = list(user_excluded)
     symmetric = target == "tensorrt"
@@ -122,9 +111,8 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
                     data[node.output[0]] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
     tensors_range = TensorsData(CalibrationMethod.MinMax, data)
     if target == "tensorrt":
-        consts = _constant_names(model)
         # only activation+activation Adds are residual joins; x + constant (bias, hardswish's +3) stay float
-        excluded += [n.name for n in model.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)]
+        excluded += [n.name for n in OnnxGraph(model).constant_adds()]
         op_types = [t for t in TRT_OP_TYPES if t not in set(exclude_ops or [])]
         extra = {
             "ActivationSymmetric": True, "WeightSymmetric": True, "AddQDQPairToWeight": True,

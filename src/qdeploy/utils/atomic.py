@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -68,3 +69,51 @@ def ensure_writable_dir(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise QDeployError(f"output directory {path} is not writable: {e.strerror or e}") from None
     return path
+
+
+# Marks a folder as qdeploy's own output: only such a folder (or an empty one) is ever replaced.
+OUTPUT_MARKER = ".qdeploy-output"
+
+
+class OutputDir:
+    """A run's output folder, written as a whole: everything goes into a staging folder beside it,
+    and ``commit()`` swaps it in. An older run's files are replaced whole or, if the run stops early,
+    left untouched; results of two runs are never mixed.
+
+    A non-empty folder that qdeploy did not write (no marker, no results.json) is refused up front:
+    replacing it would delete the user's files.
+    """
+
+    def __init__(self, final: str | os.PathLike):
+        self.final = Path(final).expanduser()
+        if self.final.exists():
+            if not self.final.is_dir():
+                raise QDeployError(f"output directory {self.final} is not a directory")
+            entries = [p.name for p in self.final.iterdir()]
+            ours = OUTPUT_MARKER in entries or "results.json" in entries
+            if entries and not ours:
+                raise QDeployError(
+                    f"output directory {self.final} holds files that qdeploy did not write (e.g. {sorted(entries)[0]}); "
+                    "choose a new or empty folder (an earlier qdeploy output folder is replaced whole)")
+        parent = ensure_writable_dir(self.final.parent if str(self.final.parent) else Path("."))
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.staging-", dir=parent))
+        self.committed = False
+
+    def path(self, name: str) -> Path:
+        return self.staging / name
+
+    def commit(self) -> Path:
+        (self.staging / OUTPUT_MARKER).write_text("written by qdeploy; this folder is replaced whole by the next run\n")
+        old = None
+        if self.final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
+            os.replace(self.final, old / "previous")
+        os.replace(self.staging, self.final)
+        self.committed = True
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def abort(self) -> None:
+        if not self.committed:
+            shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,173 @@
+"""Build stage: every artifact a run needs, each built once, cached on disk by fingerprint.
+
+Recipes by kind (one place each):
+  PYTORCH     models.build_torch_model (weights checked key by key)
+  ONNX_FP32   export.export_onnx (verified against PyTorch on real images) or the user's .onnx
+  ONNX_FP16   export.convert_fp16 of ONNX_FP32
+  ONNX_INT8   quantize.quantize(ONNX_FP32 / the PyTorch model, Int8Config) + TensorRT calibration cache
+
+Engines never build: they get the :class:`Artifact` this stage made and only load it.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+import qdeploy
+from qdeploy import __version__
+from qdeploy.build.artifacts import Artifact, ArtifactKind, ArtifactRequest
+from qdeploy.config import Int8Config, RunConfig
+from qdeploy.errors import ModelError
+from qdeploy.export import convert_fp16, export_onnx, use_onnx_file
+from qdeploy.models import build_torch_model, is_onnx_source, model_fingerprint, resolve_weights_path
+from qdeploy.quantize import QuantizeInputs, quantize
+from qdeploy.utils.atomic import write_json
+from qdeploy.utils.cache import default_cache_dir
+from qdeploy.utils.hashing import sha256_file, sha256_json, source_fingerprint
+
+# Code that shapes an INT8 artifact: a cached one built by other code is stale.
+_QUANTIZE_CODE = Path(qdeploy.__file__).parent / "quantize"
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def dataset_identity(batches) -> dict:
+    """The exact images a data set holds (paths and sizes, in order), not just its folder name."""
+    samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
+    sizes = [os.path.getsize(p) if os.path.exists(p) else -1 for p in samples]
+    return {"count": batches.num_samples, "samples": sha256_json([samples, sizes])}
+
+
+class Builder:
+    """Builds the artifacts of one run. ``calibration``: the Batches of data.calibration (or None);
+    ``check_inputs``: a loader of real preprocessed images for export checks."""
+
+    def __init__(self, cfg: RunConfig, cache_dir: Optional[Path] = None, calibration=None,
+                 check_inputs: Optional[Callable[[], np.ndarray]] = None):
+        self.cfg = cfg
+        self.spec = cfg.model
+        self.cache_dir = Path(cache_dir or default_cache_dir())
+        self.calibration = calibration
+        self._check_inputs = check_inputs
+        self._check_cache: Optional[np.ndarray] = None
+        self._torch: Optional[nn.Module] = None
+        self._built: dict[str, Artifact] = {}
+        self.memo: dict = {}  # statistics passes shared by the INT8 artifacts of this run
+
+    # ---------------------------------------------------------------- inputs
+    @property
+    def has_torch(self) -> bool:
+        return not is_onnx_source(self.spec.source)
+
+    def torch_model(self) -> nn.Module:
+        """The FP32 CPU reference module (engines copy it before changing device or dtype)."""
+        if not self.has_torch:
+            raise ModelError(f"model source {self.spec.source} is ONNX-only: there is no PyTorch model")
+        if self._torch is None:
+            self._torch = build_torch_model(self.spec)
+        return self._torch
+
+    def check_inputs(self) -> Optional[np.ndarray]:
+        if self._check_cache is None and self._check_inputs is not None:
+            self._check_cache = self._check_inputs()
+        return self._check_cache
+
+    # ---------------------------------------------------------------- building
+    def build(self, request: ArtifactRequest) -> Artifact:
+        key = request.key()
+        if key not in self._built:
+            recipe = {ArtifactKind.PYTORCH: self._pytorch, ArtifactKind.ONNX_FP32: self._onnx_fp32,
+                      ArtifactKind.ONNX_FP16: self._onnx_fp16, ArtifactKind.ONNX_INT8: self._onnx_int8}[request.kind]
+            self._built[key] = recipe(request.int8) if request.kind == ArtifactKind.ONNX_INT8 else recipe()
+        return self._built[key]
+
+    def built(self) -> list[Artifact]:
+        return list(self._built.values())
+
+    def _pytorch(self) -> Artifact:
+        model = self.torch_model()
+        path = resolve_weights_path(self.spec.weights) if self.spec.weights else None
+        return Artifact(ArtifactKind.PYTORCH, model_fingerprint(self.spec, model), f"model source {self.spec.source}",
+                        inputs=[str(path)] if path else [], path=path, module=model)
+
+    def _onnx_fp32(self) -> Artifact:
+        if self.has_torch:
+            torch_art = self.build(ArtifactRequest(ArtifactKind.PYTORCH))
+            onnx = export_onnx(self.torch_model(), self.spec, self.cfg.export, self.check_inputs(), self.cache_dir)
+            return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint, f"export ({onnx.exporter} exporter, opset {onnx.opset})",
+                            inputs=[torch_art.ref], path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name,
+                            opset=onnx.opset, info={"verify": onnx.verify}, cache_hit=onnx.cached)
+        onnx = use_onnx_file(self.spec.source)
+        return Artifact(ArtifactKind.ONNX_FP32, sha256_file(onnx.path), "user's ONNX file", inputs=[str(onnx.path)],
+                        path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name, opset=onnx.opset)
+
+    def _cached(self, kind: ArtifactKind, fingerprint: str) -> tuple[Path, Path]:
+        folder = self.cache_dir / "artifacts"
+        stem = f"{kind.value}-{fingerprint[:20]}"
+        return folder / f"{stem}.onnx", folder / f"{stem}.json"
+
+    def _onnx_fp16(self) -> Artifact:
+        fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        fingerprint = sha256_json({"fp32": fp32.fingerprint, "onnxruntime": ort.__version__, "qdeploy": __version__})
+        path, meta = self._cached(ArtifactKind.ONNX_FP16, fingerprint)
+        hit = path.is_file() and meta.is_file()
+        if not hit:
+            convert_fp16(fp32.path, path)
+            write_json(meta, {"fingerprint": fingerprint})
+        return Artifact(ArtifactKind.ONNX_FP16, fingerprint, "onnxruntime float16 conversion (FP32 inputs/outputs kept)",
+                        inputs=[fp32.ref], path=path, input_name=fp32.input_name, output_name=fp32.output_name,
+                        opset=fp32.opset, cache_hit=hit)
+
+    def _int8_fingerprint(self, fp32: Artifact, int8: Int8Config) -> str:
+        payload = {
+            "fp32": fp32.fingerprint, "int8": int8.model_dump(mode="json"),
+            "calibration_cache": sha256_file(Path(int8.calibration_cache)) if int8.calibration_cache else None,
+            "calibration": dataset_identity(self.calibration) if self.calibration is not None and not int8.calibration_cache else None,
+            "preprocess": self.spec.preprocess.model_dump(mode="json"),
+            "export": self.cfg.export.model_dump(mode="json", exclude={"verify", "cache"}),
+            "code": source_fingerprint(_QUANTIZE_CODE),
+            "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
+                         "nvidia-modelopt": _version("nvidia-modelopt")},
+        }
+        return sha256_json(payload)
+
+    def _onnx_int8(self, int8: Int8Config) -> Artifact:
+        fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        fingerprint = self._int8_fingerprint(fp32, int8)
+        path, meta = self._cached(ArtifactKind.ONNX_INT8, fingerprint)
+        trt_cache = path.with_suffix(".trtcache")
+        if path.is_file() and meta.is_file() and trt_cache.is_file():
+            stored = json.loads(meta.read_text())
+            info, produced_by, hit = stored["info"], stored["produced_by"], True
+        else:
+            inputs = QuantizeInputs(
+                fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,
+                torch_model=self.torch_model if self.has_torch else None, check_inputs=self.check_inputs(),
+                opset=self.cfg.export.opset, dynamic_batch=self.cfg.export.dynamic_batch, cache_dir=self.cache_dir,
+                memo=self.memo)
+            result = quantize(inputs, int8, path)
+            info = result.info
+            method = "ranges from a TensorRT cache" if int8.calibration_cache else f"{int8.method} ranges"
+            produced_by = f"quantizer {info['quantizer']} ({method}, {int8.placement} placement)"
+            write_json(meta, {"fingerprint": fingerprint, "produced_by": produced_by, "info": info})
+            hit = False
+        data_inputs = [int8.calibration_cache] if int8.calibration_cache else \
+            [f"data.calibration:{self.calibration.num_samples} images"] if self.calibration is not None else []
+        cache_art = Artifact(ArtifactKind.TRT_CALIBRATION_CACHE, fingerprint, f"{produced_by}: activation ranges",
+                             inputs=[fp32.ref], path=trt_cache, cache_hit=hit)
+        return Artifact(ArtifactKind.ONNX_INT8, fingerprint, produced_by, inputs=[fp32.ref, *data_inputs], path=path,
+                        input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset, info=info,
+                        companions=[cache_art], cache_hit=hit)

@@ -1,0 +1,159 @@
+"""Checks that run before the first variant: everything a user can get wrong fails here, with one line
+naming the key, file or layer, instead of after the FP32 variants were evaluated and benchmarked.
+
+- calibration data of int8 variants: present, readable, disjoint from the evaluation images;
+- the model on one real batch at ``model.preprocess.input_size`` (PyTorch, or ONNX Runtime for .onnx);
+  a fixed-shape ONNX input must agree with the configured size and batch sizes;
+- output count vs the data: classes of the folder (classification), label values (segmentation);
+- every evaluation image decodes (or is skipped and listed, with ``on_error: skip``).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
+from qdeploy.config import RunConfig
+from qdeploy.data import make_batches, normalize
+from qdeploy.errors import DataError, ModelError, QDeployError
+from qdeploy.utils.log import log
+from qdeploy.utils.onnx_graph import OnnxGraph
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one readable line: no ANSI colour codes, no traceback-like continuation."""
+    text = _ANSI.sub("", str(exc)).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def check_calibration(cfg: RunConfig, variants, eval_batches):
+    """The calibration Batches (decoded) when an int8 variant needs them, else None."""
+    needs = [v for v in variants if v.int8 is not None and not v.int8.calibration_cache]
+    for v in variants:
+        if v.int8 is not None and v.int8.calibration_cache:
+            if not Path(v.int8.calibration_cache).is_file():
+                raise QDeployError(f"variants[{v.index}].calibration_cache: file {v.int8.calibration_cache} does not exist")
+    if not needs:
+        return None
+    if cfg.data.calibration is None:
+        raise QDeployError(f"variant {needs[0].label} is INT8 and needs calibration images: add data.calibration to the config "
+                           "(or give a calibration_cache)")
+    calib = make_batches(cfg.data.calibration, cfg.model.preprocess, cfg.model.task, desc="decode calibration images")
+    eval_paths = {str(p) for p, _ in getattr(eval_batches.dataset, "samples", [])}
+    shared = [str(p) for p, _ in getattr(calib.dataset, "samples", []) if str(p) in eval_paths]
+    if shared:
+        raise QDeployError(
+            f"data.calibration shares {len(shared)} images with data.eval (e.g. {shared[0]}): "
+            "calibrating on evaluation images inflates INT8 accuracy; use a disjoint folder or split (count + complement)")
+    for _ in calib:  # decode now: an unreadable calibration image stops the run before any variant
+        pass
+    if calib.num_samples == 0:
+        raise DataError(f"data.calibration: no image under {cfg.data.calibration.root} could be decoded")
+    return calib
+
+
+def _onnx_input_shape(path) -> tuple[str, list]:
+    graph = OnnxGraph.load(path)
+    name = graph.input_names[0]
+    info = next(i for i in graph.graph.input if i.name == name)
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+    return name, dims
+
+
+def _check_onnx_shape(cfg: RunConfig, path) -> None:
+    pre = cfg.model.preprocess
+    _, dims = _onnx_input_shape(path)
+    if len(dims) != 4:
+        raise ModelError(f"ONNX model {path} has a {len(dims)}-D input; qdeploy feeds images as (N, C, H, W)")
+    n, c, h, w = dims
+    if c is not None and c != pre.channels:
+        raise ModelError(f"ONNX model {path} expects {c} input channels but model.preprocess.mode {pre.mode} gives {pre.channels}")
+    if (h is not None and h != pre.input_size[0]) or (w is not None and w != pre.input_size[1]):
+        raise ModelError(f"ONNX model {path} has a fixed input of {h}x{w} (HxW) but model.preprocess.input_size is "
+                         f"{pre.input_size[0]}x{pre.input_size[1]}: set input_size to the model's size")
+    if n is not None:
+        wrong = sorted({b for b in [cfg.data.eval.batch_size, *cfg.bench.batch_sizes] if b != n})
+        if wrong:
+            raise ModelError(f"ONNX model {path} has a fixed batch size of {n}, but data.eval.batch_size / bench.batch_sizes "
+                             f"ask for {wrong}: set them to {n} or export with a dynamic batch axis")
+
+
+def _run_once(cfg: RunConfig, builder: Builder, x: np.ndarray) -> np.ndarray:
+    pre = cfg.model.preprocess
+    where = (f"model.preprocess.input_size {list(pre.input_size)}: the model fails on a real batch of shape "
+             f"{tuple(x.shape)}")
+    if builder.has_torch:
+        model = builder.torch_model()
+        try:
+            with torch.inference_mode():
+                out = model(torch.from_numpy(x))
+        except QDeployError:
+            raise
+        except Exception as e:
+            raise ModelError(f"{where}: {first_line(e)}") from None
+        return out.float().numpy()
+    fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+    _check_onnx_shape(cfg, fp32.path)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(str(fp32.path), opts, providers=["CPUExecutionProvider"])
+        return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    except Exception as e:
+        raise ModelError(f"{where} in ONNX Runtime: {first_line(e)}") from None
+
+
+def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool = True) -> dict:
+    """One real batch through the model; output shape vs task and data. Returns what was checked."""
+    task = cfg.model.task
+    if decode_all:
+        label_max = -1
+        ignore = cfg.data.eval.ignore_index
+        for _, labels in eval_batches:  # decodes (and caches) every image now, so a bad one stops the run here
+            if task == "segmentation":
+                valid = labels[labels != ignore]
+                if valid.size:
+                    label_max = max(label_max, int(valid.max()))
+        if eval_batches.num_samples == 0:
+            raise DataError(f"data.eval: no image under {cfg.data.eval.root} could be decoded")
+        if eval_batches.skipped:
+            log(f"data.eval: skipped {len(eval_batches.skipped)} unreadable images (on_error: skip), "
+                f"e.g. {eval_batches.skipped[0]['path']}")
+    images, labels = eval_batches.first(2)
+    x = normalize(images, cfg.model.preprocess)
+    out = _run_once(cfg, builder, x)
+    if not np.all(np.isfinite(out)):
+        raise ModelError("the model produces NaN/Inf on real images: check model.preprocess (mean/std) and the weights")
+    check = {"batch_shape": list(x.shape), "output_shape": list(out.shape)}
+    if task == "classification":
+        if out.ndim != 2:
+            raise ModelError(f"model.task classification needs an output of shape (N, classes); the model gives {tuple(out.shape)} "
+                             "(set model.output or model.task)")
+        classes = getattr(eval_batches, "num_classes", None)
+        if classes is not None and out.shape[1] != classes:
+            raise ModelError(
+                f"the model has {out.shape[1]} outputs but data.eval ({cfg.data.eval.root}) has {classes} classes: "
+                "labels would not match predictions (for a subset of the model's classes, list all of them in data.eval.classes)")
+        check["outputs"] = int(out.shape[1])
+    else:
+        if out.ndim != 4:
+            raise ModelError(f"model.task segmentation needs an output of shape (N, classes, H, W); the model gives {tuple(out.shape)} "
+                             "(set model.output, e.g. 'out')")
+        classes = int(out.shape[1])
+        names = eval_batches.class_names
+        if names is not None and len(names) != classes:
+            raise ModelError(f"the model has {classes} output classes but data.eval names {len(names)} classes")
+        if decode_all and label_max >= classes:
+            raise ModelError(f"the label maps of data.eval hold class value {label_max}, but the model has only {classes} "
+                             f"output classes (0..{classes - 1}); set data.eval.ignore_index if {label_max} means 'void'")
+        if tuple(out.shape[2:]) != tuple(labels.shape[1:]):
+            raise ModelError(f"the model's output is {tuple(out.shape[2:])} (HxW) but the label maps are {tuple(labels.shape[1:])}")
+        check["outputs"] = classes
+    log(f"check: model on a real batch {tuple(x.shape)} → {tuple(out.shape)}")
+    return check

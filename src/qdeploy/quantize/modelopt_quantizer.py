@@ -1,0 +1,105 @@
+"""Quantizer ``modelopt``: NVIDIA ModelOpt on the PyTorch model, exported as a TensorRT Q/DQ ONNX.
+
+``exclude`` is a list of ONNX node-name regexes for every quantizer; here they are matched against
+the FP32 ONNX's node names and translated to the PyTorch modules those nodes came from (the
+TorchScript exporter names nodes by module scope: ``/layer1/layer1.0/conv1/Conv`` is module
+``layer1.0.conv1``), whose quantizers then stay disabled.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from qdeploy.config import Int8Config
+from qdeploy.data import normalize
+from qdeploy.errors import QDeployError
+from qdeploy.quantize.calibrate import calibration_key, check_qdq_export, ranges_from_qdq
+from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
+from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
+from qdeploy.utils.atomic import write_json
+from qdeploy.utils.log import log, warn
+from qdeploy.utils.onnx_graph import OnnxGraph
+
+# SelectOutput (qdeploy.models) wraps the user's module as ``model``: its scope is not part of the user's names.
+WRAPPER_SCOPE = "model"
+
+
+def module_of_node(node_name: str) -> str:
+    """``/model/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1`` (scopes are nested module names)."""
+    scopes = [s for s in node_name.strip("/").split("/")[:-1] if s]
+    if scopes and scopes[0] == WRAPPER_SCOPE:
+        scopes = scopes[1:]
+    path = ""
+    for scope in scopes:
+        path = scope if not path or scope.startswith(path + ".") else f"{path}.{scope}"
+    return path
+
+
+def modules_for_exclude(onnx_path: Path, patterns: list[str]) -> tuple[set[str], list[str], list[str]]:
+    """(module names to keep float, ONNX nodes matched, patterns matching no node)."""
+    graph = OnnxGraph.load(onnx_path)
+    compiled = [(p, re.compile(p)) for p in patterns]
+    modules, matched_nodes, hits = set(), [], {p: 0 for p in patterns}
+    for node in graph.nodes:
+        name = node.name or node.output[0]
+        matched = [p for p, rx in compiled if rx.search(name)]
+        for p in matched:
+            hits[p] += 1
+        if matched:
+            matched_nodes.append(name)
+            module = module_of_node(name)
+            if module:
+                modules.add(module)
+    unmatched = [p for p, n in hits.items() if n == 0]
+    for p in unmatched:
+        warn(f"exclude pattern '{p}' matches no node of the ONNX model")
+    return modules, matched_nodes, unmatched
+
+
+@register_quantizer
+class ModelOptQuantizer(Quantizer):
+    name = "modelopt"
+    description = "NVIDIA ModelOpt on the PyTorch model (Conv+BN folded, residual-Add quantizers), exported as TensorRT Q/DQ ONNX"
+
+    def check(self, cfg: Int8Config, has_torch: bool) -> None:
+        if not has_torch:
+            raise NotApplicable("quantizer modelopt needs a PyTorch model; this model is ONNX-only (use quantizer: onnx)")
+        if cfg.placement != "tensorrt":
+            raise NotApplicable("quantizer modelopt produces the TensorRT placement only (placement: tensorrt)")
+        if cfg.calibration_cache:
+            raise NotApplicable("quantizer modelopt calibrates itself; ranges from a TensorRT cache need quantizer: onnx")
+        if cfg.exclude_ops:
+            raise NotApplicable("quantizer modelopt does not take exclude_ops (ONNX op types); use exclude (node-name regexes) or quantizer: onnx")
+
+    def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
+        t0 = time.perf_counter()
+        batches = inputs.calibration
+        if batches is None:
+            raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
+        exclude_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
+        key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
+                              ["modelopt", *sorted(exclude_modules)])
+        cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
+        cached = json.loads(cache.read_text())["amax"] if cache is not None and cache.is_file() else None
+        if cached is not None:
+            log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
+        qm, amax, details = quantize_torch_model(
+            inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
+            cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
+        info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,
+                "samples": batches.num_samples, "cache": str(cache) if cache else None, **details,
+                "excluded_nodes": matched_nodes, "unmatched_patterns": unmatched, "cache_hit": cached is not None,
+                "time_s": 0.0 if cached is not None else round(time.perf_counter() - t0, 3)}
+        if cached is None:
+            if cache is not None:
+                write_json(cache, {"key": key, "method": cfg.method, "amax": amax})
+            log(f"calibrate: ModelOpt {cfg.method} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
+        h, w = inputs.preprocess.input_size
+        export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)
+        if inputs.check_inputs is not None:
+            info["export_check"] = check_qdq_export(qm, out_path, inputs.check_inputs)
+        return QuantResult(out_path, ranges_from_qdq(out_path), info)

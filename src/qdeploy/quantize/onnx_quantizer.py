@@ -1,0 +1,40 @@
+"""Quantizer ``onnx``: Q/DQ inserted into the FP32 ONNX (any model, PyTorch or ONNX-only).
+
+Ranges come from one ONNX Runtime statistics pass (collect.py → ranges.py) or from an existing
+TensorRT calibration cache; ONNX Runtime's QDQQuantizer places the nodes (qdq.py) in the chosen style.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from qdeploy.config import Int8Config
+from qdeploy.errors import QDeployError
+from qdeploy.quantize.calibrate import calibrate, ort_preprocessed, ranges_from_trt_cache
+from qdeploy.quantize.qdq import quantize_onnx, tensors_to_calibrate
+from qdeploy.quantize.registry import QuantizeInputs, Quantizer, QuantResult, register_quantizer
+from qdeploy.utils.log import log
+from qdeploy.utils.onnx_graph import OnnxGraph
+
+
+@register_quantizer
+class OnnxQdqQuantizer(Quantizer):
+    name = "onnx"
+    description = "Q/DQ inserted into the ONNX graph (ONNX Runtime's QDQQuantizer); ranges from an ONNX Runtime pass or a TensorRT cache"
+
+    def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
+        # ONNX Runtime's recommended pre-processing (shape inference + basic graph optimisation) for its own
+        # INT8 kernels: on torchvision ResNet-18 (224², 2 threads) INT8 goes from 0.55x to 2.65x FP32 with it.
+        # The TensorRT-style artifact keeps the exported graph as is.
+        source = ort_preprocessed(inputs.fp32_onnx) if cfg.placement == "onnxruntime" else inputs.fp32_onnx
+        if cfg.calibration_cache:
+            ranges = ranges_from_trt_cache(Path(cfg.calibration_cache), source)
+            info = {"method": "tensorrt-cache", "source": cfg.calibration_cache}
+            log(f"quantize: ranges of {len(ranges)} tensors from TensorRT cache {cfg.calibration_cache}")
+        else:
+            if inputs.calibration is None:
+                raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
+            names = tensors_to_calibrate(OnnxGraph.load(source).model, cfg.placement)
+            ranges, info = calibrate(source, inputs.calibration, inputs.preprocess, cfg.method, cfg.percentile,
+                                     inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names)
+        info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops))
+        return QuantResult(out_path, ranges, info)

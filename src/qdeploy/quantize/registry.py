@@ -1,0 +1,123 @@
+"""The quantizer registry and the one entry point: ``quantize(inputs, Int8Config(...), out_path)``.
+
+Modelled on torchao's ``quantize_(model, Int8Config(...))``: the *settings* are one config object
+(:class:`qdeploy.config.Int8Config`), the *algorithm* that executes them is a registered
+:class:`Quantizer` found by name. Adding a quantizer (QAT is next) = one module with a subclass
+decorated ``@register_quantizer``, imported in ``quantize/__init__.py``.
+
+Every quantizer returns a Q/DQ ONNX plus the activation ranges it used; ``quantize`` then adds what
+every INT8 artifact carries: a TensorRT calibration cache and the Q/DQ structure report.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from qdeploy.config import Int8Config, Preprocess
+from qdeploy.errors import ConfigError, QDeployError
+from qdeploy.quantize.structure import qdq_structure
+from qdeploy.quantize.trt_cache import write_trt_cache
+from qdeploy.utils.log import log, warn
+
+
+class NotApplicable(QDeployError):
+    """This quantizer cannot execute these settings on this model (``auto`` then tries the next one)."""
+
+
+@dataclass
+class QuantizeInputs:
+    """What a quantizer may use. The PyTorch model is a loader so ONNX-only runs never build one."""
+
+    fp32_onnx: Path
+    preprocess: Preprocess
+    calibration: Optional[object] = None               # qdeploy.data.Batches of data.calibration
+    torch_model: Optional[Callable[[], object]] = None  # () -> FP32 nn.Module (None: ONNX-only model)
+    check_inputs: Optional[np.ndarray] = None          # real preprocessed images for export checks
+    opset: int = 17
+    dynamic_batch: bool = True
+    cache_dir: Optional[Path] = None                   # ranges cache (cache_dir/calibration)
+    memo: dict = field(default_factory=dict)           # statistics shared by the methods of one run
+
+    @property
+    def has_torch(self) -> bool:
+        return self.torch_model is not None
+
+
+@dataclass
+class QuantResult:
+    path: Path
+    ranges: dict            # tensor name -> ranges.TensorRange (what the TensorRT cache holds)
+    info: dict              # method, samples, cache hit, excluded layers, structure...
+
+
+class Quantizer(ABC):
+    name: str = ""
+    description: str = ""
+
+    def check(self, cfg: Int8Config, has_torch: bool) -> None:
+        """Raise NotApplicable when these settings cannot run with this quantizer (before any work)."""
+
+    @abstractmethod
+    def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult: ...
+
+
+QUANTIZERS: dict[str, Quantizer] = {}
+AUTO = "auto"
+
+
+def register_quantizer(cls: type[Quantizer]) -> type[Quantizer]:
+    QUANTIZERS[cls.name] = cls()
+    return cls
+
+
+def get_quantizer(name: str) -> Quantizer:
+    try:
+        return QUANTIZERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown quantizer '{name}' (known: {', '.join([AUTO, *sorted(QUANTIZERS)])})") from None
+
+
+def candidates(cfg: Int8Config, has_torch: bool) -> list[Quantizer]:
+    """Quantizers to try, in order. ``auto``: ModelOpt on the PyTorch model for the TensorRT placement
+    (quantizes the model TensorRT users actually train and fine-tune), else Q/DQ inserted into the ONNX."""
+    if cfg.quantizer != AUTO:
+        q = get_quantizer(cfg.quantizer)
+        q.check(cfg, has_torch)  # an explicit choice that cannot work is the user's error
+        return [q]
+    order = [QUANTIZERS[n] for n in ("modelopt", "onnx") if n in QUANTIZERS]
+    usable = []
+    for q in order:
+        try:
+            q.check(cfg, has_torch)
+        except NotApplicable:
+            continue
+        usable.append(q)
+    if not usable:
+        raise ConfigError(f"no registered quantizer can execute {cfg.model_dump()}")
+    return usable
+
+
+def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
+    """The INT8 Q/DQ ONNX of ``cfg`` at ``out_path`` (+ ``.trtcache``), with its structure report."""
+    t0 = time.perf_counter()
+    tried = candidates(cfg, inputs.has_torch)
+    for i, quantizer in enumerate(tried):
+        try:
+            result = quantizer.quantize(inputs, cfg, out_path)
+            break
+        except NotApplicable as e:  # e.g. torch.fx cannot trace the model: the next quantizer may
+            if i + 1 == len(tried):
+                raise
+            warn(f"quantizer {quantizer.name}: {e}; falling back to quantizer {tried[i + 1].name}")
+    trt_cache = write_trt_cache(out_path.with_suffix(".trtcache"), result.ranges)
+    structure = qdq_structure(out_path)
+    result.info.update(quantizer=quantizer.name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
+                       quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure)
+    log(f"quantize: {out_path.name} ({quantizer.name}): {structure['compute_ops_quantized']}/{structure['compute_ops']} "
+        f"compute ops INT8, {structure['residual_adds_quantized']}/{structure['residual_adds']} residual Adds quantized")
+    return result
