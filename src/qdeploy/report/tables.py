@@ -424,12 +424,12 @@ def verdict(results: Mapping) -> Verdict | None:
         # The reason starts with the winner's name (it must read alone in results.json); not twice here.
         why = reason[len(f"{name}: "):] if reason.startswith(f"{name}: ") else reason
         headline = f"Recommended: {name} — {why}"
-    else:
-        headline = f"No recommendation — {reason}"
+    else:  # verdict.recommend's reason already opens with "No variant recommended …"
+        headline = reason if reason.startswith("No ") else f"No recommendation — {reason}"
     metric = dict(METRICS[task(results)]).get(rec.get("metric"), str(rec.get("metric") or "?")).removesuffix(" %")
     lines = []
     runner_up = rec.get("runner_up")
-    if name:
+    if name and not (runner_up and f"Runner-up {runner_up}" in reason):  # said once is enough
         bs = rec.get("batch_size")
         runner = next((v for v in variants(results) if v.get("name") == runner_up), None)
         lines.append(f"Runner-up: {runner_up}" + (f" (p50 {fmt(p50(runner, str(bs)))} ms)" if runner and bs else "")
