@@ -334,7 +334,7 @@ def test_reports_open_with_the_recommendation(tmp_path):
     paths = write_reports(res, tmp_path)
     md = paths["markdown"].read_text(encoding="utf-8")
     first_table = md.index("## Accuracy")
-    assert md.index("**Recommended: onnxruntime-int8 — fastest p50 on this machine at batch 1") < md.index("- **Model:**")
+    assert md.index("> **Recommended: onnxruntime-int8** — fastest p50 on this machine at batch 1") < md.index("- **Model:**")
     assert md.index("Tolerance: Top-1 within 0.5 points of the reference torch-fp32") < first_table
     assert md.index("> - onnxruntime-int8-max: degraded: INT8 accuracy collapsed") < first_table
     # the winner's noisy timing: marked in the latency table, with the hint right under it
@@ -364,7 +364,7 @@ def test_reports_open_with_the_recommendation(tmp_path):
 
     html = paths["html"].read_text(encoding="utf-8")
     assert html.index('<section class="verdict" id="recommendation">') < html.index("<h2")
-    assert "Recommended: onnxruntime-int8 — fastest p50" in html
+    assert "<strong>Recommended: onnxruntime-int8</strong> — fastest p50" in html
     assert "Why not the others" in html and "speed not its deployment engine" in html
     assert NOISY_HINT in html and "23.4 ⚠" in html
     assert '<tr class="degraded">' in html
@@ -383,7 +383,7 @@ def test_no_recommendation_is_shown_with_its_reason():
     res["recommendation"] = recommend(res)
     validate_results(res)
     md = render_markdown(res)
-    assert md.index("**No variant recommended on this machine") < md.index("## Accuracy")
+    assert md.index("> **No variant recommended on this machine** — none of the 2 variant(s)") < md.index("## Accuracy")
     assert "was the bench stage run?" in md
     assert '<section class="verdict none"' in render_html(res)
 

@@ -93,7 +93,7 @@ def test_recommend_flags_a_lead_within_noise():
     assert "within noise" in rec["reason"] and "differ by only 3.2 %" in rec["reason"]
     results["variants"][2] = _v("b", top1=0.80, p50={1: 4.0}, noisy=(1,))
     rec = recommend(results)
-    assert "within noise" in rec["reason"] and "b's timing is noisy (CV 20.0 %)" in rec["reason"]
+    assert "within noise" in rec["reason"] and "b's timing is noisy, CV 20.0 %" in rec["reason"]
     results["variants"][2] = _v("b", top1=0.80, p50={1: 4.0})
     assert "noise" not in recommend(results)["reason"]
 

@@ -23,6 +23,7 @@ def print_verdict(results: Mapping, console: Console) -> None:
     if v is None:
         return
     text = Text(v.headline, style="bold")
+    text.append(f" — {v.why}")
     for line in v.lines:
         text.append("\n" + line)
     for name, why in v.excluded:

@@ -25,7 +25,7 @@ def verdict_lines(results: Mapping) -> list[str]:
     v = T.verdict(results)
     if v is None:
         return []
-    out = [f"> **{_cell(v.headline)}**", ">"]
+    out = [f"> **{_cell(v.headline)}** — {_cell(v.why)}", ">"]
     out += [f"> {_cell(line)}  " for line in v.lines]
     if v.excluded:
         out += [">", "> Not recommended:", ">"]

@@ -409,7 +409,8 @@ def all_tables(results: Mapping) -> list[Table]:
 class Verdict:
     """The recommendation as every report opens with it."""
     found: bool                   # a variant is recommended
-    headline: str                 # "Recommended: X — why" or "No recommendation — why"
+    headline: str                 # "Recommended: X" or "No variant recommended on this machine" (shown bold)
+    why: str                      # the recommendation's reason, after the headline and a dash
     lines: list[str]              # runner-up, then the basis (metric, tolerance, batch size)
     excluded: list[tuple[str, str]]  # (variant, why it was not recommended)
 
@@ -420,12 +421,15 @@ def verdict(results: Mapping) -> Verdict | None:
     if not rec:
         return None
     name, reason = rec.get("variant"), str(rec.get("reason") or "no reason given")
+    # The reason must read alone in results.json, so it names the winner (or says "No variant …") itself;
+    # that opening becomes the headline here instead of being said twice.
     if name:
-        # The reason starts with the winner's name (it must read alone in results.json); not twice here.
+        headline = f"Recommended: {name}"
         why = reason[len(f"{name}: "):] if reason.startswith(f"{name}: ") else reason
-        headline = f"Recommended: {name} — {why}"
-    else:  # verdict.recommend's reason already opens with "No variant recommended …"
-        headline = reason if reason.startswith("No ") else f"No recommendation — {reason}"
+    elif reason.startswith("No ") and ": " in reason:
+        headline, why = reason.split(": ", 1)
+    else:
+        headline, why = "No recommendation", reason
     metric = dict(METRICS[task(results)]).get(rec.get("metric"), str(rec.get("metric") or "?")).removesuffix(" %")
     lines = []
     runner_up = rec.get("runner_up")
@@ -441,7 +445,7 @@ def verdict(results: Mapping) -> Verdict | None:
         basis += f"; fastest p50 at batch size {rec['batch_size']}"
     lines.append(basis + "; speed measured on this machine.")
     excluded = [(str(k), str(why)) for k, why in section(rec, "excluded").items()]
-    return Verdict(bool(name), headline, lines, excluded)
+    return Verdict(bool(name), headline, why, lines, excluded)
 
 
 def title(results: Mapping) -> str:

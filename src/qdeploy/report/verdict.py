@@ -210,7 +210,7 @@ def _winner_reason(results, winner, runner, candidates, bs, key, metric, ref, re
         stats = T.latency_stats(v, bs)
         if T.noisy(stats):
             cv = T.num(stats.get("cv"))
-            noise.append(f"{v.get('name')}'s timing is noisy" + (f" (CV {100 * cv:.1f} %)" if cv is not None else ""))
+            noise.append(f"{v.get('name')}'s timing is noisy" + (f", CV {100 * cv:.1f} %" if cv is not None else ""))
     gap = (rp - wp) / rp if rp else 0.0
     if gap < CLOSE_P50:
         noise.append(f"their p50s differ by only {100 * gap:.1f} %")
