@@ -1,8 +1,12 @@
 """Metrics against hand-computed values, and latency statistics."""
+import time
+
 import numpy as np
 import pytest
 
-from qdeploy.benchmark.latency import fill_batch, latency_stats
+from qdeploy.benchmark.latency import NOISY_CV, benchmark, best_repeat, fill_batch, latency_stats
+from qdeploy.config import VariantSpec
+from qdeploy.engines.base import Engine
 from qdeploy.benchmark.memory import MemoryProbe
 from qdeploy.evaluate import ClassificationMetrics, SegmentationMetrics, agreement
 
@@ -51,6 +55,7 @@ def test_latency_stats_and_fill_batch():
     s = latency_stats(list(range(1, 101)))
     assert s["mean"] == 50.5 and s["p50"] == 50.5 and s["min"] == 1 and s["max"] == 100
     assert s["p99"] == pytest.approx(99.01) and s["p90"] == pytest.approx(90.1)
+    assert s["cv"] == pytest.approx(np.std(np.arange(1, 101), ddof=1) / 50.5) and s["noisy"] is True
     imgs = np.arange(3 * 2, dtype=np.float32).reshape(3, 2, 1, 1)
     b = fill_batch(imgs, 7)
     assert b.shape == (7, 2, 1, 1) and b[3, 0, 0, 0] == imgs[0, 0, 0, 0]
@@ -63,3 +68,81 @@ def test_memory_probe_sees_a_real_allocation():
     r = probe.result()
     assert r["rss_delta"] >= 50, r
     assert r["rss_peak"] >= r["rss_delta"]
+
+
+# ----------------------------------------------------------------------------- timing honesty
+class ScheduledEngine(Engine):
+    """A real engine over numpy whose timed step sleeps ``delays_ms[k]`` on its k-th call: a stand-in for
+    a machine whose load changes between repeats, with a known answer for which repeat is the best."""
+
+    def __init__(self, delays_ms):
+        super().__init__(VariantSpec(engine="torch", name="scheduled"), artifacts=None)
+        self.delays_ms = list(delays_ms)
+        self.calls = 0
+
+    def load(self):
+        pass
+
+    def infer(self, batch):
+        return batch.reshape(len(batch), -1).mean(axis=1, keepdims=True)
+
+    def prepare_timed(self, batch):
+        def step():
+            delay = self.delays_ms[min(self.calls, len(self.delays_ms) - 1)]
+            self.calls += 1
+            time.sleep(delay / 1e3)
+            return self.infer(batch)
+
+        return step
+
+    def describe(self):
+        return {"delays_ms": self.delays_ms}
+
+
+def test_latency_stats_cv_and_noisy_flag():
+    steady = latency_stats([10.0, 10.2, 9.9, 10.1, 10.0])
+    assert steady["cv"] < NOISY_CV and steady["noisy"] is False
+    jumpy = latency_stats([10.0, 20.0, 10.0, 20.0])
+    assert jumpy["cv"] == pytest.approx(np.std([10, 20, 10, 20], ddof=1) / 15) and jumpy["noisy"] is True
+    assert latency_stats([3.0])["cv"] == 0.0  # one sample: no spread, not noisy
+    assert NOISY_CV == 0.10
+
+
+def test_best_repeat_keeps_the_lowest_median():
+    samples, stats = best_repeat([[5, 5, 5], [1, 2, 9], [2, 2, 2]])
+    assert samples == [1, 2, 9]  # median 2, first of the two repeats with median 2
+    assert stats["repeats"] == 3 and stats["repeat_p50s"] == [5.0, 2.0, 2.0]
+    assert stats["p50"] == 2.0 and stats["mean"] == pytest.approx(4.0)  # the kept repeat's own stats
+    with pytest.raises(ValueError):
+        best_repeat([])
+
+
+def test_benchmark_repeats_keep_the_fastest_repeat():
+    warmup, iterations = 1, 6
+    per_repeat = warmup + iterations
+    # repeat 0 is slow (busy machine), repeat 1 fast, repeat 2 in between; batch size 2 then runs at 3 ms
+    delays = [12.0] * per_repeat + [2.0] * per_repeat + [6.0] * per_repeat + [3.0]
+    engine = ScheduledEngine(delays)
+    images = np.random.default_rng(0).random((3, 3, 4, 4), dtype=np.float32)
+    out = benchmark(engine, images, [1, 2], warmup=warmup, iterations=iterations, repeats=3)
+    assert engine.calls == 2 * 3 * per_repeat  # warm-up repeated with every repeat, for every batch size
+    lat = out["latency_ms"]["1"]
+    assert lat["repeats"] == 3 and len(lat["repeat_p50s"]) == 3
+    p50s = lat["repeat_p50s"]
+    assert p50s.index(min(p50s)) == 1 and p50s[0] > p50s[2] > p50s[1]
+    assert lat["p50"] == min(p50s)  # the kept repeat is the best one
+    assert 2.0 <= lat["p50"] < 6.0
+    assert len(out["latency_samples_ms"]["1"]) == iterations
+    assert out["throughput_ips"]["1"] == pytest.approx(1000.0 / lat["mean"])
+    assert out["throughput_ips"]["2"] == pytest.approx(2000.0 / out["latency_ms"]["2"]["mean"])
+    assert isinstance(lat["noisy"], bool) and lat["cv"] >= 0
+
+
+def test_benchmark_flags_noisy_timings():
+    engine = ScheduledEngine([1.0] + [1.0, 8.0] * 10)  # warm-up, then alternating fast/slow iterations
+    out = benchmark(engine, np.zeros((1, 3, 2, 2), np.float32), [1], warmup=1, iterations=10)
+    lat = out["latency_ms"]["1"]
+    assert lat["repeats"] == 1 and len(lat["repeat_p50s"]) == 1
+    assert lat["cv"] > NOISY_CV and lat["noisy"] is True
+    with pytest.raises(ValueError, match="repeats"):
+        benchmark(engine, np.zeros((1, 3, 2, 2), np.float32), [1], warmup=0, iterations=1, repeats=0)

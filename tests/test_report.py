@@ -13,6 +13,8 @@ from rich.console import Console
 from qdeploy.report import (SCHEMA_VERSION, print_table, render_html, render_markdown, validate_results,
                             write_reports)
 from qdeploy.report import writer
+from qdeploy.report.tables import NOISY_HINT
+from qdeploy.report.verdict import mark_degraded, recommend
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FP16_REASON = "FP16 needs a CUDA GPU; none is available"
@@ -84,6 +86,53 @@ def classification_results() -> dict:
                  metrics=None, latency_ms=None,
                  details={"traceback": "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: <boom>"}),
     ])
+
+
+SHA = "3f" * 32
+
+
+def v2_results() -> dict:
+    """classification_results plus everything results/2 adds, decided by the real verdict functions."""
+    res = classification_results()
+    rng = np.random.default_rng(7)
+    vs = res["variants"]
+    vs.insert(3, _variant("onnxruntime-int8-trt-entropy", "onnxruntime", "int8", agreement=0.9990,
+                          metrics={"top1": 0.9172, "top5": 0.9978, "samples": 10000}, bench=_bench(rng, 2.0),
+                          speed_is_deployment=False))
+    vs.insert(3, _variant("onnxruntime-int8-max", "onnxruntime", "int8", agreement=0.4512,
+                          metrics={"top1": 0.4021, "top5": 0.71, "samples": 10000}, bench=_bench(rng, 3.9)))
+    vs[2]["metrics"]["top1"] = 0.9150  # within 0.5 points: the fastest deployable variant
+    noisy = vs[2]["latency_ms"]["1"]
+    noisy.update(cv=0.234, noisy=True, repeats=3, repeat_p50s=[noisy["p50"], noisy["p50"] * 1.2, noisy["p50"] * 1.4])
+    for v in vs:
+        for stats in v["latency_ms"].values() if isinstance(v["latency_ms"], dict) else []:
+            stats.setdefault("cv", 0.031)
+            stats.setdefault("noisy", False)
+    vs[2]["stages"] = {
+        "build": {"status": "ok", "time_s": 41.5, "error": None, "cache_hit": False,
+                  "memory_mb": {"rss_peak": 2345.6, "rss_delta": 1500.0}},
+        "load": {"status": "ok", "time_s": 0.8, "error": None}, "eval": {"status": "ok", "time_s": 9.9, "error": None},
+        "bench": {"status": "ok", "time_s": 2.5, "error": None}}
+    failed = vs[-1]
+    failed["failed_stage"] = "load"
+    failed["stages"] = {"build": {"status": "ok", "time_s": 0.1, "error": None, "cache_hit": True, "memory_mb": None},
+                        "load": {"status": "failed", "time_s": 0.3, "error": FAIL_REASON},
+                        "eval": {"status": "not_run", "time_s": None, "error": None},
+                        "bench": {"status": "not_run", "time_s": None, "error": None}}
+    vs[-2]["failed_stage"] = "check"
+    mark_degraded(vs, "classification")
+    res["recommendation"] = recommend(res)
+    res["bench"]["repeats"] = 3
+    res["artifacts"] = [
+        {"variant": "onnxruntime-int8", "kind": "onnx", "path": "artifacts/onnxruntime-int8.onnx", "sha256": SHA,
+         "produced_by": "quantize.qdq (entropy)", "inputs": ["model.onnx"]},
+        {"variant": "onnxruntime-int8-trt-entropy", "kind": "trt_calibration_cache",
+         "path": "artifacts/onnxruntime-int8-trt-entropy.trtcache", "sha256": "0" * 64, "produced_by": "quantize",
+         "inputs": []}]
+    res["data"]["eval"]["skipped_files"] = [{"path": f"val/n01/broken_{i}.JPEG", "reason": "truncated JPEG"}
+                                            for i in range(23)]
+    res["data"]["calibration"] = {"skipped_files": [{"path": "calib/x.png", "reason": "not an image"}]}
+    return res
 
 
 def segmentation_results() -> dict:
@@ -184,7 +233,7 @@ def test_validate_results_rejects_bad_variants():
         validate_results(bad)
     bad = classification_results()
     bad["variants"][2]["status"] = "crashed"
-    with pytest.raises(ValueError, match="status must be one of ok, skipped, failed.*'crashed'"):
+    with pytest.raises(ValueError, match="status must be one of ok, degraded, skipped, failed.*'crashed'"):
         validate_results(bad)
     bad = classification_results()
     bad["variants"][3]["reason"] = " "
@@ -195,7 +244,7 @@ def test_validate_results_rejects_bad_variants():
     with pytest.raises(ValueError, match="missing top-level key.*'variants'"):
         validate_results(bad)
     bad = classification_results()
-    bad["schema"] = "qdeploy.results/2"
+    bad["schema"] = "qdeploy.results/1"
     with pytest.raises(ValueError, match="schema"):
         validate_results(bad)
     bad = classification_results()
@@ -265,3 +314,161 @@ def test_print_table():
     print_table(segmentation_results(), console=seg)
     seg_text = seg.export_text()  # export_text() empties the record buffer: read it once
     assert "mIoU" in seg_text and "52.31" in seg_text and "BF16 needs a CUDA GPU" in seg_text
+
+
+# ----------------------------------------------------------------------------------------- results/2
+def test_v2_results_are_valid_and_decided():
+    res = v2_results()
+    data = validate_results(res)
+    status = {v["name"]: v["status"] for v in data["variants"]}
+    assert status["onnxruntime-int8-max"] == "degraded"  # 45 % agreement
+    rec = data["recommendation"]
+    assert rec["variant"] == "onnxruntime-int8" and rec["runner_up"] == "onnxruntime-fp32"
+    assert "speed not its deployment" in rec["excluded"]["onnxruntime-int8-trt-entropy"]  # fastest of all, but †
+    assert rec["excluded"]["onnxruntime-bf16"].startswith("failed at load")
+    assert "within noise" in rec["reason"]  # the winner's timing is flagged noisy
+
+
+def test_reports_open_with_the_recommendation(tmp_path):
+    res = v2_results()
+    paths = write_reports(res, tmp_path)
+    md = paths["markdown"].read_text(encoding="utf-8")
+    first_table = md.index("## Accuracy")
+    assert md.index("> **Recommended: onnxruntime-int8** — fastest p50 on this machine at batch 1") < md.index("- **Model:**")
+    assert md.index("Tolerance: Top-1 within 0.5 points of the reference torch-fp32") < first_table
+    assert md.index("> - onnxruntime-int8-max: degraded: INT8 accuracy collapsed") < first_table
+    # the winner's noisy timing: marked in the latency table, with the hint right under it
+    latency1 = md[md.index("## Latency, batch size 1"):md.index("## Latency, batch size 32")]
+    assert "| 23.4 ⚠ |" in latency1 and f"- {NOISY_HINT}" in latency1
+    assert "| onnxruntime-int8 | " in latency1
+    assert "Repeat p50s ms" in latency1
+    # the † variant comes after all others, with no speed-up, and the note says why
+    rows = [line for line in latency1.splitlines() if line.startswith("| ") and "Variant" not in line]
+    assert rows[-1].startswith("| onnxruntime-int8-trt-entropy † |") and rows[-1].split("|")[8].strip() == "–"
+    assert "not in the engine it is built for" in latency1
+    # degraded: in the tables with its numbers, marked, the reason under them; never recommended
+    accuracy = md[first_table:md.index("## Latency, batch size 1")]
+    assert "| onnxruntime-int8-max (degraded) | 40.21 |" in accuracy
+    assert "- onnxruntime-int8-max: degraded: INT8 accuracy collapsed: 45.12 %" in accuracy
+    assert "failed at load: onnxruntime session failed" in md
+    assert "skipped at check: " + FP16_REASON in md
+    # build time and memory apart from the deployed model's
+    assert "| Build s | Build peak MB |" in md and "| 41.50 | 2,345.6 |" in md and "0.10 (cached)" in md
+    # artifacts and skipped files
+    assert "## Artifacts" in md and "| artifacts/onnxruntime-int8.onnx | 3f3f3f3f3f3f | quantize.qdq (entropy) |" in md
+    assert SHA not in md  # 12 digits shown, results.json keeps all 64
+    assert "**Skipped files:** 23 eval, 1 calibration image(s) unreadable" in md
+    assert "| eval | val/n01/broken_0.JPEG | truncated JPEG |" in md
+    assert "… 4 more (see results.json)" in md and "broken_19.JPEG" in md and "broken_20.JPEG" not in md
+    assert "3 repeats (lowest median kept)" in md
+
+    html = paths["html"].read_text(encoding="utf-8")
+    assert html.index('<section class="verdict" id="recommendation">') < html.index("<h2")
+    assert "<strong>Recommended: onnxruntime-int8</strong> — fastest p50" in html
+    assert "Why not the others" in html and "speed not its deployment engine" in html
+    assert NOISY_HINT in html and "23.4 ⚠" in html
+    assert '<tr class="degraded">' in html
+    assert "3f3f3f3f3f3f" in html and "… 4 more" in html
+    assert "hollow markers" in html and "p50 (median) latency" in html
+    images = _png_images(html)
+    assert len(images) == 2 and all(img.startswith(PNG_SIGNATURE) for img in images)
+    assert not re.search(r'(src|href)\s*=\s*["\']?\s*(https?:)?//', html, re.I)  # self-contained
+    assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
+
+
+def test_no_recommendation_is_shown_with_its_reason():
+    res = classification_results()
+    for v in res["variants"]:
+        v["latency_ms"] = {}
+    res["recommendation"] = recommend(res)
+    validate_results(res)
+    md = render_markdown(res)
+    assert md.index("> **No variant recommended on this machine** — none of the 2 variant(s)") < md.index("## Accuracy")
+    assert "was the bench stage run?" in md
+    assert '<section class="verdict none"' in render_html(res)
+
+
+def test_print_table_opens_with_the_recommendation():
+    res = v2_results()
+    console = Console(record=True, width=200)
+    print_table(res, console=console)
+    text = console.export_text()
+    assert text.index("Recommended: onnxruntime-int8") < text.index("qdeploy report:") < text.index("Variant")
+    assert "⚠" in text and NOISY_HINT in text.replace("\n", " ")
+    assert "onnxruntime-int8-trt-entropy †" in text and "degraded" in text
+    assert "failed at load" in text
+
+
+def _mutate(res: dict, path: str, value) -> dict:
+    """Set ``value`` at a dotted path ("variants.2.stages.build.status"); DELETE removes the key."""
+    *parents, last = path.split(".")
+    node = res
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if value is DELETE:
+        del node[last]
+    elif isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return res
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("variants.2.failed_stage", "compile", r"variants\[2\].*failed_stage must be None or one of check, build"),
+    ("variants.2.speed_is_deployment", "yes", r"speed_is_deployment must be true or false"),
+    ("variants.2.stages.build.status", "done", r"variants\[2\].*stages\.build\.status must be one of ok, failed"),
+    ("variants.2.stages.compile", {"status": "ok"}, r"stages: unknown stage 'compile'"),
+    ("variants.2.stages.build.time_s", -1, r"stages\.build\.time_s must be a number >= 0"),
+    ("variants.2.stages.build.cache_hit", "no", r"stages\.build\.cache_hit must be true, false or None"),
+    ("variants.2.stages.build.memory_mb", 12, r"stages\.build\.memory_mb must be a dict"),
+    ("variants.2.stages.load.error", 3, r"stages\.load\.error must be a string"),
+    ("variants.2.latency_ms.1.cv", "high", r"latency_ms\.1\.cv must be a number"),
+    ("variants.2.latency_ms.1.noisy", 1, r"latency_ms\.1\.noisy must be true or false"),
+    ("variants.2.latency_ms.1.repeats", 0, r"latency_ms\.1\.repeats must be an integer >= 1"),
+    ("variants.2.latency_ms.1.repeat_p50s", [1.0], r"repeat_p50s has 1 medians but repeats is 3"),
+    ("variants.3.reason", None, r"'onnxruntime-int8-max'.*status is 'degraded' but no reason"),
+    ("recommendation.variant", "onnxruntime-int8-max", r"recommendation\.variant 'onnxruntime-int8-max' has status 'degraded'"),
+    ("recommendation.runner_up", "nope", r"recommendation\.runner_up 'nope' is not the name of any variant"),
+    ("recommendation.tolerance", "0.5", r"recommendation\.tolerance must be a number"),
+    ("recommendation.reason", "", r"recommendation\.reason must be a non-empty string"),
+    ("recommendation.metric", DELETE, r"recommendation\.metric must be a non-empty string"),
+    ("recommendation.batch_size", 1, r"recommendation\.batch_size must be a string or None"),
+    ("recommendation.excluded", ["a"], r"recommendation\.excluded must be a dict"),
+    ("recommendation", "int8", r"recommendation must be a dict"),
+    ("artifacts", {}, r"results\.artifacts must be a list"),
+    ("artifacts.0.path", "/abs/model.onnx", r"artifacts\[0\]\.path must be relative to the output folder"),
+    ("artifacts.0.path", "../model.onnx", r"artifacts\[0\]\.path must be relative"),
+    ("artifacts.0.sha256", "abc", r"artifacts\[0\]\.sha256 must be 64 lowercase hex digits"),
+    ("artifacts.0.variant", "ghost", r"artifacts\[0\]\.variant 'ghost' is not the name of any variant"),
+    ("artifacts.1.produced_by", DELETE, r"artifacts\[1\]\.produced_by must be a non-empty string"),
+    ("artifacts.0.inputs", "model.onnx", r"artifacts\[0\]\.inputs must be a list of strings"),
+    ("data.eval.skipped_files", {"a": 1}, r"data\.eval\.skipped_files must be a list"),
+    ("data.eval.skipped_files.0.reason", "", r"data\.eval\.skipped_files\[0\]\.reason must be a non-empty"),
+    ("data.calibration.skipped_files.0", "calib/x.png", r"data\.calibration\.skipped_files\[0\] must be a dict"),
+])
+def test_validate_rejects_malformed_v2_keys(path, value, message):
+    bad = _mutate(v2_results(), path, value)
+    with pytest.raises(ValueError, match=message):
+        validate_results(bad)
+
+
+def test_validate_accepts_records_without_the_v2_keys():
+    """Absent new keys mean "not measured": a results/1-shaped record (schema string aside) stays valid."""
+    res = v2_results()
+    for key in ("recommendation", "artifacts"):
+        del res[key]
+    for v in res["variants"]:
+        for key in ("stages", "failed_stage", "speed_is_deployment"):
+            v.pop(key, None)
+    del res["data"]["eval"]["skipped_files"], res["data"]["calibration"]
+    validate_results(res)
+    md = render_markdown(res)
+    assert "Recommended" not in md and "## Artifacts" not in md and "Skipped input files" not in md
+    empty = v2_results()
+    empty["artifacts"] = []
+    empty["variants"][2]["stages"] = {"bench": {"status": "skipped"}}  # a subset of stages, times unknown
+    validate_results(empty)

@@ -7,16 +7,36 @@ from collections.abc import Mapping
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
+from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from qdeploy.report import tables as T
 
 
+STYLES = {"": None, "degraded": "yellow", "muted": "dim"}
+
+
+def print_verdict(results: Mapping, console: Console) -> None:
+    """The recommendation in a box, printed before the table: the answer first, the evidence after."""
+    v = T.verdict(results)
+    if v is None:
+        return
+    text = Text(v.headline, style="bold")
+    text.append(f" — {v.why}")
+    for line in v.lines:
+        text.append("\n" + line)
+    for name, why in v.excluded:
+        text.append(f"\n  not {name}: {why}", style="dim")
+    console.print(Panel(text, border_style="green" if v.found else "yellow", expand=False))
+
+
 def print_table(results: Mapping, console: Console | None = None) -> Table:
-    """Print variant, status, accuracy, agreement, p50/p95 latency and throughput per batch size and peak
-    memory; skipped/failed rows are dim. Reasons and notes follow the table, one line per variant: inside
-    it, a long reason would squeeze the numbers into slivers. Returns the ``rich`` table printed."""
+    """Print the recommendation, then variant, status, accuracy, agreement, p50/p95 latency and throughput
+    per batch size and peak memory; skipped/failed rows are dim, degraded ones yellow. Reasons and notes
+    follow the table, one line per variant: inside it, a long reason would squeeze the numbers into
+    slivers. Latencies flagged noisy carry ⚠, variants timed outside their deployment engine †.
+    Returns the ``rich`` table printed."""
     if console is None:
         console = Console()
         if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -27,20 +47,29 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
     gpu = any(T.num(T.section(v, "memory_mb").get("gpu_allocated_peak")) is not None for v in vs)
 
     rows, notes = [], []
+    any_noisy = any_elsewhere = False
     for v in vs:
         mem = T.section(v, "memory_mb")
-        cells = [str(v.get("name") or "?"), str(v.get("status") or "?"), T.pct(T.section(v, "metrics").get(key)),
+        name = str(v.get("name") or "?") + ("" if T.deploys_speed(v) else f" {T.NOT_DEPLOYMENT_MARK}")
+        any_elsewhere |= not T.deploys_speed(v)
+        cells = [name, str(v.get("status") or "?"), T.pct(T.section(v, "metrics").get(key)),
                  "ref" if v.get("name") == results.get("reference") else T.pct(v.get("agreement"))]
         per_batch = []
         for bs in sizes:
             lat = T.latency_stats(v, bs)
-            per_batch.append((f"{T.fmt(lat.get('p50'))}/{T.fmt(lat.get('p95'))}" if lat else T.DASH,
+            flag = f" {T.NOISY_MARK}" if T.noisy(lat) else ""
+            any_noisy |= bool(flag)
+            per_batch.append((f"{T.fmt(lat.get('p50'))}/{T.fmt(lat.get('p95'))}{flag}" if lat else T.DASH,
                               T.fmt(T.at_batch(T.section(v, "throughput_ips"), bs), 1, sep=True)))
         tail = [T.fmt(mem.get("rss_peak"), 1, sep=True)] + ([T.fmt(mem.get("gpu_allocated_peak"), 1, sep=True)] if gpu else [])
-        rows.append((cells, per_batch, tail, T.is_ok(v)))
-        text = v.get("note") if T.is_ok(v) else f"{v.get('status')}: {v.get('reason') or 'no reason given'}"
+        rows.append((cells, per_batch, tail, T.row_style(v)))
+        text = v.get("note") if T.is_ok(v) else T.status_text(v)
         if text:
-            notes.append(Text(f"  {cells[0]}: {text}", style=None if T.is_ok(v) else "dim"))
+            notes.append(Text(f"  {cells[0]}: {text}", style=STYLES[T.row_style(v)]))
+    if any_elsewhere:
+        notes.append(Text("  " + T.NOT_DEPLOYMENT_NOTE))
+    if any_noisy:
+        notes.append(Text("  " + T.NOISY_HINT, style="yellow"))
 
     def joined(pb: tuple[str, str]) -> str:
         return T.DASH if pb == (T.DASH, T.DASH) else "\n".join(pb)
@@ -61,11 +90,12 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
             width = max(len(line) for text in [h] + [r[i] for r in body] for line in text.split("\n"))
             table.add_column(h, justify="left" if i < 2 else "right", no_wrap=i > 0, overflow="fold",
                              min_width=min(width, 18) if i == 0 else width)
-        for cells, (*_, ok) in zip(body, rows):
+        for cells, (*_, style) in zip(body, rows):
             # Text() so that "[...]" in names is shown verbatim, not parsed as rich markup.
-            table.add_row(*map(Text, cells), style=None if ok else "dim")
+            table.add_row(*map(Text, cells), style=STYLES[style])
         return table
 
+    print_verdict(results, console)
     table = build(stacked=False)
     natural = Measurement.get(console, console.options.update_width(10**4), table).maximum  # unclamped width
     if natural > console.width:

@@ -18,6 +18,10 @@ table{border-collapse:collapse;background:#fff;margin:4px 0 8px;font-size:13px}
 th,td{border:1px solid #d8dce3;padding:4px 9px;vertical-align:top}
 th{background:#eef1f5;text-align:left}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr:nth-child(even) td{background:#fafbfc}tr.muted td{color:#8a93a3;font-style:italic}
+tr.degraded td{background:#fff4e0;color:#7a4b00}ul.notes{color:#5b6475;font-size:13px;margin:0 0 8px;padding-left:20px}
+.verdict{background:#eaf6ec;border:1px solid #8cc79a;border-left:6px solid #2e8b47;padding:10px 14px;margin:8px 0 16px}
+.verdict.none{background:#fff6e5;border-color:#e0b060;border-left-color:#c88a12}
+.verdict p{margin:3px 0}.verdict p.headline{font-size:15px}.verdict strong{font-size:17px}.verdict ul{margin:4px 0;font-size:13px}
 table.kv th{width:130px}figure{margin:10px 0;background:#fff;border:1px solid #d8dce3;padding:8px;display:inline-block}
 figure img{max-width:100%;height:auto;display:block}figcaption{color:#5b6475;font-size:13px;margin-top:4px}
 details{margin:4px 0}pre{background:#fff;border:1px solid #d8dce3;padding:8px;overflow-x:auto;font-size:12px}
@@ -36,10 +40,28 @@ def _table(t: T.Table) -> str:
 
     out.append("<table><thead><tr>" + "".join(f"<th{cls(i)}>{escape(h)}</th>" for i, h in enumerate(t.headers))
                + "</tr></thead><tbody>")
-    for row, muted in zip(t.rows, t.muted):
-        out.append(("<tr class=\"muted\">" if muted else "<tr>")
+    for row, style in zip(t.rows, t.styles):
+        out.append((f'<tr class="{style}">' if style else "<tr>")
                    + "".join(f"<td{cls(i)}>{escape(c)}</td>" for i, c in enumerate(row)) + "</tr>")
-    return "\n".join(out + ["</tbody></table>"])
+    out.append("</tbody></table>")
+    if t.notes:
+        out.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in t.notes) + "</ul>")
+    return "\n".join(out)
+
+
+def _verdict(results: Mapping) -> list[str]:
+    """The recommendation box that opens the page."""
+    v = T.verdict(results)
+    if v is None:
+        return []
+    out = [f'<section class="verdict{"" if v.found else " none"}" id="recommendation">',
+           f'<p class="headline"><strong>{escape(v.headline)}</strong> — {escape(v.why)}</p>']
+    out += [f"<p>{escape(line)}</p>" for line in v.lines]
+    if v.excluded:
+        out.append("<details><summary>Why not the others</summary><ul>"
+                   + "".join(f"<li><b>{escape(n)}</b>: {escape(why)}</li>" for n, why in v.excluded)
+                   + "</ul></details>")
+    return out + ["</section>"]
 
 
 def _figure(png: bytes | None, alt: str, caption: str) -> str:
@@ -53,7 +75,7 @@ def _figure(png: bytes | None, alt: str, caption: str) -> str:
 def render_html(results: Mapping) -> str:
     """The whole report as one HTML page: the Markdown report's tables plus two embedded plots."""
     title = T.title(results)
-    body = [f"<h1>{escape(title)}</h1>", '<table class="kv">']
+    body = [f"<h1>{escape(title)}</h1>", *_verdict(results), '<table class="kv">']
     body += [f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in T.summary(results)]
     body.append("</table>")
     tables = T.all_tables(results)
@@ -64,15 +86,17 @@ def render_html(results: Mapping) -> str:
         # Plots sit right after the tables they illustrate.
         if t.key == "accuracy":
             body.append(_figure(plots.accuracy_vs_latency(results), "Accuracy vs latency",
-                                f"{metric} against mean latency per batch size; colour = engine, "
-                                "marker = precision (○ fp32, □ fp16, △ bf16, ◇ int8)."))
+                                f"{metric} against p50 (median) latency per batch size; colour = engine, "
+                                "marker = precision (○ fp32, □ fp16, △ bf16, ◇ int8); hollow markers and † = latency "
+                                "not measured in the deployment engine (not comparable); red name = degraded."))
         if t.key == "skipped":
             body += [f"<details><summary>Traceback of {escape(str(v.get('name')))}</summary>"
                      f"<pre>{escape(str(T.section(v, 'details')['traceback']))}</pre></details>"
                      for v in T.variants(results) if T.section(v, "details").get("traceback")]
         if t.key == last_latency:
             body.append(_figure(plots.latency_distribution(results), "Latency distribution",
-                                "Per-iteration latency of every timed batch (box = quartiles, whiskers = 1.5 IQR)."))
+                                "Per-iteration latency of every timed batch (box = quartiles, whiskers = 1.5 IQR); "
+                                "† = latency not measured in the deployment engine."))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body><main>\n"

@@ -40,13 +40,16 @@ def _log_if_wide(values: list[float], set_scale) -> None:
 
 
 def accuracy_vs_latency(results: Mapping) -> bytes | None:
-    """Scatter of headline accuracy against mean latency, one panel per batch size; None when nothing to plot."""
+    """Scatter of headline accuracy against p50 latency, one panel per batch size; None when nothing to plot.
+
+    Variants whose latency is not their deployment engine's are drawn hollow and named with "†": their x
+    position is not a deployment speed. Degraded variants are named in red."""
     key, name = T.METRICS[T.task(results)][0]
     panels = []
     for bs in T.batch_sizes(results):
         pts = []
         for v in T.variants(results):
-            x = T.num(T.latency_stats(v, bs).get("mean"))
+            x = T.p50(v, bs)
             y = T.num(T.section(v, "metrics").get(key))
             if x is not None and y is not None:
                 pts.append((v, x, 100 * y))
@@ -59,10 +62,13 @@ def accuracy_vs_latency(results: Mapping) -> bytes | None:
     fig, axes = _grid(len(panels))
     for ax, (bs, pts) in zip(axes, panels):
         for v, x, y in pts:
-            ax.scatter(x, y, s=40, color=colour[str(v.get("engine"))], marker=MARKERS.get(v.get("precision"), "P"),
-                       edgecolors="black", linewidths=0.5, zorder=3)
+            c = colour[str(v.get("engine"))]
+            deploys = T.deploys_speed(v)
+            ax.scatter(x, y, s=40, marker=MARKERS.get(v.get("precision"), "P"), zorder=3,
+                       facecolors=c if deploys else "none", edgecolors="black" if deploys else c,
+                       linewidths=0.5 if deploys else 1.5)
         _log_if_wide([x for _, x, _ in pts], ax.set_xscale)
-        ax.set(title=f"batch size {bs}", xlabel="mean latency (ms)", ylabel=name)
+        ax.set(title=f"batch size {bs}", xlabel="p50 latency (ms)", ylabel=name)
         ax.grid(True, alpha=0.3)
         ax.margins(0.15)  # room for the point labels
         low, high = ax.get_ylim()
@@ -71,21 +77,26 @@ def accuracy_vs_latency(results: Mapping) -> bytes | None:
     axes[0].legend(handles=handles, fontsize=8, loc="best")
     fig.draw_without_rendering()  # fix the layout first: label placement works in screen coordinates
     for ax, (_, pts) in zip(axes, panels):
-        _label_points(ax, [(str(v.get("name")), x, y) for v, x, y in pts])
+        _label_points(ax, [(_point_name(v), x, y, "#b42318" if T.is_degraded(v) else "black") for v, x, y in pts])
     return _png(fig)
 
 
-def _label_points(ax, pts: list[tuple[str, float, float]]) -> None:
+def _point_name(v) -> str:
+    name = str(v.get("name"))
+    return name if T.deploys_speed(v) else f"{name} {T.NOT_DEPLOYMENT_MARK}"
+
+
+def _label_points(ax, pts: list[tuple[str, float, float, str]]) -> None:
     """Name each point; variants often tie on accuracy, so a label moves up/down until it overlaps no other."""
     renderer = ax.figure.canvas.get_renderer()
     placed = []
-    for name, x, y in sorted(pts, key=lambda p: (p[1], p[2])):
+    for name, x, y, colour in sorted(pts, key=lambda p: (p[1], p[2])):
         # Points in the right part of the panel get their label on the left, or it would run off the figure.
         left = ax.transAxes.inverted().transform(ax.transData.transform((x, y)))[0] > 0.6
         dx, ha = (-5, "right") if left else (5, "left")
         for dy in (4, -12, 14, -22, 24, -32, 34, -42, None):
             ann = ax.annotate(name, (x, y), xytext=(dx, 4 if dy is None else dy), textcoords="offset points",
-                              fontsize=8, ha=ha)
+                              fontsize=8, ha=ha, color=colour)
             ann.set_in_layout(False)
             box = ann.get_window_extent(renderer)
             if dy is None or not any(box.overlaps(b) for b in placed):
@@ -103,7 +114,7 @@ def latency_distribution(results: Mapping) -> bytes | None:
             raw = T.at_batch(T.section(v, "latency_samples_ms"), bs)
             values = [f for f in map(T.num, raw if isinstance(raw, list) else []) if f is not None]
             if values:
-                series.append((str(v.get("name")), values))
+                series.append((_point_name(v), values))
         if series:
             panels.append((bs, series))
     if not panels:

@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.benchmark.latency import NOISY_CV
+
 DASH = "–"
+NOISY_MARK = "⚠"
+NOT_DEPLOYMENT_MARK = "†"
+NOISY_HINT = (f"{NOISY_MARK} CV above {100 * NOISY_CV:.0f} %: the timing is noisy (busy machine?); "
+              "re-run with more bench.iterations or bench.repeats.")
+NOT_DEPLOYMENT_NOTE = (f"{NOT_DEPLOYMENT_MARK} timed in ONNX Runtime, not in the engine it is built for (e.g. a "
+                       "TensorRT-placement Q/DQ model): its latency says nothing about its deployment speed, so it "
+                       "is listed apart, gets no speed-up and is left out of the recommendation.")
+SKIPPED_FILES_SHOWN = 20  # a folder of broken images must not bury the report
 
 # Per task: (metric key, column label); the first one is the headline metric (Δ, plots, terminal).
 METRICS = {
@@ -73,10 +83,64 @@ def is_ok(v: Mapping) -> bool:
     return v.get("status") == "ok"
 
 
+def is_degraded(v: Mapping) -> bool:
+    return v.get("status") == "degraded"
+
+
+def deploys_speed(v: Mapping) -> bool:
+    """Whether the variant's latency is its deployment engine's (``speed_is_deployment``, True if absent)."""
+    return v.get("speed_is_deployment", True) is not False
+
+
+def row_style(v: Mapping) -> str:
+    """"" for ok rows, "degraded" for measured-but-collapsed ones, "muted" for skipped/failed ones."""
+    return "" if is_ok(v) else "degraded" if is_degraded(v) else "muted"
+
+
 def label(v: Mapping) -> str:
     """Variant name, flagged when it did not run to completion so partial numbers are not misread."""
     name = str(v.get("name") or "?")
     return name if is_ok(v) else f"{name} ({v.get('status') or 'unknown'})"
+
+
+def status_text(v: Mapping) -> str:
+    """Why a variant is not ok, in one line: "failed at build: …", "skipped at check: …", "degraded: …"."""
+    status = str(v.get("status") or "unknown")
+    stage = v.get("failed_stage")
+    where = f" at {stage}" if stage and status in ("failed", "skipped") else ""
+    return f"{status}{where}: {v.get('reason') or 'no reason given'}"
+
+
+def noisy(stats: Mapping) -> bool:
+    """The benchmark's ``noisy`` flag; for records without it, the same rule on ``cv``."""
+    flag = stats.get("noisy")
+    if isinstance(flag, bool):
+        return flag
+    cv = num(stats.get("cv"))
+    return cv is not None and cv > NOISY_CV
+
+
+def cv_cell(stats: Mapping) -> str:
+    cv = num(stats.get("cv"))
+    if cv is None:
+        return DASH
+    return f"{100 * cv:.1f}" + (f" {NOISY_MARK}" if noisy(stats) else "")
+
+
+def p50(v: Mapping | None, bs: str) -> float | None:
+    """The headline latency: median ms for one batch of ``bs``, or None."""
+    return num(latency_stats(v, bs).get("p50")) if isinstance(v, Mapping) else None
+
+
+def stage(v: Mapping, name: str) -> dict:
+    """``v["stages"][name]`` (build/load/eval/bench) or {} for records without stage details."""
+    return section(section(v, "stages"), name)
+
+
+def stage_time(v: Mapping, name: str) -> Any:
+    """A stage's duration: ``stages[name].time_s``, else the older ``timings_s[name]``."""
+    t = stage(v, name).get("time_s")
+    return t if t is not None else section(v, "timings_s").get(name)
 
 
 def batch_sizes(results: Mapping) -> list[str]:
@@ -110,16 +174,22 @@ class Table:
     numeric: list[bool]           # per column: right-align
     caption: str = ""
     rows: list[list[str]] = field(default_factory=list)
-    muted: list[bool] = field(default_factory=list)  # per row: variant did not run ok
+    styles: list[str] = field(default_factory=list)  # per row: row_style() of its variant
+    notes: list[str] = field(default_factory=list)   # lines under the table: markers, degraded reasons, hints
 
-    def add(self, cells: list[str], muted: bool = False) -> None:
+    def add(self, cells: list[str], style: str = "") -> None:
         self.rows.append(cells)
-        self.muted.append(muted)
+        self.styles.append(style)
 
 
 def _shown(results: Mapping, has_data) -> list[dict]:
     """Variants for a measurement table: every ok one, plus non-ok ones that still measured something."""
     return [v for v in variants(results) if is_ok(v) or has_data(v)]
+
+
+def _degraded_notes(shown: list[Mapping]) -> list[str]:
+    # Degraded variants keep their numbers in every table; the reason sits right under it.
+    return [f"{v.get('name')}: {status_text(v)}" for v in shown if is_degraded(v)]
 
 
 def accuracy_table(results: Mapping) -> Table:
@@ -135,7 +205,9 @@ def accuracy_table(results: Mapping) -> Table:
               caption=(f"Δ is in percentage points against the reference variant {results.get('reference')}; "
                        "agreement is the share of predictions identical to the reference's."
                        if ref else "No reference variant: Δ and agreement are not available."))
-    for v in _shown(results, lambda v: bool(section(v, "metrics"))):
+    shown = _shown(results, lambda v: bool(section(v, "metrics")))
+    t.notes = _degraded_notes(shown)
+    for v in shown:
         m = section(v, "metrics")
         is_ref = ref is not None and v is ref
         value = num(m.get(head_key))
@@ -144,26 +216,48 @@ def accuracy_table(results: Mapping) -> Table:
         agreement = "ref" if is_ref else pct(v.get("agreement"))  # producers store None or 1.0 for it
         samples = fmt(m.get("samples"), 0, sep=True)
         t.add([label(v), *[pct(m.get(k)) for k, _ in metrics], delta, agreement, samples]
-              + ([str(v.get("note") or "")] if with_note else []), muted=not is_ok(v))
+              + ([str(v.get("note") or "")] if with_note else []), row_style(v))
     return t
 
 
 def latency_tables(results: Mapping) -> list[Table]:
+    """One table per batch size. p50 is the headline (and the base of speed-ups); variants whose latency is
+    not their deployment engine's are listed after the others, marked †, without a speed-up."""
     ref = reference(results)
+    ref_deploys = ref is not None and deploys_speed(ref)
+    multi = any(num(latency_stats(v, bs).get("repeats")) not in (None, 1.0)
+                for v in variants(results) for bs in batch_sizes(results))
     tables = []
     for bs in batch_sizes(results):
         t = Table(f"latency-{bs}", f"Latency, batch size {bs}",
-                  ["Variant", "Mean ± std ms", "p50 ms", "p95 ms", "p99 ms", "Throughput img/s", "Speed-up"],
-                  [False] + [True] * 6,
-                  caption=f"Time for one batch of {bs}; speed-up is the reference's mean latency over the variant's.")
-        ref_mean = num(latency_stats(ref, bs).get("mean")) if ref else None
-        for v in _shown(results, lambda v: latency_stats(v, bs) or at_batch(section(v, "throughput_ips"), bs)):
+                  ["Variant", "p50 ms", "Mean ± std ms", "p95 ms", "p99 ms", "CV %", "Throughput img/s", "Speed-up"]
+                  + (["Repeat p50s ms"] if multi else []),
+                  [False] + [True] * 7 + ([True] if multi else []),
+                  caption=f"Time for one batch of {bs}. p50 (median) is the headline latency; speed-up is the "
+                          "reference's p50 over the variant's; CV = std/mean of the timed iterations; throughput is "
+                          "sustained throughput (batch size / mean latency of back-to-back batches)."
+                          + (" With several repeats, the repeat with the lowest median is kept; the last column "
+                             "lists every repeat's median." if multi else ""))
+        ref_p50 = p50(ref, bs) if ref_deploys else None
+        shown = _shown(results, lambda v: latency_stats(v, bs) or at_batch(section(v, "throughput_ips"), bs))
+        shown = [v for v in shown if deploys_speed(v)] + [v for v in shown if not deploys_speed(v)]  # stable
+        for v in shown:
             lat = latency_stats(v, bs)
-            mean, std = num(lat.get("mean")), num(lat.get("std"))
+            mean, std, median = num(lat.get("mean")), num(lat.get("std")), num(lat.get("p50"))
             mean_std = DASH if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
-            speedup = DASH if not (mean and ref_mean) else f"{ref_mean / mean:.2f}×"
-            t.add([label(v), mean_std, *[fmt(lat.get(p)) for p in ("p50", "p95", "p99")],
-                   fmt(at_batch(section(v, "throughput_ips"), bs), 1, sep=True), speedup], muted=not is_ok(v))
+            speedup = DASH if not (median and ref_p50 and deploys_speed(v)) else f"{ref_p50 / median:.2f}×"
+            name = label(v) + ("" if deploys_speed(v) else f" {NOT_DEPLOYMENT_MARK}")
+            repeats = [f for f in map(num, lat.get("repeat_p50s") or []) if f is not None]
+            t.add([name, fmt(median), mean_std, fmt(lat.get("p95")), fmt(lat.get("p99")), cv_cell(lat),
+                   fmt(at_batch(section(v, "throughput_ips"), bs), 1, sep=True), speedup]
+                  + ([" / ".join(f"{x:.2f}" for x in repeats) or DASH] if multi else []), row_style(v))
+        t.notes = _degraded_notes(shown)
+        if any(not deploys_speed(v) for v in shown):
+            t.notes.append(NOT_DEPLOYMENT_NOTE)
+        if ref is not None and not ref_deploys:
+            t.notes.append(f"No speed-ups: the reference {ref.get('name')}'s latency is not its deployment engine's.")
+        if any(noisy(latency_stats(v, bs)) for v in shown):
+            t.notes.append(NOISY_HINT)
         tables.append(t)
     return tables
 
@@ -176,10 +270,14 @@ def latency_stats(v: Mapping, bs: str) -> Mapping:
 def memory_table(results: Mapping) -> Table:
     keys = [("rss_peak", "RSS peak MB"), ("rss_delta", "RSS Δ MB"), ("gpu_allocated_peak", "GPU allocated peak MB"),
             ("gpu_reserved_peak", "GPU reserved peak MB"), ("artifact", "Artifact MB")]
-    t = Table("memory", "Memory", ["Variant", *[k[1] for k in keys]], [False] + [True] * len(keys))
-    for v in _shown(results, lambda v: any(num(x) is not None for x in section(v, "memory_mb").values())):
+    t = Table("memory", "Memory", ["Variant", *[k[1] for k in keys]], [False] + [True] * len(keys),
+              caption="The deployed model's memory while loading, evaluating and benchmarking it; building its "
+                      "artifacts (export, calibration) is measured apart, in the details table.")
+    shown = _shown(results, lambda v: any(num(x) is not None for x in section(v, "memory_mb").values()))
+    for v in shown:
         mem = section(v, "memory_mb")
-        t.add([label(v), *[fmt(mem.get(k), 1, sep=True) for k, _ in keys]], muted=not is_ok(v))
+        t.add([label(v), *[fmt(mem.get(k), 1, sep=True) for k, _ in keys]], row_style(v))
+    t.notes = _degraded_notes(shown)
     return t
 
 
@@ -204,28 +302,72 @@ def iou_table(results: Mapping) -> Table | None:
               caption="– means the class does not occur in the evaluation data (or was not measured).")
     for c in classes:
         t.add([c, *[pct(ious.get(c)) for _, ious in cols]])
+    t.notes = _degraded_notes([v for v, _ in cols])
     return t
 
 
 def skipped_table(results: Mapping) -> Table:
-    t = Table("skipped", "Skipped and failed variants", ["Variant", "Engine", "Precision", "Status", "Reason"],
-              [False] * 5)
+    t = Table("skipped", "Skipped, failed and degraded variants", ["Variant", "Engine", "Precision", "Status", "Why"],
+              [False] * 5, caption="Degraded variants ran and are measured in the tables above, but their INT8 "
+                                   "accuracy collapsed: they are never recommended.")
     for v in variants(results):
         if not is_ok(v):
             t.add([str(v.get("name") or "?"), str(v.get("engine") or DASH), str(v.get("precision") or DASH),
-                   str(v.get("status") or "unknown"), str(v.get("reason") or DASH)], muted=True)
+                   str(v.get("status") or "unknown"), status_text(v)], row_style(v))
     return t
 
 
 def details_table(results: Mapping) -> Table:
-    t = Table("details", "Variant details", ["Variant", "Engine", "Precision", "Device", "Details",
-                                              "Load s", "Eval s", "Bench s"], [False] * 5 + [True] * 3)
+    t = Table("details", "Variant details", ["Variant", "Engine", "Precision", "Device", "Details", "Build s",
+                                              "Build peak MB", "Load s", "Eval s", "Bench s"],
+              [False] * 5 + [True] * 5,
+              caption="Build = producing the variant's artifacts (export, calibration, quantization; \"cached\" when "
+                      "reused from the cache); its peak memory is not the deployed model's (see Memory).")
     for v in variants(results):
         # A failed variant's traceback would swamp the cell: it stays in results.json (and the HTML page).
         details = "; ".join(f"{k}={_compact(x)}" for k, x in section(v, "details").items() if k != "traceback")
-        times = section(v, "timings_s")
+        build = stage(v, "build")
+        build_s = fmt(stage_time(v, "build"))
+        if build.get("cache_hit") is True:
+            build_s += " (cached)"
         t.add([label(v), str(v.get("engine") or DASH), str(v.get("precision") or DASH), str(v.get("device") or DASH),
-               details or DASH, *[fmt(times.get(k)) for k in ("load", "eval", "bench")]], muted=not is_ok(v))
+               details or DASH, build_s, fmt(section(build, "memory_mb").get("rss_peak"), 1, sep=True),
+               *[fmt(stage_time(v, k)) for k in ("load", "eval", "bench")]], row_style(v))
+    return t
+
+
+def artifacts_table(results: Mapping) -> Table | None:
+    """Files the run produced, with their checksum: what to ship, and proof of which file was measured."""
+    items = [a for a in (results.get("artifacts") or []) if isinstance(a, Mapping)]
+    if not items:
+        return None
+    t = Table("artifacts", "Artifacts", ["Variant", "Kind", "Path", "SHA-256", "Produced by"], [False] * 5,
+              caption="Paths are relative to the report's folder; SHA-256 shows its first 12 hex digits "
+                      "(results.json has all 64).")
+    for a in items:
+        sha = str(a.get("sha256") or "")
+        t.add([str(a.get("variant") or DASH), str(a.get("kind") or DASH), str(a.get("path") or DASH),
+               sha[:12] or DASH, str(a.get("produced_by") or DASH)])
+    return t
+
+
+def skipped_files(results: Mapping) -> list[tuple[str, dict]]:
+    """(split, {path, reason}) for every unreadable input file skipped with ``on_error: skip``."""
+    data = section(results, "data")
+    return [(split, f) for split in ("eval", "calibration")
+            for f in (section(data, split).get("skipped_files") or []) if isinstance(f, Mapping)]
+
+
+def skipped_files_table(results: Mapping) -> Table | None:
+    files = skipped_files(results)
+    if not files:
+        return None
+    t = Table("skipped-files", "Skipped input files", ["Data", "Path", "Reason"], [False] * 3,
+              caption=f"{len(files)} unreadable image(s) left out (on_error: skip); metrics cover the others.")
+    for split, f in files[:SKIPPED_FILES_SHOWN]:
+        t.add([split, str(f.get("path") or DASH), str(f.get("reason") or DASH)])
+    if len(files) > SKIPPED_FILES_SHOWN:
+        t.add([DASH, f"… {len(files) - SKIPPED_FILES_SHOWN} more (see results.json)", ""])
     return t
 
 
@@ -250,18 +392,62 @@ def quantization_table(results: Mapping) -> Table | None:
             shown = shown[:300] + f"… ({len(floats)} in all, see results.json)"
         t.add([label(v), str(q.get("target") or DASH), ranges, fmt(q.get("samples"), 0, sep=True), fmt(q.get("time_s")),
                f"{st.get('compute_ops_quantized', DASH)}/{st.get('compute_ops', DASH)}",
-               f"{st.get('residual_adds_quantized', DASH)}/{st.get('residual_adds', DASH)}", shown], muted=not is_ok(v))
+               f"{st.get('residual_adds_quantized', DASH)}/{st.get('residual_adds', DASH)}", shown], row_style(v))
     return t
 
 
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              iou_table(results), skipped_table(results), details_table(results)]
+              iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              skipped_files_table(results)]
     return [t for t in tables if t is not None]
 
 
 # ---------------------------------------------------------------------------- header
+@dataclass
+class Verdict:
+    """The recommendation as every report opens with it."""
+    found: bool                   # a variant is recommended
+    headline: str                 # "Recommended: X" or "No variant recommended on this machine" (shown bold)
+    why: str                      # the recommendation's reason, after the headline and a dash
+    lines: list[str]              # runner-up, then the basis (metric, tolerance, batch size)
+    excluded: list[tuple[str, str]]  # (variant, why it was not recommended)
+
+
+def verdict(results: Mapping) -> Verdict | None:
+    """``results["recommendation"]`` ready to show, or None when it was not computed."""
+    rec = section(results, "recommendation")
+    if not rec:
+        return None
+    name, reason = rec.get("variant"), str(rec.get("reason") or "no reason given")
+    # The reason must read alone in results.json, so it names the winner (or says "No variant …") itself;
+    # that opening becomes the headline here instead of being said twice.
+    if name:
+        headline = f"Recommended: {name}"
+        why = reason[len(f"{name}: "):] if reason.startswith(f"{name}: ") else reason
+    elif reason.startswith("No ") and ": " in reason:
+        headline, why = reason.split(": ", 1)
+    else:
+        headline, why = "No recommendation", reason
+    metric = dict(METRICS[task(results)]).get(rec.get("metric"), str(rec.get("metric") or "?")).removesuffix(" %")
+    lines = []
+    runner_up = rec.get("runner_up")
+    if name and not (runner_up and f"Runner-up {runner_up}" in reason):  # said once is enough
+        bs = rec.get("batch_size")
+        runner = next((v for v in variants(results) if v.get("name") == runner_up), None)
+        lines.append(f"Runner-up: {runner_up}" + (f" (p50 {fmt(p50(runner, str(bs)))} ms)" if runner and bs else "")
+                     if runner_up else "Runner-up: none (no other variant qualifies)")
+    tol = num(rec.get("tolerance"))
+    basis = (f"Tolerance: {metric} within {DASH if tol is None else f'{tol:g}'} points of the reference "
+             f"{results.get('reference') or 'none'}")
+    if rec.get("batch_size") is not None:
+        basis += f"; fastest p50 at batch size {rec['batch_size']}"
+    lines.append(basis + "; speed measured on this machine.")
+    excluded = [(str(k), str(why)) for k, why in section(rec, "excluded").items()]
+    return Verdict(bool(name), headline, why, lines, excluded)
+
+
 def title(results: Mapping) -> str:
     return f"qdeploy report: {section(results, 'model').get('source') or 'unknown model'}"
 
@@ -303,8 +489,18 @@ def summary(results: Mapping) -> list[tuple[str, str]]:
     rows.append(("Reference", str(results.get("reference") or "none")))
     if bench:
         bs = ", ".join(map(str, bench.get("batch_sizes") or [])) or DASH
+        repeats = bench.get("repeats")
         rows.append(("Benchmark", f"batch sizes {bs}; {bench.get('warmup', DASH)} warm-up + "
-                                  f"{bench.get('iterations', DASH)} timed iterations"))
+                                  f"{bench.get('iterations', DASH)} timed iterations"
+                                  + (f", {repeats} repeats (lowest median kept)"
+                                     if isinstance(repeats, int) and repeats > 1 else "")))
+    files = skipped_files(results)
+    if files:
+        counts = {}
+        for split, _ in files:
+            counts[split] = counts.get(split, 0) + 1
+        rows.append(("Skipped files", ", ".join(f"{n} {split}" for split, n in counts.items())
+                     + " image(s) unreadable, left out (see Skipped input files)"))
     onnx = onnx_line(results)
     if onnx:
         rows.append(("ONNX export", onnx))
