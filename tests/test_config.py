@@ -2,7 +2,8 @@
 import pytest
 import yaml
 
-from qdeploy.config import load_config, parse_config
+from qdeploy.config import Int8Config, VariantSpec, load_config, parse_config
+from qdeploy.engines import resolve_variants
 from qdeploy.errors import ConfigError
 
 CONTRACT = """
@@ -29,7 +30,7 @@ def test_contract_example_is_accepted_and_paths_are_relative_to_the_file(tmp_pat
     assert cfg.model.source == f"{tmp_path}/sub/path/to/cifar_resnet.py:resnet20"
     assert cfg.model.weights == f"{tmp_path}/sub/path/to/resnet20.pt"
     assert cfg.data.calibration.count == 512
-    assert [v.label for v in cfg.variants] == ["torch-fp32", "onnxruntime-fp32"]
+    assert [v.label for v in resolve_variants(cfg)] == ["torch-fp32", "onnxruntime-fp32"]
     assert cfg.bench.batch_sizes == [1, 32]
     assert cfg.model.preprocess.input_size == (32, 32)
 
@@ -50,8 +51,8 @@ def test_unknown_key_inside_a_list_item_is_named():
     d = _data()
     d["variants"][1]["precison"] = "fp16"
     with pytest.raises(ConfigError) as e:
-        parse_config(d, "c.yaml")
-    assert "variants[1].precison: unknown key (did you mean 'precision'?)" in str(e.value)
+        resolve_variants(parse_config(d, "c.yaml"))
+    assert "variants[1].precison: not an option of engine 'onnxruntime' (did you mean 'precision'?)" in str(e.value)
 
 
 def test_wrong_types_are_named():
@@ -68,26 +69,77 @@ def test_wrong_types_are_named():
 def test_bad_enum_and_missing_key():
     d = _data()
     d["variants"][0]["engine"] = "tensorflow"
+    with pytest.raises(ConfigError, match=r"variants\[0\].engine: unknown engine 'tensorflow'; engines: onnxruntime, torch"):
+        resolve_variants(parse_config(d))
     del d["data"]["eval"]["root"]
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError, match="data.eval.root: required key is missing"):
         parse_config(d)
-    msg = str(e.value)
-    assert "variants[0].engine" in msg and "tensorflow" in msg
-    assert "data.eval.root: required key is missing" in msg
 
 
 def test_engine_specific_option_on_the_wrong_engine():
     d = _data()
     d["variants"][1]["cuda_graphs"] = True
-    with pytest.raises(ConfigError, match="cuda_graphs' does not apply to engine 'onnxruntime'"):
-        parse_config(d)
+    with pytest.raises(ConfigError, match=r"variants\[1\].cuda_graphs: not an option of engine 'onnxruntime'; its options: "
+                                          "graph_optimization, providers"):
+        resolve_variants(parse_config(d))
 
 
-def test_duplicate_variant_names_are_rejected():
+def test_engine_option_of_the_wrong_type_is_named():
     d = _data()
-    d["variants"].append({"engine": "torch"})
-    with pytest.raises(ConfigError, match="both named 'torch-fp32'"):
-        parse_config(d)
+    d["variants"][0]["compile"] = "fastest"
+    with pytest.raises(ConfigError, match=r"variants\[0\] \(engine torch\)"):
+        resolve_variants(parse_config(d))
+
+
+def test_precision_the_engine_does_not_run():
+    d = _data()
+    d["variants"][0]["precision"] = "int8"
+    with pytest.raises(ConfigError, match="engine 'torch' runs fp32, fp16, bf16, not int8"):
+        resolve_variants(parse_config(d))
+
+
+def test_two_variants_that_would_get_the_same_label_are_rejected():
+    d = _data()
+    d["variants"].append({"engine": "torch", "threads": 2})  # threads are not part of the label
+    with pytest.raises(ConfigError, match=r"variants\[2\] and variants\[0\] would both be labelled 'torch-fp32'"):
+        resolve_variants(parse_config(d))
+    d["variants"][2]["name"] = "torch-fp32-2threads"
+    assert [v.label for v in resolve_variants(parse_config(d))][-1] == "torch-fp32-2threads"
+
+
+def test_int8_settings_are_one_object_and_labels_tell_settings_apart():
+    d = _data()
+    d["variants"] = [
+        {"engine": "onnxruntime", "precision": "int8"},
+        {"engine": "onnxruntime", "precision": "int8", "method": "mse", "placement": "tensorrt"},
+        {"engine": "onnxruntime", "precision": "int8", "method": "mse", "placement": "tensorrt", "exclude": ["fc"]},
+        {"engine": "onnxruntime", "precision": "int8", "method": "mse", "placement": "tensorrt", "exclude": ["conv1"]},
+        {"engine": "onnxruntime", "precision": "int8", "int8": {"method": "percentile", "percentile": 99.9}, "quantizer": "onnx"},
+    ]
+    cfg = parse_config(d)
+    assert cfg.variants[0].int8 == Int8Config()  # defaults in one place
+    assert cfg.variants[4].int8.quantizer == "onnx" and cfg.variants[4].int8.percentile == 99.9
+    labels = [v.label for v in resolve_variants(cfg)]
+    assert labels == ["onnxruntime-int8-entropy", "onnxruntime-int8-trt-mse", "onnxruntime-int8-trt-mse-excl-fc",
+                      "onnxruntime-int8-trt-mse-excl-conv1", "onnxruntime-int8-onnx-percentile99.9"]
+
+
+def test_renamed_and_misplaced_int8_keys():
+    with pytest.raises(ValueError, match="'calibrator' was renamed to 'method'"):
+        VariantSpec.model_validate({"engine": "onnxruntime", "precision": "int8", "calibrator": "max"})
+    with pytest.raises(ValueError, match="'target' was renamed to 'placement'"):
+        VariantSpec.model_validate({"engine": "onnxruntime", "precision": "int8", "target": "tensorrt"})
+    with pytest.raises(ValueError, match="option 'method' applies only to precision int8"):
+        VariantSpec.model_validate({"engine": "onnxruntime", "method": "max"})
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        VariantSpec.model_validate({"engine": "onnxruntime", "precision": "int8", "exclude": ["(unclosed"]})
+
+
+def test_unknown_quantizer_name():
+    d = _data()
+    d["variants"] = [{"engine": "onnxruntime", "precision": "int8", "quantizer": "nncf"}]
+    with pytest.raises(ConfigError, match="unknown quantizer 'nncf' \\(known: auto, modelopt, onnx\\)"):
+        resolve_variants(parse_config(d))
 
 
 def test_unreadable_and_invalid_files(tmp_path):

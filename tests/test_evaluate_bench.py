@@ -7,7 +7,9 @@ import pytest
 from qdeploy.benchmark.latency import NOISY_CV, benchmark, best_repeat, fill_batch, latency_stats
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import Engine
-from qdeploy.benchmark.memory import MemoryProbe
+from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.engines.base import NoOptions, Variant
+from qdeploy.utils.memory import MemoryProbe
 from qdeploy.evaluate import ClassificationMetrics, SegmentationMetrics, agreement
 
 
@@ -75,8 +77,19 @@ class ScheduledEngine(Engine):
     """A real engine over numpy whose timed step sleeps ``delays_ms[k]`` on its k-th call: a stand-in for
     a machine whose load changes between repeats, with a known answer for which repeat is the best."""
 
+    name = "scheduled"
+
+    @classmethod
+    def probe(cls):
+        return [{"engine": cls.name, "device": "cpu", "precisions": ["fp32"], "usable": True, "note": "test engine"}]
+
+    @classmethod
+    def artifact(cls, variant):
+        return ArtifactRequest(ArtifactKind.ONNX_FP32)
+
     def __init__(self, delays_ms):
-        super().__init__(VariantSpec(engine="torch", name="scheduled"), artifacts=None)
+        spec = VariantSpec(engine="scheduled", name="scheduled")
+        super().__init__(Variant(spec, "scheduled", type(self), NoOptions(), 0), artifact=None)
         self.delays_ms = list(delays_ms)
         self.calls = 0
 

@@ -68,8 +68,8 @@ def test_verification_fails_clearly_above_tolerance(tiny_model_file, tiny_weight
 def test_fp16_conversion_keeps_float32_io(tiny_model_file, tiny_weights, tmp_path):
     spec = _spec(tiny_model_file, tiny_weights)
     art = export_onnx(build_torch_model(spec), spec, ExportSpec(), None, cache_dir=tmp_path)
-    half = convert_fp16(art)
-    proto = onnx.load(str(half.path))
+    half = convert_fp16(art.path, tmp_path / "half.onnx")
+    proto = onnx.load(str(half))
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
 

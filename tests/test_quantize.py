@@ -1,4 +1,5 @@
 """INT8: calibrators against ModelOpt, Q/DQ placement, TensorRT cache, pipeline, bad input."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -87,17 +88,23 @@ def int8_config(tiny_model_file, tmp_path):
                  "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 20, "seed": 0}},
         "variants": [
             {"engine": "onnxruntime"},
-            {"engine": "onnxruntime", "precision": "int8", "calibrator": "entropy"},
-            {"engine": "onnxruntime", "precision": "int8", "calibrator": "mse", "target": "tensorrt"},
-            {"engine": "onnxruntime", "precision": "int8", "calibrator": "percentile", "target": "tensorrt", "exclude": ["conv2"],
+            {"engine": "onnxruntime", "precision": "int8", "method": "entropy"},
+            {"engine": "onnxruntime", "precision": "int8", "method": "mse", "placement": "tensorrt"},
+            {"engine": "onnxruntime", "precision": "int8", "method": "percentile", "placement": "tensorrt", "exclude": ["conv2"],
              "quantizer": "onnx"},
         ],
         "bench": {"enabled": False},
     }
 
 
+def _artifact(out: Path, v: dict) -> Path:
+    """The variant's deployable file, copied into the run's output folder."""
+    return out / v["details"]["artifact"]
+
+
 def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+    out = tmp_path / "out"
     fp32, ort8, trt8, partial = results["variants"]
     assert all(v["status"] == "ok" for v in results["variants"]), [v["reason"] for v in results["variants"]]
     for v in (ort8, trt8, partial):
@@ -112,9 +119,9 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     assert trt8["quantization"]["quantizer"] == "modelopt"  # PyTorch model → ModelOpt path by default
     assert trt8["quantization"]["residual_adds_with_quantizers"] == 1
     assert trt8["quantization"]["export_check"]["min_cosine"] > 0.99
-    zero_points = _zero_points(onnx.load(trt8["quantization"]["artifact"]))
+    zero_points = _zero_points(onnx.load(_artifact(out, trt8)))
     assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
-    assert any(z.dtype == np.uint8 for z in _zero_points(onnx.load(ort8["quantization"]["artifact"])))
+    assert any(z.dtype == np.uint8 for z in _zero_points(onnx.load(_artifact(out, ort8))))
     # partial quantization: the excluded conv is listed as float
     pst = partial["quantization"]["structure"]
     assert any("conv2" in n for n in partial["quantization"]["excluded_by_user"])
@@ -122,31 +129,41 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     assert pst["compute_ops_quantized"] == 2
     assert "INT8 artifacts" in (tmp_path / "out" / "report.md").read_text()
     # a TensorRT calibration cache was written for each INT8 artifact and names real tensors
-    cache = read_trt_cache(trt8["quantization"]["trt_calibration_cache"])
+    cache = read_trt_cache(out / "onnxruntime-int8-trt-mse.trtcache")
     assert "input" in cache and all(a > 0 for a in cache.values())
+    # every deployable artifact is in the output folder and listed with its checksum and origin
+    listed = {(a["variant"], a["kind"]): a for a in results["artifacts"]}
+    assert listed[("onnxruntime-fp32", "onnx-fp32")]["path"] == "model.onnx"
+    assert listed[(trt8["name"], "onnx-int8")]["produced_by"].startswith("quantizer modelopt (mse ranges, tensorrt placement)")
+    assert listed[(trt8["name"], "tensorrt-calibration-cache")]["path"] == "onnxruntime-int8-trt-mse.trtcache"
+    for a in results["artifacts"]:
+        assert (out / a["path"]).is_file() and len(a["sha256"]) == 64 and a["inputs"]
+    # the build is its own stage, with its own time and memory
+    assert trt8["stages"]["build"]["status"] == "ok" and trt8["stages"]["build"]["memory_mb"]["rss_peak"] > 0
 
 
 def test_calibration_cache_hit_on_rerun(int8_config, tmp_path, capsys):
     int8_config["variants"] = int8_config["variants"][:2]
     api.run(int8_config, tmp_path / "a", cache_dir=tmp_path / "cache")
     again = api.run(int8_config, tmp_path / "b", cache_dir=tmp_path / "cache")
-    assert again["variants"][1]["quantization"]["cache_hit"] is True
+    assert again["variants"][1]["stages"]["build"]["cache_hit"] is True
     assert "cache hit" in capsys.readouterr().err
+    assert (tmp_path / "b" / "onnxruntime-int8-entropy.onnx").is_file()
 
 
 def test_quantize_stage_command_and_trt_cache_as_input(int8_config, tmp_path):
     summary = api.quantize(int8_config, tmp_path / "q", cache_dir=tmp_path / "cache")
-    name = "onnxruntime-int8-trt-onnx-percentile-partial"
+    name = "onnxruntime-int8-trt-onnx-percentile-excl-conv2"
     assert (tmp_path / "q" / "onnxruntime-int8-trt-mse.onnx").is_file()
     assert (tmp_path / "q" / f"{name}.onnx").is_file() and (tmp_path / "q" / "quantize.json").is_file()
     trt_cache = tmp_path / "q" / f"{name}.trtcache"
     int8_config["data"].pop("calibration")  # ranges come from the cache alone
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "calibration_cache": str(trt_cache),
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "calibration_cache": str(trt_cache),
                                 "exclude": ["conv2"]}]
     results = api.run(int8_config, tmp_path / "from-cache", cache_dir=tmp_path / "cache")
     v = results["variants"][0]
     assert v["status"] == "ok" and v["quantization"]["method"] == "tensorrt-cache"
-    assert v["quantization"]["structure"] == summary[name]["structure"]
+    assert v["quantization"]["structure"] == summary["variants"][name]["structure"]
 
 
 # ---- bad input ----------------------------------------------------------------------------------
@@ -177,23 +194,26 @@ def test_calibrating_on_the_evaluation_images_is_refused(int8_config, tmp_path):
 
 def test_nan_activations_name_the_layer(int8_config, tmp_path):
     int8_config["model"]["kwargs"] = {"nan": True}
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max"}]
-    with pytest.raises(QDeployError, match="NaN/Inf in tensor .* \\(output of layer '.*Sqrt"):
-        api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+    int8_config["variants"] = [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max"}]
+    results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+    fp32, int8 = results["variants"]
+    assert fp32["status"] == "ok"  # one variant's failure does not stop the run
+    assert int8["status"] == "failed" and int8["failed_stage"] == "build"
+    assert re.search("NaN/Inf in tensor .* \\(output of layer '.*Sqrt", int8["reason"])
 
 
 def test_all_zero_channel_gets_a_floor_scale_not_a_division_by_zero(int8_config, tmp_path):
-    int8_config["variants"] = [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "target": "tensorrt"}]
+    int8_config["variants"] = [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt"}]
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
     v = results["variants"][1]
     assert v["status"] == "ok", v["reason"]
-    proto = onnx.load(v["quantization"]["artifact"])
+    proto = onnx.load(_artifact(tmp_path / "out", v))
     scales = np.concatenate([a.ravel() for a in _q_inputs(proto, 1)])
     assert np.all(np.isfinite(scales)) and np.all(scales > 0)
 
 
 def test_exclude_pattern_that_matches_nothing_warns(int8_config, tmp_path, capsys):
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "exclude": ["no_such_layer"]}]
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "exclude": ["no_such_layer"]}]
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert results["variants"][0]["quantization"]["unmatched_patterns"] == ["no_such_layer"]
     assert "matches no layer" in capsys.readouterr().err
@@ -215,10 +235,10 @@ def _sequential_model_config(tmp_path, layers: str, size: int, variants: list) -
 def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
     """An op kept out of the quantizer (here ConvTranspose via exclude_ops) stays float and is listed by name."""
     cfg = _sequential_model_config(
-        tmp_path, "nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten()",
-        8, [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "exclude_ops": ["ConvTranspose"]}])
+        tmp_path, "nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(4, 3, 2, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten()",
+        8, [{"engine": "onnxruntime", "precision": "int8", "method": "max", "exclude_ops": ["ConvTranspose"]}])
     summary = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")
-    st = next(iter(summary.values()))["structure"]
+    st = next(iter(summary["variants"].values()))["structure"]
     assert st["compute_ops"] == 2 and st["compute_ops_quantized"] == 1
     assert any("ConvTranspose" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
 
@@ -226,28 +246,29 @@ def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
 def test_trt_cache_that_does_not_match_the_model(int8_config, tmp_path):
     bad = tmp_path / "other.cache"
     write_trt_cache(bad, {"resnet/layer1/out": TensorRange(-1, 1, 1), "input": TensorRange(-1, 1, 1)})
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "calibration_cache": str(bad)}]
-    with pytest.raises(QDeployError, match="does not match the model: 1 of 2 tensors .*resnet/layer1/out"):
-        api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "calibration_cache": str(bad)}]
+    v = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")["variants"][0]
+    assert v["status"] == "failed" and v["failed_stage"] == "build"
+    assert re.search("does not match the model: 1 of 2 tensors .*resnet/layer1/out", v["reason"])
 
 
 def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_forced(int8_config, tiny_model_file, tmp_path, capsys):
     int8_config["model"]["source"] = f"{tiny_model_file}:branchy"
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "target": "tensorrt"}]
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt"}]
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
     v = results["variants"][0]
-    assert v["status"] == "ok" and v["quantization"]["quantizer"] == "onnxruntime-qdq"
-    assert "falling back to Q/DQ insertion" in capsys.readouterr().err
+    assert v["status"] == "ok" and v["quantization"]["quantizer"] == "onnx"
+    assert "falling back to quantizer onnx" in capsys.readouterr().err
     int8_config["variants"][0]["quantizer"] = "modelopt"
-    with pytest.raises(QDeployError, match="torch.fx cannot trace"):
-        api.run(int8_config, tmp_path / "out2", cache_dir=tmp_path / "cache")
+    v = api.run(int8_config, tmp_path / "out2", cache_dir=tmp_path / "cache")["variants"][0]
+    assert v["status"] == "failed" and v["failed_stage"] == "build" and "torch.fx cannot trace" in v["reason"]
 
 
 def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
     """EfficientNet-style static 'same' padding exports Pad with Constant-node inputs; ORT's quantizer needs their ranges."""
     cfg = _sequential_model_config(
         tmp_path, "nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)",
-        9, [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "calibrator": "max"}])
+        9, [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max"}])
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert results["variants"][1]["status"] == "ok", results["variants"][1]["reason"]
     assert results["variants"][1]["quantization"]["structure"]["compute_ops_quantized"] == 2
@@ -258,7 +279,7 @@ def test_quantize_cli_command(int8_config, tmp_path, capsys):
 
     from qdeploy.cli import main
 
-    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "calibrator": "max", "target": "tensorrt"}]
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt"}]
     cfg = tmp_path / "q.yaml"
     cfg.write_text(yaml.safe_dump(int8_config))
     assert main(["quantize", str(cfg), "--out", str(tmp_path / "q"), "--cache-dir", str(tmp_path / "cache")]) == 0
@@ -272,12 +293,12 @@ def test_quantize_cli_command(int8_config, tmp_path, capsys):
 
 
 def test_modelopt_histogram_methods_share_one_statistics_pass(int8_config, tmp_path):
-    trt = {"engine": "onnxruntime", "precision": "int8", "target": "tensorrt", "quantizer": "modelopt"}
-    int8_config["variants"] = [{**trt, "calibrator": "entropy"}, {**trt, "calibrator": "mse"}]
+    trt = {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "modelopt"}
+    int8_config["variants"] = [{**trt, "method": "entropy"}, {**trt, "method": "mse"}]
     shared = api.run(int8_config, tmp_path / "a", cache_dir=tmp_path / "cache-a")
     first, second = (v["quantization"] for v in shared["variants"])
     assert first["shared_statistics"] is False and second["shared_statistics"] is True
-    int8_config["variants"] = [{**trt, "calibrator": "mse"}]
+    int8_config["variants"] = [{**trt, "method": "mse"}]
     alone = api.run(int8_config, tmp_path / "b", cache_dir=tmp_path / "cache-b")["variants"][0]["quantization"]
     assert alone["shared_statistics"] is False
     import json

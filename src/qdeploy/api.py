@@ -1,19 +1,25 @@
 """Python API mirroring the CLI: ``qdeploy.api.run(config, out_dir)`` does what ``qdeploy run`` does.
 
 Each stage is also usable on its own: ``build_torch_model``, ``export_onnx``, ``make_batches``,
-``create_engine``, ``evaluate``, ``benchmark``, ``write_reports``.
+``quantize`` (with an ``Int8Config``), ``Builder``, ``create_engine``, ``evaluate``, ``benchmark``,
+``write_reports``; ``open_run`` + ``run_variant`` run single variants programmatically.
 """
 from qdeploy.benchmark import benchmark
-from qdeploy.config import RunConfig, load_config, parse_config
+from qdeploy.build import Artifact, ArtifactKind, ArtifactRequest, Builder
+from qdeploy.config import Int8Config, RunConfig, VariantSpec, load_config, parse_config
 from qdeploy.data import make_batches, normalize
-from qdeploy.engines import create_engine
+from qdeploy.engines import ENGINES, create_engine, engine_table, resolve_variants
 from qdeploy.evaluate import evaluate
 from qdeploy.export import export_onnx
-from qdeploy.models import ModelArtifacts, build_torch_model
-from qdeploy.pipeline import export, quantize, run
-from qdeploy.report import write_reports
+from qdeploy.models import build_torch_model
+from qdeploy.pipeline import build_variant, export, open_run, quantize, run, run_variant
+from qdeploy.quantize import QUANTIZERS, QuantizeInputs
+from qdeploy.quantize import quantize as quantize_onnx_model
+from qdeploy.report import recommend, write_reports
 
 __all__ = [
-    "RunConfig", "load_config", "parse_config", "run", "export", "quantize", "build_torch_model", "export_onnx", "ModelArtifacts",
-    "make_batches", "normalize", "create_engine", "evaluate", "benchmark", "write_reports",
+    "ENGINES", "QUANTIZERS", "Artifact", "ArtifactKind", "ArtifactRequest", "Builder", "Int8Config", "QuantizeInputs", "RunConfig",
+    "VariantSpec", "benchmark", "build_torch_model", "build_variant", "create_engine", "engine_table", "evaluate", "export",
+    "export_onnx", "load_config", "make_batches", "normalize", "open_run", "parse_config", "quantize", "quantize_onnx_model",
+    "recommend", "resolve_variants", "run", "run_variant", "write_reports",
 ]

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from qdeploy import __version__
 from qdeploy.errors import QDeployError
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def _add_common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
@@ -62,19 +65,23 @@ def _cmd_run(args, stages) -> int:
     if getattr(args, "iterations", None):
         cfg.bench.iterations = args.iterations
     results = api.run(cfg, args.out, stages=stages, only=args.variant, cache_dir=args.cache_dir)
-    return 0 if any(v["status"] == "ok" for v in results["variants"]) else 1
+    return 0 if any(v["status"] in ("ok", "degraded") for v in results["variants"]) else 1
 
 
 def _cmd_doctor(args) -> int:
-    from qdeploy.sysinfo import engine_support, environment
-
-    env, rows = environment(), engine_support()
-    if args.json:
-        print(json.dumps({"environment": env, "engines": rows}, indent=2))
-        return 0
     from rich.console import Console
     from rich.table import Table
 
+    from qdeploy.engines import engine_table
+    from qdeploy.quantize import QUANTIZERS
+    from qdeploy.sysinfo import environment
+
+    env, rows = environment(), engine_table()
+    trt = _tensorrt_line()
+    quantizers = {name: q.description for name, q in QUANTIZERS.items()}
+    if args.json:
+        print(json.dumps({"environment": env, "engines": rows, "quantizers": quantizers, "tensorrt": trt}, indent=2))
+        return 0
     console = Console()
     console.print(f"qdeploy {__version__} — python {env['python']} on {env['platform']}")
     console.print(f"CPU: {env['cpu']} ({env['cpu_count']} cores; {' '.join(env['cpu_flags']) or 'no AVX2/VNNI flags seen'})")
@@ -82,9 +89,20 @@ def _cmd_doctor(args) -> int:
     console.print("versions: " + ", ".join(f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime", "numpy", "timm") if env.get(k)))
     table = Table("engine", "device", "precisions", "usable", "note")
     for r in rows:
-        table.add_row(r["engine"], r["device"], r["precisions"], "[green]yes[/green]" if r["usable"] else "[red]no[/red]", r["note"])
+        table.add_row(r["engine"], r["device"], " ".join(r["precisions"]), "[green]yes[/green]" if r["usable"] else "[red]no[/red]", r["note"])
     console.print(table)
+    console.print("quantizers (int8 variants' quantizer:, auto picks): " + "; ".join(f"{k}: {v}" for k, v in quantizers.items()))
+    console.print(f"tensorrt: {trt}")
     return 0
+
+
+def _tensorrt_line() -> str:
+    """TensorRT is not an engine yet: say so, and whether it is importable here."""
+    import importlib.util
+
+    found = importlib.util.find_spec("tensorrt") is not None
+    return ("tensorrt is importable, but qdeploy has no TensorRT engine yet" if found else
+            "TensorRT is not installed (its PyPI packages download from NVIDIA's index); qdeploy has no TensorRT engine yet")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,28 +121,34 @@ def main(argv: list[str] | None = None) -> int:
             from qdeploy import api
 
             summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
-            print(f"wrote {summary['copied_to']} (opset {summary['opset']}, {summary['exporter']} exporter, {summary['size_mb']:.2f} MB)")
+            print(f"wrote {summary['copied_to']} ({summary['produced_by']}, {summary['size_mb']:.2f} MB)")
             return 0
         if args.command == "quantize":
             from qdeploy import api
 
             summary = api.quantize(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
-            for name, info in summary.items():
+            failed = 0
+            for name, info in summary["variants"].items():
+                if info["status"] != "ok":
+                    failed += 1
+                    print(f"{name}: {info['status']} at {info['failed_stage']}: {info['reason']}")
+                    continue
                 st = info["structure"]
-                print(f"{name}: {info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
+                print(f"{name}: {summary['out']}/{info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
                       f"{st['residual_adds_quantized']}/{st['residual_adds']} residual Adds quantized")
-            return 0
+            return 1 if failed == len(summary["variants"]) else 0
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "demo":
             from qdeploy.demo import run_demo
 
             results = run_demo(args.out, cache_dir=args.cache_dir)
-            return 0 if any(v["status"] == "ok" for v in results["variants"]) else 1
+            return 0 if any(v["status"] in ("ok", "degraded") for v in results["variants"]) else 1
     except QDeployError as e:
         if args.debug:
             raise
-        print(f"qdeploy: error: {e}", file=sys.stderr)
+        message = str(e) if sys.stderr.isatty() else _ANSI.sub("", str(e))
+        print(f"qdeploy: error: {message}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("qdeploy: interrupted", file=sys.stderr)

@@ -59,35 +59,3 @@ def environment() -> dict:
         env["cudnn"] = torch.backends.cudnn.version()
         env["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     return env
-
-
-def engine_support() -> list[dict]:
-    """One row per engine/provider: usable here or not, and why."""
-    import torch
-
-    rows = []
-    cuda = torch.cuda.is_available()
-    rows.append({"engine": "torch", "device": "cpu", "precisions": "fp32", "usable": True, "note": f"{torch.get_num_threads()} threads"})
-    rows.append({
-        "engine": "torch", "device": "cuda", "precisions": "fp32 fp16 bf16", "usable": cuda,
-        "note": torch.cuda.get_device_name() if cuda else "torch.cuda.is_available() is False (no GPU or driver)",
-    })
-    try:
-        import onnxruntime as ort
-
-        providers = ort.get_available_providers()
-        rows.append({"engine": "onnxruntime", "device": "cpu", "precisions": "fp32", "usable": True, "note": f"onnxruntime {ort.__version__}"})
-        has_cuda_ep = "CUDAExecutionProvider" in providers
-        rows.append({
-            "engine": "onnxruntime", "device": "cuda", "precisions": "fp32 fp16", "usable": has_cuda_ep,
-            "note": "CUDAExecutionProvider" if has_cuda_ep else f"this onnxruntime build has only {providers} (install onnxruntime-gpu)",
-        })
-    except ImportError as e:
-        rows.append({"engine": "onnxruntime", "device": "cpu", "precisions": "-", "usable": False, "note": str(e)})
-    trt = _version("tensorrt")
-    rows.append({
-        "engine": "tensorrt", "device": "cuda", "precisions": "-", "usable": False,
-        "note": f"tensorrt {trt} is importable, but qdeploy has no TensorRT engine yet" if trt
-        else "TensorRT is not installed (its PyPI packages download from NVIDIA's index); no TensorRT engine is available",
-    })
-    return rows

@@ -32,6 +32,7 @@ from qdeploy.quantize import QuantizeInputs, quantize
 from qdeploy.utils.atomic import write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_file, sha256_json, source_fingerprint
+from qdeploy.utils.log import log
 
 # Code that shapes an INT8 artifact: a cached one built by other code is stale.
 _QUANTIZE_CODE = Path(qdeploy.__file__).parent / "quantize"
@@ -124,7 +125,9 @@ class Builder:
         fingerprint = sha256_json({"fp32": fp32.fingerprint, "onnxruntime": ort.__version__, "qdeploy": __version__})
         path, meta = self._cached(ArtifactKind.ONNX_FP16, fingerprint)
         hit = path.is_file() and meta.is_file()
-        if not hit:
+        if hit:
+            log(f"build: cache hit {path}")
+        else:
             convert_fp16(fp32.path, path)
             write_json(meta, {"fingerprint": fingerprint})
         return Artifact(ArtifactKind.ONNX_FP16, fingerprint, "onnxruntime float16 conversion (FP32 inputs/outputs kept)",
@@ -152,6 +155,7 @@ class Builder:
         if path.is_file() and meta.is_file() and trt_cache.is_file():
             stored = json.loads(meta.read_text())
             info, produced_by, hit = stored["info"], stored["produced_by"], True
+            log(f"build: cache hit {path} ({produced_by})")
         else:
             inputs = QuantizeInputs(
                 fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from qdeploy.utils.atomic import atomic_path, write_json
+from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import log
 
 DEMO_VERSION = 1
@@ -94,11 +94,15 @@ def train(data_root: Path, weights: Path, epochs: int = 30) -> dict:
 def demo_config(data_root: Path, weights: Path) -> dict:
     return {
         "model": {"source": "qdeploy.demo.model:digits_cnn", "weights": str(weights), "task": "classification", "preprocess": PREPROCESS},
-        "data": {"eval": {"format": "imagefolder", "root": str(data_root / "test"), "batch_size": 64, "workers": 0}},
+        "data": {"eval": {"format": "imagefolder", "root": str(data_root / "test"), "batch_size": 64, "workers": 0},
+                 # the training split: disjoint from the evaluation images, as calibration data must be
+                 "calibration": {"format": "imagefolder", "root": str(data_root / "train"), "count": 256, "seed": 0, "workers": 0}},
         "variants": [
             {"engine": "torch", "precision": "fp32"},
             {"engine": "torch", "precision": "fp32", "channels_last": True},
             {"engine": "onnxruntime", "precision": "fp32"},
+            {"engine": "onnxruntime", "precision": "int8", "method": "entropy"},                      # ONNX Runtime INT8 kernels
+            {"engine": "onnxruntime", "precision": "int8", "method": "percentile", "placement": "tensorrt"},  # TensorRT Q/DQ
             {"engine": "torch", "precision": "fp16"},
             {"engine": "onnxruntime", "precision": "fp16"},
         ],
@@ -107,11 +111,9 @@ def demo_config(data_root: Path, weights: Path) -> dict:
 
 
 def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None) -> dict:
-    from qdeploy.export.onnx import default_cache_dir
     from qdeploy.pipeline import run
-    from qdeploy.utils.atomic import ensure_writable_dir
+    from qdeploy.utils.cache import default_cache_dir
 
-    out_dir = ensure_writable_dir(out_dir)
     cache_dir = Path(cache_dir or default_cache_dir()) / "demo"
     cache_dir.mkdir(parents=True, exist_ok=True)
     data_root = prepare_data(cache_dir)
@@ -122,9 +124,4 @@ def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None
     else:
         info = train(data_root, weights)
         log(f"demo: trained on {info['train_samples']} images, train top-1 {100 * info['train_top1']:.2f}%")
-    config = demo_config(data_root, weights)
-    import yaml
-
-    with atomic_path(Path(out_dir) / "config.yaml") as tmp:
-        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-    return run(config, out_dir, cache_dir=cache_dir.parent)
+    return run(demo_config(data_root, weights), out_dir, cache_dir=cache_dir.parent)  # the run writes its config.yaml
