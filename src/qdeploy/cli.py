@@ -1,5 +1,8 @@
 """``qdeploy`` command line: a thin layer over :mod:`qdeploy.api`.
 
+Stage modules are imported inside the commands on purpose: they pull in torch and ONNX Runtime
+(seconds), which ``qdeploy --help`` and argument errors should not wait for.
+
 User errors (bad config, missing files, corrupt images...) print one line and exit with code 2;
 ``--debug`` shows the traceback as well.
 """

@@ -7,6 +7,8 @@ import platform
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 
 def cpu_model() -> str:
     try:
@@ -37,8 +39,6 @@ def _version(module: str) -> Optional[str]:
 
 
 def environment() -> dict:
-    import torch
-
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
 
+from qdeploy.config import DatasetSpec, Preprocess
+from qdeploy.data import make_batches, normalize
+from qdeploy.demo.model import digits_cnn
+from qdeploy.pipeline import run
 from qdeploy.utils.atomic import atomic_path
-from qdeploy.utils.log import log
+from qdeploy.utils.cache import default_cache_dir
+from qdeploy.utils.log import log, progress
 
 DEMO_VERSION = 1
 SEED = 0
@@ -23,8 +31,6 @@ PREPROCESS = {"input_size": [16, 16], "resize": [16, 16], "mode": "L", "mean": [
 
 def _write_digits(root: Path) -> None:
     """Split the digits 80/20 (seeded, stratified by shuffling) into root/{train,test}/<digit>/<i>.png."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = np.clip(digits.images * 16, 0, 255).astype(np.uint8)  # 0..16 → 0..255 gray levels
@@ -48,11 +54,6 @@ def prepare_data(cache_dir: Path) -> Path:
 
 
 def train(data_root: Path, weights: Path, epochs: int = 30) -> dict:
-    import torch
-
-    from qdeploy.config import DatasetSpec, Preprocess
-    from qdeploy.data import make_batches, normalize
-    from qdeploy.demo.model import digits_cnn
 
     torch.manual_seed(SEED)
     pre = Preprocess(**PREPROCESS)
@@ -67,7 +68,6 @@ def train(data_root: Path, weights: Path, epochs: int = 30) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=epochs * (-(-len(x) // 64)))
     gen = torch.Generator().manual_seed(SEED)
-    from qdeploy.utils.log import progress
 
     model.train()
     with progress("demo: train CNN", epochs) as advance:
@@ -111,8 +111,6 @@ def demo_config(data_root: Path, weights: Path) -> dict:
 
 
 def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None) -> dict:
-    from qdeploy.pipeline import run
-    from qdeploy.utils.cache import default_cache_dir
 
     cache_dir = Path(cache_dir or default_cache_dir()) / "demo"
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import psutil
+import torch
 
 _MB = 2**20
 
@@ -51,8 +52,6 @@ class MemoryProbe:
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         if self.cuda:
-            import torch
-
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self._gpu_base = torch.cuda.memory_allocated() / _MB
@@ -69,8 +68,6 @@ class MemoryProbe:
             self._thread.join()
         self.peak = (_vm_hwm_mb() if self._hwm else self._sampled_peak) or 0.0
         if self.cuda:
-            import torch
-
             torch.cuda.synchronize()
             self.gpu_allocated_peak = torch.cuda.max_memory_allocated() / _MB
             self.gpu_reserved_peak = torch.cuda.max_memory_reserved() / _MB

@@ -1,0 +1,143 @@
+"""The build stage, the quantizer registry and the engines, each used directly (no api.run)."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_image_folder
+from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
+from qdeploy.config import Int8Config, VariantSpec, parse_config
+from qdeploy.data import make_batches, normalize
+from qdeploy.engines import ENGINES, create_engine, resolve_variant
+from qdeploy.errors import QDeployError, VariantUnavailable
+from qdeploy.quantize import NotApplicable, candidates, qdq_structure
+from qdeploy.quantize.modelopt_quantizer import module_of_node
+
+
+@pytest.fixture
+def res_setup(tiny_model_file, tmp_path):
+    evalset = write_image_folder(tmp_path / "eval", per_class=4, size=(16, 16), seed=1)
+    calib = write_image_folder(tmp_path / "calib", per_class=6, size=(16, 16), seed=2)
+    cfg = parse_config({
+        "model": {"source": f"{tiny_model_file}:tiny_res", "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+        "data": {"eval": {"root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
+    })
+    pre = cfg.model.preprocess
+    eval_batches = make_batches(cfg.data.eval, pre, "classification", progress=False)
+    calibration = make_batches(cfg.data.calibration, pre, "classification", progress=False)
+
+    def builder(cache="cache"):
+        return Builder(cfg, tmp_path / cache, calibration, check_inputs=lambda: normalize(eval_batches.first(4)[0], pre))
+
+    return cfg, builder, normalize(eval_batches.first(6)[0], pre)
+
+
+def test_builder_makes_each_artifact_once_and_caches_by_fingerprint(res_setup):
+    cfg, builder, _ = res_setup
+    b = builder()
+    fp32 = b.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+    assert fp32.path.is_file() and fp32.info["verify"]["passed"] and fp32.inputs[0].startswith("pytorch:")
+    assert b.build(ArtifactRequest(ArtifactKind.ONNX_FP32)) is fp32  # memoised within the run
+    int8 = b.build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", quantizer="onnx")))
+    assert int8.cache_hit is False and int8.inputs[0] == fp32.ref
+    assert [c.kind for c in int8.companions] == [ArtifactKind.TRT_CALIBRATION_CACHE] and int8.companions[0].path.is_file()
+    assert int8.info["structure"]["residual_adds_quantized"] == 1
+    # a new run with the same cache: nothing is calibrated again
+    again = builder().build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", quantizer="onnx")))
+    assert again.cache_hit is True and again.fingerprint == int8.fingerprint and again.info["structure"] == int8.info["structure"]
+    # any setting that shapes the artifact changes its fingerprint
+    other = builder().build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="percentile", placement="tensorrt", quantizer="onnx")))
+    assert other.fingerprint != int8.fingerprint and other.path != int8.path
+    fp16 = b.build(ArtifactRequest(ArtifactKind.ONNX_FP16))
+    assert fp16.path.is_file() and fp16.inputs == [fp32.ref]
+
+
+def test_quantizer_registry_resolves_auto_and_refuses_what_cannot_work():
+    names = lambda cfg, torch_model: [q.name for q in candidates(cfg, torch_model)]  # noqa: E731
+    assert names(Int8Config(placement="tensorrt"), True) == ["modelopt", "onnx"]  # ModelOpt first, ONNX as fallback
+    assert names(Int8Config(placement="tensorrt"), False) == ["onnx"]  # ONNX-only model
+    assert names(Int8Config(placement="onnxruntime"), True) == ["onnx"]
+    assert names(Int8Config(placement="tensorrt", exclude_ops=["Gemm"]), True) == ["onnx"]
+    with pytest.raises(NotApplicable, match="needs a PyTorch model"):
+        candidates(Int8Config(placement="tensorrt", quantizer="modelopt"), False)
+    with pytest.raises(QDeployError, match="unknown quantizer 'nncf'"):
+        candidates(Int8Config(quantizer="nncf"), True)
+
+
+def test_exclude_means_onnx_node_names_for_modelopt_too(res_setup):
+    cfg, builder, _ = res_setup
+    assert module_of_node("/model/layer1/layer1.0/conv1/Conv") == "layer1.0.conv1"
+    assert module_of_node("/model/conv2/Conv") == "conv2"
+    b = builder()
+    fp32 = b.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+    conv2 = next(n.name for n in __import__("onnx").load(str(fp32.path)).graph.node if "conv2" in n.name)
+    art = b.build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", exclude=["conv2/Conv$"])))
+    assert art.info["quantizer"] == "modelopt" and art.info["excluded_nodes"] == [conv2]
+    assert art.info["excluded_by_user"] == ["conv2"]
+    st = qdq_structure(art.path)
+    assert st["compute_ops_quantized"] == 2 and any("conv2" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
+
+
+def _variant(**spec):
+    return resolve_variant(VariantSpec.model_validate(spec), 0)
+
+
+def test_engines_load_only_built_artifacts_and_agree(res_setup):
+    cfg, builder, x = res_setup
+    b = builder()
+    outputs = {}
+    for spec in ({"engine": "torch"}, {"engine": "onnxruntime"}, {"engine": "onnxruntime", "graph_optimization": "disable"}):
+        v = _variant(**spec)
+        v.engine.check(v, has_torch=True)
+        engine = create_engine(v, b.build(v.artifact_request()))
+        engine.load()
+        outputs[v.label] = engine.infer(x)
+        step = engine.prepare_timed(x[:2])
+        step()
+        d = engine.describe()
+        assert d["device"] == "cpu"
+        engine.close()
+    ref = outputs["torch-fp32"]
+    assert ref.shape == (6, 3)
+    for label, out in outputs.items():
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=label)
+    assert "onnxruntime-fp32-opt-disable" in outputs
+
+
+def test_int8_engine_runs_the_quantized_artifact(res_setup):
+    _, builder, x = res_setup
+    b = builder()
+    v = _variant(engine="onnxruntime", precision="int8", method="max")
+    art = b.build(v.artifact_request())
+    assert art.kind == ArtifactKind.ONNX_INT8
+    engine = create_engine(v, art)
+    engine.load()
+    out = engine.infer(x)
+    ref = create_engine(_variant(engine="onnxruntime"), b.build(ArtifactRequest(ArtifactKind.ONNX_FP32)))
+    ref.load()
+    assert (out.argmax(1) == ref.infer(x).argmax(1)).mean() >= 0.5
+    assert v.engine.speed_is_deployment(v) and "ONNX Runtime-placement" in v.engine.note(v)
+    trt = _variant(engine="onnxruntime", precision="int8", placement="tensorrt")
+    assert not trt.engine.speed_is_deployment(trt) and "simulated" in trt.engine.note(trt)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine refuses")
+def test_engines_say_what_this_machine_cannot_run():
+    with pytest.raises(VariantUnavailable, match="FP16 in PyTorch needs a CUDA GPU"):
+        v = _variant(engine="torch", precision="fp16")
+        v.engine.check(v, has_torch=True)
+    with pytest.raises(VariantUnavailable, match="CUDA graphs need a CUDA GPU"):
+        v = _variant(engine="torch", cuda_graphs=True)
+        v.engine.check(v, has_torch=True)
+    with pytest.raises(VariantUnavailable, match="FP16 in ONNX Runtime needs a GPU"):
+        v = _variant(engine="onnxruntime", precision="fp16")
+        v.engine.check(v, has_torch=True)
+    with pytest.raises(VariantUnavailable, match="ONNX-only"):
+        v = _variant(engine="torch")
+        v.engine.check(v, has_torch=False)
+
+
+def test_capability_table_drives_probe_rows():
+    for name, cls in ENGINES.items():
+        rows = cls.probe()
+        assert rows and all(r["engine"] == name and set(r["precisions"]) <= set(cls.precisions) for r in rows)
+        assert {r["device"] for r in rows} == set(cls.devices)
