@@ -5,17 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test smoke setup clean
+.PHONY: demo test setup clean
 
 demo: $(STAMP)
 	$(VENV)/bin/qdeploy demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -ra
-
-# INT8 with all four methods on a tiny model, from the installed package (what .ci/run does after a plain install)
-smoke: $(STAMP)
-	cd /tmp && $(CURDIR)/$(VENV)/bin/python $(CURDIR)/bench/smoke_plain_install.py
 
 setup: $(STAMP)
 

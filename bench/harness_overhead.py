@@ -24,9 +24,9 @@ import torch
 import torchvision
 
 from qdeploy.benchmark import benchmark
-from qdeploy.config import ExportSpec, ModelSpec, VariantSpec
-from qdeploy.engines import create_engine
-from qdeploy.models import ModelArtifacts
+from qdeploy.build import Builder
+from qdeploy.config import RunConfig, VariantSpec
+from qdeploy.engines import create_engine, resolve_variant
 
 
 def bare_loop(model, bs: int, iters: int, warmup: int, channels_last: bool) -> dict:
@@ -62,8 +62,10 @@ def bare_loop(model, bs: int, iters: int, warmup: int, channels_last: bool) -> d
 
 
 def qdeploy_variant(variant: VariantSpec, bs_list, iters, warmup) -> dict:
-    spec = ModelSpec(source="torchvision:resnet50", kwargs={"weights": None}, preprocess={"input_size": [224, 224]})
-    engine = create_engine(variant, ModelArtifacts(spec, ExportSpec()))
+    cfg = RunConfig.model_validate({"model": {"source": "torchvision:resnet50", "kwargs": {"weights": None},
+                                              "preprocess": {"input_size": [224, 224]}}, "data": {"eval": {"root": "."}}})
+    resolved = resolve_variant(variant, 0)
+    engine = create_engine(resolved, Builder(cfg).build(resolved.artifact_request()))
     t0 = time.perf_counter()
     engine.load()
     images = np.random.default_rng(0).standard_normal((max(bs_list), 3, 224, 224)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""INT8 accuracy of every calibrator × target on full test sets, and CPU INT8 speed (2 threads).
+"""INT8 accuracy of every range method × placement on full test sets, and CPU INT8 speed (2 threads).
 
     python bench/int8_accuracy.py resnet20 resnet32 resnet44 camvid efficientnet --out runs/int8
 
@@ -50,16 +50,16 @@ def main() -> None:
     for name in args.models:
         cfg = config_for(name)
         groups = args.groups.split(",")
-        kinds = {"onnxruntime": {"target": "onnxruntime"}, "tensorrt-modelopt": {"target": "tensorrt", "quantizer": "modelopt"},
-                 "tensorrt-onnx": {"target": "tensorrt", "quantizer": "onnx"}}
+        kinds = {"onnxruntime": {"placement": "onnxruntime"}, "tensorrt-modelopt": {"placement": "tensorrt", "quantizer": "modelopt"},
+                 "tensorrt-onnx": {"placement": "tensorrt", "quantizer": "onnx"}}
         cfg.variants = [VariantSpec(engine="onnxruntime", precision="fp32", threads=2)] + [
-            VariantSpec(engine="onnxruntime", precision="int8", calibrator=c, threads=2, **kinds[g])
+            VariantSpec(engine="onnxruntime", precision="int8", method=c, threads=2, **kinds[g])
             for g in groups for c in CALIBRATORS]
         cfg.bench.enabled = False
         results = api.run(cfg, Path(args.out) / name)
         speed = {}
         if not args.no_bench:
-            cfg.variants = [cfg.variants[0], VariantSpec(engine="onnxruntime", precision="int8", calibrator="entropy", threads=2)]
+            cfg.variants = [cfg.variants[0], VariantSpec(engine="onnxruntime", precision="int8", method="entropy", threads=2)]
             cfg.bench.enabled, cfg.eval.enabled = True, False
             cfg.bench.batch_sizes, cfg.bench.iterations, cfg.bench.warmup = [1, 8], 50, 10
             b = api.run(cfg, Path(args.out) / f"{name}-speed", stages=("bench",))

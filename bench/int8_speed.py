@@ -34,8 +34,8 @@ def main() -> None:
             cfg.data.calibration = cfg.data.eval.model_copy(update={"split": "train", "count": 512, "seed": 0, "batch_size": 4})
         cal = "max" if name == "resnet18" else "entropy"
         cfg.variants = [VariantSpec(engine="onnxruntime", threads=2),
-                        VariantSpec(engine="onnxruntime", precision="int8", calibrator=cal, threads=2),
-                        VariantSpec(engine="onnxruntime", precision="int8", calibrator=cal, target="tensorrt", threads=2)]
+                        VariantSpec(engine="onnxruntime", precision="int8", method=cal, threads=2),
+                        VariantSpec(engine="onnxruntime", precision="int8", method=cal, placement="tensorrt", threads=2)]
         cfg.eval.enabled = False
         cfg.bench.batch_sizes, cfg.bench.iterations, cfg.bench.warmup = [1, 8], args.iterations, 10
         r = api.run(cfg, Path(args.out) / name, stages=("bench",))

@@ -67,8 +67,8 @@ def test_cifar10_resnet20_int8_keeps_accuracy(tmp_path):
     shared_path("data", "cifar10", "train")
     cfg = load_config(REPO / "examples" / "cifar10_resnet20.yaml")
     cfg.variants = [VariantSpec(engine="onnxruntime"),
-                    VariantSpec(engine="onnxruntime", precision="int8", calibrator="entropy"),
-                    VariantSpec(engine="onnxruntime", precision="int8", calibrator="entropy", target="tensorrt")]
+                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy"),
+                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy", placement="tensorrt")]
     cfg.bench.enabled = False
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     fp32, ort8, trt8 = results["variants"]
