@@ -85,7 +85,8 @@ def test_engines_load_only_built_artifacts_and_agree(res_setup):
     cfg, builder, x = res_setup
     b = builder()
     outputs = {}
-    for spec in ({"engine": "torch"}, {"engine": "onnxruntime"}, {"engine": "onnxruntime", "graph_optimization": "disable"}):
+    for spec in ({"engine": "torch", "device": "cpu"}, {"engine": "onnxruntime", "device": "cpu"},
+                 {"engine": "onnxruntime", "device": "cpu", "graph_optimization": "disable"}):
         v = _variant(**spec)
         v.engine.check(v, has_torch=True)
         engine = create_engine(v, b.build(v.artifact_request()))
@@ -96,11 +97,11 @@ def test_engines_load_only_built_artifacts_and_agree(res_setup):
         d = engine.describe()
         assert d["device"] == "cpu"
         engine.close()
-    ref = outputs["torch-fp32"]
+    ref = outputs["torch-fp32-cpu"]
     assert ref.shape == (6, 3)
     for label, out in outputs.items():
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=label)
-    assert "onnxruntime-fp32-opt-disable" in outputs
+    assert "onnxruntime-fp32-cpu-opt-disable" in outputs
 
 
 def test_int8_engine_runs_the_quantized_artifact(res_setup):

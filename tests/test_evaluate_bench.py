@@ -64,9 +64,14 @@ def test_latency_stats_and_fill_batch():
 
 
 def test_memory_probe_sees_a_real_allocation():
+    import mmap
+
     with MemoryProbe() as probe:
-        block = np.ones(64 * 2**20 // 8)  # 64 MiB touched
-        del block
+        # fresh pages from the OS: a malloc'ed block could reuse heap memory that is already resident
+        block = mmap.mmap(-1, 64 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1  # touch every page: 64 MiB resident
+        block.close()
     r = probe.result()
     assert r["rss_delta"] >= 50, r
     assert r["rss_peak"] >= r["rss_delta"]
