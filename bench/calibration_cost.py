@@ -5,7 +5,14 @@ in memory as one float32 array, so image decoding is not timed for anyone), same
 measurement runs in a fresh subprocess so its peak RSS (VmHWM) is its own; "Δ peak" is the peak minus
 the RSS after the images were loaded.
 
-    python bench/calibration_cost.py --config examples/cifar10_resnet20.yaml [--count 512] [--out results.json]
+    python bench/calibration_cost.py --config examples/cifar10_resnet20.yaml [--count 512] [--repeats 3] [--out results.json]
+    python bench/calibration_cost.py --model efficientnet_b0_48 --repeats 3      # ../shared/models/cifar10-dev
+    python bench/calibration_cost.py --model mobilenet_v3_large_64 --repeats 3
+
+``--model`` runs the squeeze-excitation models of ``../shared/models/cifar10-dev`` (the model class whose
+activation histograms grow to millions of bins); calibration images: ``--count`` seeded images of
+``../shared/data/cifar10/train``. ``--repeats`` runs every measurement that many times (fresh processes)
+and reports the median time.
 """
 from __future__ import annotations
 
@@ -18,6 +25,27 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CIFAR10_DEV = {  # file stem -> (torchvision architecture, input size)
+    "efficientnet_b0_48": ("efficientnet_b0", 48),
+    "mobilenet_v3_large_64": ("mobilenet_v3_large", 64),
+}
+
+
+def cifar10_dev_config(name: str, count: int) -> dict:
+    """Config of a ../shared/models/cifar10-dev model (see its README), calibrating on cifar10/train."""
+    arch, size = CIFAR10_DEV[name]
+    shared = REPO.parent / "shared"
+    return {
+        "model": {"source": f"torchvision:{arch}", "kwargs": {"num_classes": 10},
+                  "weights": str(shared / "models" / "cifar10-dev" / f"{name}.pt"),
+                  "preprocess": {"input_size": [size, size], "resize": [size, size],
+                                 "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}},
+        "data": {"eval": {"root": str(shared / "data" / "cifar10" / "test")},
+                 "calibration": {"root": str(shared / "data" / "cifar10" / "train"), "count": count, "seed": 0}},
+        "variants": [{"engine": "onnxruntime"}],
+    }
 
 
 def _hwm_mb() -> float:
@@ -36,13 +64,12 @@ def _rss_mb() -> float:
 
 def worker(kind: str, onnx_path: str, data_path: str, batch: int) -> dict:
     data = np.load(data_path)
-    # imports are not timed (qdeploy's process has torch loaded anyway; importing modelopt costs ~4 s once)
+    # imports are not timed
     if kind.startswith("ort-"):
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     else:
         import onnx
-        import torch  # noqa: F401
-        from modelopt.torch.quantization.calib import HistogramCalibrator  # noqa: F401
+        import torch  # noqa: F401  (qdeploy's process has torch loaded anyway)
 
         from qdeploy.quantize.collect import collect_activation_stats
         from qdeploy.quantize.qdq import tensors_to_calibrate
@@ -83,9 +110,25 @@ def worker(kind: str, onnx_path: str, data_path: str, batch: int) -> dict:
     return {"kind": kind, "time_s": time.perf_counter() - t0, "peak_mb": _hwm_mb(), "delta_peak_mb": _hwm_mb() - base, **extra}
 
 
+def _median_row(runs: list) -> dict:
+    """One row per measurement: the median of every timing over the repeats (peak memory: the median too)."""
+    if "error" in runs[0]:
+        return runs[0]
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            row[key] = float(np.median([r[key] for r in runs]))
+    row["runs"] = len(runs)
+    row["time_s_all"] = [r["time_s"] for r in runs]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="examples/cifar10_resnet20.yaml")
+    ap.add_argument("--model", choices=sorted(CIFAR10_DEV), help="a cifar10-dev model from ../shared instead of --config")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per measurement; the median time is reported")
+    ap.add_argument("--kinds", default=None, help="comma-separated subset of the measurements")
     ap.add_argument("--count", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--out", default=None)
@@ -99,22 +142,29 @@ def main() -> None:
     from qdeploy.data import make_batches, normalize
     from qdeploy.models import ModelArtifacts
 
-    cfg = api.load_config(args.config)
+    cfg = api.parse_config(cifar10_dev_config(args.model, args.count)) if args.model else api.load_config(args.config)
     calib_spec = cfg.data.calibration.model_copy(update={"count": args.count})
     batches = make_batches(calib_spec, cfg.model.preprocess, cfg.model.task)
     data = np.concatenate([normalize(x, cfg.model.preprocess) for x, _ in batches])
-    onnx_path = ModelArtifacts(cfg.model, cfg.export).onnx().path
     rows = []
+    kinds = args.kinds.split(",") if args.kinds else ["ort-minmax", "ort-entropy", "ort-percentile", "qdeploy-max",
+                                                       "qdeploy-hist-tensorrt", "qdeploy-hist-onnxruntime"]
+    onnx_path = ModelArtifacts(cfg.model, cfg.export).onnx().path
     with tempfile.TemporaryDirectory() as d:
         np.save(f"{d}/calib.npy", data)
-        for kind in ("ort-minmax", "ort-entropy", "ort-percentile", "qdeploy-max", "qdeploy-hist-tensorrt", "qdeploy-hist-onnxruntime"):
-            p = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--worker", kind, str(onnx_path), f"{d}/calib.npy"],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                rows.append({"kind": kind, "error": p.stderr.strip().splitlines()[-1]})
-                continue
-            rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    print(f"{cfg.model.source}: {len(data)} calibration images, batch {args.batch}")
+        runs = {kind: [] for kind in kinds}
+        for _ in range(args.repeats):  # round robin, so that a drift in machine load hits every tool alike
+            for kind in kinds:
+                if runs[kind] and "error" in runs[kind][0]:
+                    continue
+                p = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--worker", kind, str(onnx_path), f"{d}/calib.npy"],
+                                   capture_output=True, text=True)
+                if p.returncode != 0:
+                    runs[kind] = [{"kind": kind, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}]
+                    continue
+                runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+        rows = [_median_row(runs[kind]) for kind in kinds]
+    print(f"{cfg.model.source}: {len(data)} calibration images, batch {args.batch}, median of {args.repeats} run(s)")
     for r in rows:
         if "error" in r:
             print(f"  {r['kind']:<15} failed: {r['error']}")
@@ -126,7 +176,8 @@ def main() -> None:
             for m in ("entropy", "percentile", "mse"):
                 print(f"     {m:<11} collect {c:5.2f} s + compute {r[m + '_compute_s']:5.2f} s = {c + r[m + '_compute_s']:5.2f} s")
     if args.out:
-        Path(args.out).write_text(json.dumps({"config": args.config, "count": len(data), "rows": rows}, indent=2))
+        Path(args.out).write_text(json.dumps({"config": args.model or args.config, "count": len(data), "repeats": args.repeats,
+                                              "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

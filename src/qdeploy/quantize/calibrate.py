@@ -33,7 +33,7 @@ def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentil
         "preprocess": preprocess.model_dump(mode="json"),
         "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
         "tensors": hashlib.sha256("\n".join(names).encode()).hexdigest() if names is not None else "all",
-        "version": 2,
+        "version": 3,  # 3: bounded histograms + strided search, entropy keeps the majority
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 

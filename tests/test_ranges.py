@@ -1,0 +1,172 @@
+"""Range search with bounded cost: strided/prefix-sum search against the exhaustive one, qdeploy's histogram
+against ModelOpt's, and the entropy guard against the degenerate zero-KL range (gates that lie away from 0)."""
+import inspect
+import time
+
+import numpy as np
+import pytest
+import torch
+from modelopt.torch.quantization.calib import HistogramCalibrator
+from modelopt.torch.quantization.calib.histogram import _compute_amax_entropy, _compute_amax_percentile
+
+from qdeploy.quantize.collect import AbsHistogram, TensorStats
+from qdeploy.quantize.ranges import (
+    MAX_CANDIDATES, _numpy_hist, compute_amax, entropy_amax, mse_amax, mse_amax_bounded, percentile_amax, search_stride,
+)
+
+DISTRIBUTIONS = {
+    "relu-gaussian": lambda rng, n: np.maximum(rng.standard_normal(n), 0),
+    "laplace-squared": lambda rng, n: rng.laplace(size=n) ** 2,
+    "student-t": lambda rng, n: rng.standard_t(3, n),
+    # a squeeze-excitation gate: sigmoid of small logits, every value far from 0
+    "sigmoid-gate": lambda rng, n: 1 / (1 + np.exp(-0.05 * rng.standard_normal(n))),
+}
+
+
+def _modelopt_hist(batches):
+    calib = HistogramCalibrator(num_bins=2048, torch_hist=True)
+    for b in batches:
+        calib.collect(torch.from_numpy(np.asarray(b, np.float32)))
+    return _numpy_hist(calib)
+
+
+def _growing_batches(name, seed, first_scale):
+    """A first batch spanning ``first_scale`` of the final range, then full batches: ModelOpt keeps the first
+    batch's bin width and adds bins, so the histogram ends with ~2048 / first_scale bins."""
+    rng = np.random.default_rng(seed)
+    full = [DISTRIBUTIONS[name](rng, 100_000) for _ in range(3)]
+    first = full[0][np.abs(full[0]) <= first_scale * np.abs(full[0]).max()][:2000]
+    return [first] + full
+
+
+def _kl_curve(hist, edges):
+    """entropy_amax's KL for every candidate (stride 1, ModelOpt's candidates): its own source, stopped before the argmin."""
+    src = inspect.getsource(entropy_amax).replace("def entropy_amax", "def _kl")
+    src = src[:src.index("    best = len(kl)")] + "    return cand, kl\n"
+    ns = {"np": np}
+    exec(src, ns)
+    return ns["_kl"](hist, edges, keep_majority=False)
+
+
+def _mse_of(hist, edges, amax):
+    """Exact (float64) 8-bit fake-quant squared error of the histogram's bin centres for one range."""
+    centers = (edges[1:] + edges[:-1]) / 2
+    scale = 127 / amax
+    quant = np.clip(np.round(centers * scale), -127, 127) / scale
+    return float(((quant - centers) ** 2 * hist).sum())
+
+
+# ---- exact pieces: the same result as the exhaustive / ModelOpt computation ----------------------
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+def test_prefix_sum_mse_equals_the_exhaustive_mse(name):
+    hist, edges = _modelopt_hist([DISTRIBUTIONS[name](np.random.default_rng(4), 200_000)])
+    assert mse_amax_bounded(hist, edges) == pytest.approx(mse_amax(hist, edges), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+def test_entropy_guard_changes_nothing_where_modelopt_is_sane(name):
+    hist, edges = _modelopt_hist([DISTRIBUTIONS[name](np.random.default_rng(5), 200_000)])
+    modelopt = float(_compute_amax_entropy(hist.copy(), edges, 8, False))
+    if name != "sigmoid-gate":
+        assert entropy_amax(hist, edges) == entropy_amax(hist, edges, keep_majority=False) == modelopt
+    else:  # degenerate for both (see entropy_amax): ModelOpt picks the edge below the data (NaN KL), the closed form the one above
+        first = int(np.flatnonzero(hist)[0])
+        assert modelopt == pytest.approx(float(edges[first]))
+        assert entropy_amax(hist, edges, keep_majority=False) == pytest.approx(float(edges[first + 1]))
+
+
+def test_percentile_is_modelopts():
+    hist, edges = _modelopt_hist([DISTRIBUTIONS["student-t"](np.random.default_rng(6), 200_000)])
+    for p in (99.0, 99.9, 99.99):
+        assert percentile_amax(hist, edges, p) == float(_compute_amax_percentile(hist, edges, p))
+
+
+# ---- the entropy collapse: ModelOpt's KL picks a range below every value of a gate ----------------
+
+def test_entropy_does_not_clip_every_value_of_a_gate():
+    values = DISTRIBUTIONS["sigmoid-gate"](np.random.default_rng(7), 200_000)
+    hist, edges = _modelopt_hist([values])
+    modelopt = float(_compute_amax_entropy(hist.copy(), edges, 8, False))
+    # ModelOpt: keep only the first populated bin, fold everything into it: KL = 0, every value clipped
+    assert np.mean(values > modelopt) > 0.999
+    cand, kl = _kl_curve(hist, edges)
+    assert kl[cand == np.flatnonzero(hist)[0] + 1][0] == 0.0
+    ours = entropy_amax(hist, edges)
+    assert np.mean(values <= ours) >= 0.5  # keeps the majority of the values unclipped
+    assert ours <= values.max()
+
+
+def test_compute_amax_uses_the_guarded_entropy():
+    values = DISTRIBUTIONS["sigmoid-gate"](np.random.default_rng(8), 100_000).astype(np.float32)
+    h = AbsHistogram(2048)
+    h.collect(values)
+    st = TensorStats("gate", lo=float(values.min()), hi=float(values.max()), hist=h, samples=1)
+    assert np.mean(values <= compute_amax(st, "entropy")) >= 0.5
+
+
+# ---- bounded cost: strided search within the stated tolerance of the exhaustive one -----------------
+
+@pytest.mark.parametrize("name", ["relu-gaussian", "laplace-squared", "student-t"])
+def test_strided_search_is_within_tolerance_of_the_exhaustive_search(name):
+    """The tolerance stated in ranges.search_stride, on ModelOpt histograms that grew to ~20-40k bins."""
+    hist, edges = _modelopt_hist(_growing_batches(name, 9, first_scale=0.07))
+    stride = search_stride(len(hist))
+    assert len(hist) > 15_000 and stride > 1
+    top = float(edges[-1])
+    # MSE: objective within 1 % of the exhaustive minimum, range within 1 % of the tensor's max
+    exhaustive = mse_amax_bounded(hist, edges)
+    strided = mse_amax_bounded(hist, edges, stride=stride)
+    assert _mse_of(hist, edges, strided) <= 1.01 * _mse_of(hist, edges, exhaustive)
+    assert abs(strided - exhaustive) <= 0.01 * top
+    # entropy: KL within 30 % of the exhaustive minimum (KL is ragged from one bin to the next)
+    cand, kl = _kl_curve(hist, edges)
+    strided = entropy_amax(hist, edges, stride=stride, keep_majority=False)
+    assert kl[np.argmin(np.abs(edges[cand] - strided))] <= 1.3 * kl.min() + 1e-12
+
+
+def test_cost_does_not_grow_with_the_bin_count():
+    """3.1 M bins (an EfficientNet-B0 squeeze-excitation tensor had that many): bounded by MAX_CANDIDATES."""
+    rng = np.random.default_rng(10)
+    n = 3_100_000
+    hist = np.histogram(np.abs(rng.standard_t(4, 2_000_000)), bins=n, range=(0, 40))[0]
+    edges = np.linspace(0, 40, n + 1)
+    st = TensorStats("t", lo=-40.0, hi=40.0, hist=type("H", (), {"_calib_hist": hist, "_calib_bin_edges": edges})(), samples=1)
+    assert len(range(128, n + 1, search_stride(n))) <= MAX_CANDIDATES
+    for method in ("entropy", "mse", "percentile"):
+        t0 = time.perf_counter()
+        amax = compute_amax(st, method)
+        assert time.perf_counter() - t0 < 5.0, method  # ~0.1-0.3 s on 2 cores; an O(bins x candidates) search takes hours
+        assert 1.0 < amax < 40.0
+
+
+# ---- qdeploy's histogram: ModelOpt's binning, bounded -------------------------------------------------
+
+def test_abs_histogram_bins_like_modelopt_while_it_fits():
+    rng = np.random.default_rng(11)
+    batches = [rng.standard_normal(50_000).astype(np.float32) * s for s in (1.0, 1.3, 1.6)]  # grows to ~3300 bins
+    ref_hist, ref_edges = _modelopt_hist(batches)
+    ours = AbsHistogram(2048)
+    for b in batches:
+        ours.collect(b)
+    assert len(ours._calib_hist) == len(ref_hist) and ours._calib_hist.sum() == ref_hist.sum()
+    assert np.abs(ours._calib_hist - ref_hist).sum() <= 1e-3 * ref_hist.sum()  # float rounding at bin edges only
+    np.testing.assert_allclose(ours._calib_bin_edges, ref_edges, rtol=1e-5)
+
+
+def test_abs_histogram_merges_bins_instead_of_growing_without_bound():
+    rng = np.random.default_rng(12)
+    tiny = rng.standard_normal(5000).astype(np.float32) * 1e-3
+    wide = rng.standard_normal(50_000).astype(np.float32) * 5
+    ref_hist, ref_edges = _modelopt_hist([tiny, wide])
+    ours = AbsHistogram(2048)
+    ours.collect(np.zeros(100, np.float32))  # an all-zero batch first: no width yet, its zeros land in bin 0 later
+    ours.collect(tiny)
+    ours.collect(wide)
+    assert len(ref_hist) > 1_000_000  # ModelOpt: millions of bins
+    assert 2048 <= len(ours._calib_hist) <= 4096
+    assert ours._calib_hist.sum() == ref_hist.sum() + 100
+    factor = round((ours._calib_bin_edges[1] - ours._calib_bin_edges[0]) / (ref_edges[1] - ref_edges[0]))
+    assert factor & (factor - 1) == 0  # a power of two: every coarse edge is a fine edge
+    merged = np.add.reduceat(np.asarray(ref_hist, np.int64), np.arange(0, len(ref_hist), factor))
+    assert np.abs(ours._calib_hist[:len(merged)] - merged).sum() <= 100 + 1e-3 * ref_hist.sum()
