@@ -140,7 +140,7 @@ def main() -> None:
 
     from qdeploy import api
     from qdeploy.data import make_batches, normalize
-    from qdeploy.models import ModelArtifacts
+    from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
 
     cfg = api.parse_config(cifar10_dev_config(args.model, args.count)) if args.model else api.load_config(args.config)
     calib_spec = cfg.data.calibration.model_copy(update={"count": args.count})
@@ -149,7 +149,7 @@ def main() -> None:
     rows = []
     kinds = args.kinds.split(",") if args.kinds else ["ort-minmax", "ort-entropy", "ort-percentile", "qdeploy-max",
                                                        "qdeploy-hist-tensorrt", "qdeploy-hist-onnxruntime"]
-    onnx_path = ModelArtifacts(cfg.model, cfg.export).onnx().path
+    onnx_path = Builder(cfg).build(ArtifactRequest(ArtifactKind.ONNX_FP32)).path
     with tempfile.TemporaryDirectory() as d:
         np.save(f"{d}/calib.npy", data)
         runs = {kind: [] for kind in kinds}

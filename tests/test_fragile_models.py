@@ -26,8 +26,8 @@ EVAL_IMAGES = 1500
 
 
 def _ort_int8_variant(method: str) -> dict:
-    """The ORT-targeted INT8 variant with one range method (config keys in one place: they are being renamed)."""
-    return {"engine": "onnxruntime", "precision": "int8", "calibrator": method, "target": "onnxruntime", "threads": 2}
+    """The ONNX Runtime-placement INT8 variant with one range method."""
+    return {"engine": "onnxruntime", "precision": "int8", "method": method, "placement": "onnxruntime", "threads": 2}
 
 
 def _config(name: str) -> dict:
@@ -48,7 +48,9 @@ def _config(name: str) -> dict:
 def test_every_range_method_keeps_the_ort_int8_model_far_from_chance(name, tmp_path):
     results = api.run(_config(name), tmp_path / "out", cache_dir=tmp_path / "cache")
     fp32, *int8 = results["variants"]
-    assert all(v["status"] == "ok" for v in results["variants"]), [v["reason"] for v in results["variants"]]
+    # degraded (agreement below eval.min_agreement) is allowed for the weakest method; failing is not
+    assert all(v["status"] in ("ok", "degraded") for v in results["variants"]), [v["reason"] for v in results["variants"]]
+    assert results["recommendation"]["variant"] not in {v["name"] for v in results["variants"] if v["status"] == "degraded"}
     assert fp32["metrics"]["samples"] == EVAL_IMAGES
     ref = fp32["metrics"]["top1"]
     assert ref > 0.75  # README: 80.52 % / 87.61 % on the full test set
