@@ -1,7 +1,8 @@
 """Turn activation statistics into quantization ranges with a library calibrator.
 
-``max`` uses the observed absolute maximum. ``entropy``, ``percentile`` and ``mse`` call ModelOpt's
-``HistogramCalibrator.compute_amax`` on the histograms collected in one pass (see collect.py).
+``max`` uses the observed absolute maximum. ``entropy``, ``percentile`` and ``mse`` are ModelOpt's
+``HistogramCalibrator`` algorithms, re-implemented in bulk (below), on the |x| histograms collected in
+one pass (collect.AbsHistogram on the ONNX Runtime path, ModelOpt's own calibrators on the ModelOpt path).
 
 ModelOpt ≤ 0.47 bug worked around here: ``_compute_amax_mse`` calls
 ``fake_tensor_quant(centers, amax, num_bits, unsigned)`` but the signature is
@@ -30,6 +31,11 @@ MAX_CANDIDATES x 128) per tensor whatever the bin count. Histograms of up to ``M
 bins (ModelOpt's 2048 by default) are searched exhaustively, exactly as before. The exact functions
 (stride 1) stay as the reference the tests compare against; the tolerance of the strided search is
 stated in ``search_stride`` and tested in tests/test_ranges.py.
+
+One departure from ModelOpt's entropy, ``entropy_amax(keep_majority=True)``: its KL objective is blind
+to clipping, and on tensors whose values all lie away from 0 (sigmoid / hard-sigmoid gates) its minimum
+is a range below every value. That collapsed EfficientNet-B0 and MobileNetV3 to chance on the ONNX
+Runtime placement; see entropy_amax and docs/benchmarks.md.
 """
 from __future__ import annotations
 
