@@ -251,16 +251,23 @@ def mse_amax_bounded(calib_hist: np.ndarray, calib_bin_edges: np.ndarray, num_bi
         return float(edges[-1])
     centers = (edges[1:] + edges[:-1]) / 2
     bound = (1 << (num_bits - 1)) - 1
-    p0, p1, p2 = (np.concatenate([[0.0], np.cumsum(a)]) for a in (counts, counts * centers, counts * centers * centers))
+    p0, p1 = (np.concatenate([[0.0], np.cumsum(a)]) for a in (counts, counts * centers))
     amax = centers[start_bin::stride]
     step = amax / bound
-    # first centre at or above (k + 0.5)·step for k = 0..126: where each level's run of bins ends
-    upper = np.searchsorted(centers, (np.arange(bound) + 0.5)[None, :] * step[:, None], side="left")
-    lo = np.concatenate([np.zeros((len(amax), 1), dtype=upper.dtype), upper], axis=1)
-    hi = np.concatenate([upper, np.full((len(amax), 1), n, dtype=upper.dtype)], axis=1)
-    q = np.arange(bound + 1)[None, :] * step[:, None]  # each level's dequantized value
-    err = (p2[hi] - p2[lo]) - 2 * q * (p1[hi] - p1[lo]) + q * q * (p0[hi] - p0[lo])
-    return float(amax[int(np.argmin(err.sum(axis=1)))])
+    # first centre at or above (k + 0.5)·step for k = 0..126, where each level's run of bins ends. The bins
+    # are uniform (centre j at (j + 0.5)·w from the first edge), so it is ceil(boundary / w - 0.5): no search.
+    # A centre never ties a boundary when the candidate is a centre too ((2k+1)(2i+1) is odd, 254(2j+1)
+    # even), so float rounding decides nothing here.
+    width = (edges[-1] - edges[0]) / n
+    boundary = (np.arange(bound) + 0.5)[None, :] * step[:, None]
+    u = np.clip(np.ceil((boundary - edges[0]) / width - 0.5), 0, n).astype(np.intp)
+    # sum over levels k of S2 - 2 q_k S1 + q_k^2 S0 (q_k = k·step), summed by parts over the run ends u_k:
+    # S2 totals to a constant; sum q_k S1_k = step (127 P1[n] - sum_k P1[u_k]);
+    # sum q_k^2 S0_k = step^2 (127^2 P0[n] - sum_k (2k+1) P0[u_k])
+    s1 = bound * p1[n] - p1[u].sum(axis=1)
+    s0 = bound * bound * p0[n] - p0[u] @ (2 * np.arange(bound) + 1.0)
+    err = step * (step * s0 - 2 * s1)  # + sum(counts · x^2), the same for every candidate
+    return float(amax[int(np.argmin(err))])
 
 
 def compute_ranges(stats, method: str, percentile: float = 99.99, names=None) -> dict[str, TensorRange]:
