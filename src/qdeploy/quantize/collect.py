@@ -82,9 +82,11 @@ class AbsHistogram:
                 need = int(np.ceil(top / self.width))
             self.counts = np.concatenate([self.counts, np.zeros(max(need - len(self.counts), 0), dtype=np.int64)])
             n = len(self.counts)
-        idx = (a * np.float32(1.0 / self.width)).astype(np.int32)  # floor for |x| >= 0
-        np.minimum(idx, n - 1, out=idx)  # the top value itself lands in the last bin, as with histc
-        self.counts += np.bincount(idx, minlength=n)[:n]
+        a *= np.float32(1.0 / self.width)
+        counts = np.bincount(a.astype(np.intp), minlength=n + 1)  # truncation = floor for |x| >= 0
+        # |x| = the top edge (or a rounding hair above) lands in the last bin, as with histc
+        counts[n - 1] += counts[n:].sum()
+        self.counts += counts[:n]
 
 
 @dataclass

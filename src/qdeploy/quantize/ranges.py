@@ -1,7 +1,8 @@
 """Turn activation statistics into quantization ranges with a library calibrator.
 
-``max`` uses the observed absolute maximum. ``entropy``, ``percentile`` and ``mse`` call ModelOpt's
-``HistogramCalibrator.compute_amax`` on the histograms collected in one pass (see collect.py).
+``max`` uses the observed absolute maximum. ``entropy``, ``percentile`` and ``mse`` are ModelOpt's
+``HistogramCalibrator`` algorithms, re-implemented in bulk (below), on the |x| histograms collected in
+one pass (collect.AbsHistogram on the ONNX Runtime path, ModelOpt's own calibrators on the ModelOpt path).
 
 ModelOpt ≤ 0.47 bug worked around here: ``_compute_amax_mse`` calls
 ``fake_tensor_quant(centers, amax, num_bits, unsigned)`` but the signature is
@@ -30,6 +31,11 @@ MAX_CANDIDATES x 128) per tensor whatever the bin count. Histograms of up to ``M
 bins (ModelOpt's 2048 by default) are searched exhaustively, exactly as before. The exact functions
 (stride 1) stay as the reference the tests compare against; the tolerance of the strided search is
 stated in ``search_stride`` and tested in tests/test_ranges.py.
+
+One departure from ModelOpt's entropy, ``entropy_amax(keep_majority=True)``: its KL objective is blind
+to clipping, and on tensors whose values all lie away from 0 (sigmoid / hard-sigmoid gates) its minimum
+is a range below every value. That collapsed EfficientNet-B0 and MobileNetV3 to chance on the ONNX
+Runtime placement; see entropy_amax and docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -95,11 +101,11 @@ def search_stride(num_bins: int, start_bin: int = 128, max_candidates: int = MAX
     Tolerance of the strided search against the exhaustive one (stride 1) on the same histogram — stated,
     and asserted in tests/test_ranges.py on ModelOpt histograms of 29k-42k bins:
       mse      its exact MSE ≤ 1.01 x the exhaustive minimum and its range within 1 % of the tensor's max
-               of the exhaustive range (measured on all 223 + 127 strided tensors of cifar10-dev
-               EfficientNet-B0 / MobileNetV3-Large, ModelOpt histograms up to 3.1 M bins: ≤ 1.0003 x, ≤ 0.42 %);
-      entropy  its KL ≤ 1.3 x the exhaustive minimum (measured ≤ 1.26 x). KL is ragged from one bin to the
-               next, so the range itself can move further (≤ 16 % of the tensor's max measured) between
-               candidates whose KL is nearly equal.
+               of the exhaustive range (measured on every tensor of cifar10-dev EfficientNet-B0 /
+               MobileNetV3-Large whose ModelOpt histogram had > 4,224 bins, up to 400 k bins: ≤ 1.0003 x, ≤ 0.42 %);
+      entropy  its KL ≤ 1.3 x the exhaustive minimum (measured ≤ 1.26 x on those up to 60 k bins). KL is
+               ragged from one bin to the next, so the range itself can move further (≤ 16 % of the
+               tensor's max measured) between candidates whose KL is nearly equal.
     Histograms of up to max_candidates + start_bin bins (qdeploy's own are ≤ 4096) are searched exhaustively.
     """
     return max(1, -(-(num_bins - start_bin) // max_candidates))
@@ -245,16 +251,23 @@ def mse_amax_bounded(calib_hist: np.ndarray, calib_bin_edges: np.ndarray, num_bi
         return float(edges[-1])
     centers = (edges[1:] + edges[:-1]) / 2
     bound = (1 << (num_bits - 1)) - 1
-    p0, p1, p2 = (np.concatenate([[0.0], np.cumsum(a)]) for a in (counts, counts * centers, counts * centers * centers))
+    p0, p1 = (np.concatenate([[0.0], np.cumsum(a)]) for a in (counts, counts * centers))
     amax = centers[start_bin::stride]
     step = amax / bound
-    # first centre at or above (k + 0.5)·step for k = 0..126: where each level's run of bins ends
-    upper = np.searchsorted(centers, (np.arange(bound) + 0.5)[None, :] * step[:, None], side="left")
-    lo = np.concatenate([np.zeros((len(amax), 1), dtype=upper.dtype), upper], axis=1)
-    hi = np.concatenate([upper, np.full((len(amax), 1), n, dtype=upper.dtype)], axis=1)
-    q = np.arange(bound + 1)[None, :] * step[:, None]  # each level's dequantized value
-    err = (p2[hi] - p2[lo]) - 2 * q * (p1[hi] - p1[lo]) + q * q * (p0[hi] - p0[lo])
-    return float(amax[int(np.argmin(err.sum(axis=1)))])
+    # first centre at or above (k + 0.5)·step for k = 0..126, where each level's run of bins ends. The bins
+    # are uniform (centre j at (j + 0.5)·w from the first edge), so it is ceil(boundary / w - 0.5): no search.
+    # A centre never ties a boundary when the candidate is a centre too ((2k+1)(2i+1) is odd, 254(2j+1)
+    # even), so float rounding decides nothing here.
+    width = (edges[-1] - edges[0]) / n
+    boundary = (np.arange(bound) + 0.5)[None, :] * step[:, None]
+    u = np.clip(np.ceil((boundary - edges[0]) / width - 0.5), 0, n).astype(np.intp)
+    # sum over levels k of S2 - 2 q_k S1 + q_k^2 S0 (q_k = k·step), summed by parts over the run ends u_k:
+    # S2 totals to a constant; sum q_k S1_k = step (127 P1[n] - sum_k P1[u_k]);
+    # sum q_k^2 S0_k = step^2 (127^2 P0[n] - sum_k (2k+1) P0[u_k])
+    s1 = bound * p1[n] - p1[u].sum(axis=1)
+    s0 = bound * bound * p0[n] - p0[u] @ (2 * np.arange(bound) + 1.0)
+    err = step * (step * s0 - 2 * s1)  # + sum(counts · x^2), the same for every candidate
+    return float(amax[int(np.argmin(err))])
 
 
 def compute_ranges(stats, method: str, percentile: float = 99.99, names=None) -> dict[str, TensorRange]:
