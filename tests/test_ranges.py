@@ -129,15 +129,27 @@ def test_cost_does_not_grow_with_the_bin_count():
     """3.1 M bins (an EfficientNet-B0 squeeze-excitation tensor had that many): bounded by MAX_CANDIDATES."""
     rng = np.random.default_rng(10)
     n = 3_100_000
-    hist = np.histogram(np.abs(rng.standard_t(4, 2_000_000)), bins=n, range=(0, 40))[0]
-    edges = np.linspace(0, 40, n + 1)
-    st = TensorStats("t", lo=-40.0, hi=40.0, hist=type("H", (), {"_calib_hist": hist, "_calib_bin_edges": edges})(), samples=1)
+    values = np.abs(rng.standard_t(4, 2_000_000))
+
+    def stats(bins: int) -> TensorStats:
+        hist = np.histogram(values, bins=bins, range=(0, 40))[0]
+        holder = type("H", (), {"_calib_hist": hist, "_calib_bin_edges": np.linspace(0, 40, bins + 1)})()
+        return TensorStats("t", lo=-40.0, hi=40.0, hist=holder, samples=1)
+
+    huge, coarse = stats(n), stats(2048)  # the 2048-bin one is searched exhaustively (below MAX_CANDIDATES)
     assert len(range(128, n + 1, search_stride(n))) <= MAX_CANDIDATES
     for method in ("entropy", "mse", "percentile"):
         t0 = time.perf_counter()
-        amax = compute_amax(st, method)
+        amax = compute_amax(huge, method)
         assert time.perf_counter() - t0 < 5.0, method  # ~0.1-0.3 s on 2 cores; an O(bins x candidates) search takes hours
-        assert 1.0 < amax < 40.0
+        reference = compute_amax(coarse, method)
+        if method == "entropy":
+            # KL is ragged between resolutions: only the objective is bounded (search_stride), so the range
+            # is checked loosely, against the tensor's max (measured: 26.7 vs 18.8 of 40 here)
+            assert abs(amax - reference) <= 0.25 * 40.0, (amax, reference)
+        else:  # same data at ModelOpt's default resolution: the bounded search lands in the same place
+            assert amax == pytest.approx(reference, rel=0.01), method
+    assert compute_amax(huge, "percentile") == pytest.approx(np.percentile(values, 99.99), rel=0.01)
 
 
 # ---- qdeploy's histogram: ModelOpt's binning, bounded -------------------------------------------------
