@@ -64,6 +64,14 @@ class RunContext:
     calibration: Optional[object]
     builder: Builder
     model_check: dict = field(default_factory=dict)
+    _bench_inputs: Optional[np.ndarray] = None
+
+    def bench_inputs(self) -> np.ndarray:
+        """Real preprocessed images for timing, made once per run (every variant is timed on the same ones)."""
+        if self._bench_inputs is None:
+            n = max(self.cfg.bench.batch_sizes)
+            self._bench_inputs = normalize(self.eval_batches.first(n)[0], self.cfg.model.preprocess)
+        return self._bench_inputs
 
 
 def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Iterable[str]] = None,
@@ -211,8 +219,7 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
                         ctx.eval_batches.class_names, desc=f"eval {variant.label}")
             if record.ok and "bench" in ctx.stages:
                 with _stage(record, "bench"):
-                    images = normalize(ctx.eval_batches.first(max(cfg.bench.batch_sizes))[0], cfg.model.preprocess)
-                    record.bench = benchmark(engine, images, cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
+                    record.bench = benchmark(engine, ctx.bench_inputs(), cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
                                              repeats=cfg.bench.repeats)
             if record.ok:
                 record.details = engine.describe()

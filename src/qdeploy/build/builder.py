@@ -10,6 +10,7 @@ Engines never build: they get the :class:`Artifact` this stage made and only loa
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -43,6 +44,11 @@ def _version(dist: str) -> Optional[str]:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def _quantize_code_fingerprint() -> str:
+    return source_fingerprint(_QUANTIZE_CODE)  # read once per process, not once per INT8 variant
 
 
 def dataset_identity(batches) -> dict:
@@ -141,7 +147,7 @@ class Builder:
             "calibration": dataset_identity(self.calibration) if self.calibration is not None and not int8.calibration_cache else None,
             "preprocess": self.spec.preprocess.model_dump(mode="json"),
             "export": self.cfg.export.model_dump(mode="json", exclude={"verify", "cache"}),
-            "code": source_fingerprint(_QUANTIZE_CODE),
+            "code": _quantize_code_fingerprint(),
             "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
                          "nvidia-modelopt": _version("nvidia-modelopt")},
         }
