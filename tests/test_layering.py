@@ -12,6 +12,7 @@ LAYERS = [
     {"models"},
     {"data"},
     {"export"},
+    {"lint"},
     {"quantize"},
     {"build"},
     {"preflight"},
