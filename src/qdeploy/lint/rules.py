@@ -1,0 +1,484 @@
+"""Lint rules: each one a function over a :class:`QdqGraph` that yields findings.
+
+A rule is registered with :func:`rule` (id, name, severity, whether its fix is safe); add a rule by
+writing one more decorated function here, and, when it has a safe fix, a fixer in fixes.py keyed by the
+same rule id. Severities:
+
+``blocks-int8``     TensorRT will not run the named layer in INT8 (or will reject the graph);
+``costs-reformat``  it runs, but a Q/DQ placement splits a fusion or forces a requantize/reformat kernel;
+``fine``            worth knowing, no speed cost to expect (e.g. a conv left float that TensorRT would not
+                    run in INT8 anyway).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+import onnx
+
+from qdeploy.lint.qdq_graph import QdqGraph
+from qdeploy.lint.tensorrt_rules import COMPUTE_OPS, conv_int8_supported
+
+SEVERITIES = ("blocks-int8", "costs-reformat", "fine")
+POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+SMALLEST_NORMAL_F32 = float(np.finfo(np.float32).tiny)
+
+
+@dataclass
+class Finding:
+    rule: str                 # stable id, e.g. QD001
+    name: str                 # short slug, e.g. residual-add-conv-path-qdq
+    severity: str
+    nodes: list[str]
+    message: str              # one sentence: what TensorRT will do
+    fix: str                  # what to change
+    fixable: bool = False     # `qdeploy lint --fix` applies it
+    confirmed: str | None = None   # "confirmed by TensorRT X.Y" details, when an engine was inspected
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Rule:
+    id: str
+    name: str
+    severity: str
+    safe_fix: bool
+    check: Callable[[QdqGraph], Iterator[Finding]]
+    summary: str = ""
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(id: str, name: str, severity: str, safe_fix: bool = False):
+    assert severity in SEVERITIES, severity
+
+    def register(fn):
+        RULES[id] = Rule(id, name, severity, safe_fix, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+    return register
+
+
+def _finding(id: str, nodes, message: str, fix: str, severity: str | None = None) -> Finding:
+    r = RULES[id]
+    return Finding(id, r.name, severity or r.severity, [n for n in nodes if n], message, fix, r.safe_fix)
+
+
+def _name(node) -> str:
+    return node.name or node.output[0]
+
+
+# ---------------------------------------------------------------- residual Adds
+@rule("QD001", "residual-add-conv-path-qdq", "costs-reformat", safe_fix=True)
+def residual_add_conv_path_qdq(g: QdqGraph):
+    """A residual Add has Q/DQ on its conv-path input, which keeps TensorRT from fusing the Conv and the Add."""
+    for add in g.residual_adds():
+        idx, why = g.residual_conv_input(add)
+        if idx is None or g.dq_of(add.input[idx]) is None:
+            continue
+        conv = g.backbone(g._through_qdq(add.input[idx]))
+        yield _finding("QD001", [_name(add), _name(conv) if conv is not None else ""],
+                       f"Q/DQ on the output of {_name(conv) if conv is not None else 'the convolution'} forces TensorRT to run "
+                       "the Conv and the Add as separate kernels (an INT8 requantize in between) instead of one "
+                       "Conv+Add(+ReLU) INT8 kernel",
+                       f"remove the Q/DQ on input {idx} of the Add ({why}); keep the one on the skip input")
+
+
+@rule("QD002", "residual-add-skip-float", "costs-reformat")
+def residual_add_skip_float(g: QdqGraph):
+    """A residual Add's skip input is float while its conv path is INT8: the fused kernel cannot take an INT8 residual."""
+    for add in g.residual_adds():
+        idx, why = g.residual_conv_input(add)
+        if idx is None:
+            continue
+        skip = add.input[1 - idx]
+        conv = g.backbone(g._through_qdq(add.input[idx]))
+        if g.dq_of(skip) is not None or conv is None or g.dq_of(conv.input[0]) is None:
+            continue
+        yield _finding("QD002", [_name(add)],
+                       "the skip input is float, so TensorRT runs the Add (or the fused Conv+Add) with a float residual "
+                       "and reformats the INT8 tensors around it",
+                       "put Q/DQ on the skip input (qdeploy's TensorRT placement does)")
+
+
+@rule("QD003", "add-scales-differ", "costs-reformat")
+def add_scales_differ(g: QdqGraph):
+    """Both inputs of an activation+activation Add are quantized with different scales."""
+    for add in g.residual_adds():
+        idx, _ = g.residual_conv_input(add)
+        if idx is not None:
+            continue
+        dqs = [g.dq_of(i) for i in add.input[:2]]
+        if any(d is None for d in dqs):
+            continue
+        s = [g.scale(d) for d in dqs]
+        if any(x is None or x.size != 1 for x in s) or np.isclose(s[0], s[1], rtol=1e-6).all():
+            continue
+        yield _finding("QD003", [_name(add)],
+                       f"the two inputs carry scales {float(s[0]):.4g} and {float(s[1]):.4g}; TensorRT rescales one of "
+                       "them before adding",
+                       "quantize both inputs with one shared scale (the larger)")
+
+
+# ---------------------------------------------------------------- shared scales
+def _scale_of_tensor(g: QdqGraph, tensor: str):
+    dq = g.dq_of(tensor)
+    if dq is None:
+        return None, None
+    s = g.scale(dq)
+    return dq, (float(s.reshape(-1)[0]) if s is not None and s.size == 1 else None)
+
+
+@rule("QD004", "concat-scales-differ", "costs-reformat", safe_fix=True)
+def concat_scales_differ(g: QdqGraph):
+    """The quantized inputs of a Concat (or its output's Q) do not share one scale."""
+    for node in g.nodes:
+        if node.op_type != "Concat":
+            continue
+        scales = [_scale_of_tensor(g, i)[1] for i in node.input if g.is_activation(i)]
+        outs = [q for c in g.consumers.get(node.output[0], []) if c.op_type == "QuantizeLinear" for q in [c]]
+        out_scales = [float(g.scale(q).reshape(-1)[0]) for q in outs if g.scale(q) is not None and g.scale(q).size == 1]
+        known = [s for s in scales if s is not None] + out_scales
+        if len(known) < 2 or np.allclose(known, known[0], rtol=1e-6):
+            continue
+        yield _finding("QD004", [_name(node)],
+                       f"{len(known)} different scales meet at the Concat ({min(known):.4g}…{max(known):.4g}); TensorRT "
+                       "cannot concatenate INT8 in place and inserts requantize/reformat kernels",
+                       "give the Concat's inputs and output one shared scale (the largest)")
+
+
+@rule("QD005", "pool-scales-differ", "costs-reformat", safe_fix=True)
+def pool_scales_differ(g: QdqGraph):
+    """The Q/DQ on both sides of a pooling op have different scales."""
+    for node in g.nodes:
+        if node.op_type not in POOL_OPS:
+            continue
+        _, s_in = _scale_of_tensor(g, node.input[0])
+        if s_in is None:
+            continue
+        for q in g.consumers.get(node.output[0], []):
+            if q.op_type != "QuantizeLinear":
+                continue
+            s = g.scale(q)
+            if s is not None and s.size == 1 and not np.isclose(float(s.reshape(-1)[0]), s_in, rtol=1e-6):
+                yield _finding("QD005", [_name(node), _name(q)],
+                               f"the pool's input scale {s_in:.4g} and output scale {float(s.reshape(-1)[0]):.4g} differ, so "
+                               "TensorRT cannot move the Q/DQ across the pool and requantizes after it",
+                               "use the input's scale for the Q/DQ after the pool")
+
+
+# ---------------------------------------------------------------- fusions
+def _qdq_pair_output(g: QdqGraph, tensor: str):
+    """(Q, DQ) when ``tensor`` flows directly into a Q whose DQ output is used, else None."""
+    for q in g.consumers.get(tensor, []):
+        if q.op_type == "QuantizeLinear":
+            for dq in g.consumers.get(q.output[0], []):
+                if dq.op_type == "DequantizeLinear":
+                    return q, dq
+    return None
+
+
+@rule("QD006", "qdq-inside-conv-bn-relu", "costs-reformat", safe_fix=True)
+def qdq_inside_conv_bn_relu(g: QdqGraph):
+    """A Q/DQ pair sits between a Conv and its BatchNormalization or activation."""
+    for node in g.nodes:
+        if node.op_type not in ("BatchNormalization", "Relu", "LeakyRelu", "Clip"):
+            continue
+        dq = g.dq_of(node.input[0])
+        if dq is None:
+            continue
+        src = g.float_input_of(dq)
+        prod = g.producer.get(src) if src else None
+        if prod is None or prod.op_type not in ("Conv", "ConvTranspose", "BatchNormalization"):
+            continue
+        yield _finding("QD006", [_name(prod), _name(node)],
+                       f"the Q/DQ between {prod.op_type} '{_name(prod)}' and {node.op_type} '{_name(node)}' splits what "
+                       "TensorRT would run as one fused kernel",
+                       "remove the Q/DQ pair; quantize after the activation instead")
+
+
+@rule("QD007", "activation-fusion-broken", "costs-reformat", safe_fix=True)
+def activation_fusion_broken(g: QdqGraph):
+    """A Q/DQ pair breaks Conv→Sigmoid→Mul (SiLU) or Conv→HardSigmoid→Mul (hardswish)."""
+    for mul in g.nodes:
+        if mul.op_type != "Mul" or len(mul.input) != 2:
+            continue
+        for gate_t, x_t in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+            gate = g.producer.get(gate_t)
+            if gate is None or gate.op_type not in ("Sigmoid", "HardSigmoid"):
+                continue
+            xs = {g._through_qdq(x_t), g._through_qdq(gate.input[0])}
+            if len(xs) != 1:
+                continue
+            x = xs.pop()
+            conv = g.backbone(x)
+            quantized = [t for t in (x_t, gate.input[0], gate_t) if g.dq_of(t) is not None]
+            if conv is None or not quantized:
+                continue
+            kind = "SiLU" if gate.op_type == "Sigmoid" else "hardswish"
+            yield _finding("QD007", [_name(conv), _name(gate), _name(mul)],
+                           f"Q/DQ inside the {kind} after '{_name(conv)}' keeps TensorRT from fusing the activation into the "
+                           "convolution's INT8 kernel",
+                           f"remove the Q/DQ inside the {kind}; quantize its output (the next layer's input) instead")
+            break
+
+
+@rule("QD008", "convtranspose-weight-axis", "blocks-int8")
+def convtranspose_weight_axis(g: QdqGraph):
+    """ConvTranspose weights are quantized per channel along an axis other than 0."""
+    for node in g.nodes:
+        if node.op_type != "ConvTranspose" or len(node.input) < 2:
+            continue
+        dq = g.dq_of(node.input[1])
+        if dq is None:
+            continue
+        axis = g.axis(dq)
+        if axis is not None and axis != 0:
+            yield _finding("QD008", [_name(node)],
+                           f"the weight scales run along axis {axis}; TensorRT's INT8 deconvolution takes per-channel "
+                           "weight scales along axis 0 only and falls back to float",
+                           "re-quantize the ConvTranspose weights per channel along axis 0")
+
+
+@rule("QD009", "pad-between-dq-and-conv", "costs-reformat", safe_fix=True)
+def pad_between_dq_and_conv(g: QdqGraph):
+    """A Pad sits between a DequantizeLinear and the Conv it feeds."""
+    for pad in g.nodes:
+        if pad.op_type != "Pad" or g.dq_of(pad.input[0]) is None:
+            continue
+        convs = [c for c in g.consumers.get(pad.output[0], []) if c.op_type == "Conv"]
+        if convs:
+            yield _finding("QD009", [_name(pad)] + [_name(c) for c in convs],
+                           "TensorRT does not fuse a Pad between the DQ and the Conv: the Conv's INT8 input pattern is "
+                           "broken and the Pad runs as its own kernel",
+                           "fold the zero Pad into the Conv's pads (or move the Q/DQ after the Pad)")
+
+
+@rule("QD010", "small-channel-conv-quantized", "costs-reformat")
+def small_channel_conv_quantized(g: QdqGraph):
+    """A quantized Conv has too few channels for TensorRT's INT8 kernels (ModelOpt's rule)."""
+    for conv in g.nodes:
+        if conv.op_type != "Conv" or g.dq_of(conv.input[0]) is None:
+            continue
+        if _conv_int8_supported(g, conv) is False:
+            w = g.shapes.get(g._through_qdq(conv.input[1]))
+            yield _finding("QD010", [_name(conv)],
+                           f"with weight shape {w} TensorRT has no INT8 kernel for this Conv: it runs in float with "
+                           "reformats on both sides, so its Q/DQ only costs time",
+                           "leave this Conv float (qdeploy's TensorRT placement excludes it)")
+
+
+def _conv_int8_supported(g: QdqGraph, conv):
+    w = g.shapes.get(g._through_qdq(conv.input[1])) if len(conv.input) > 1 else None
+    if not w or len(w) < 3 or any(d is None for d in w[:2]):
+        return None
+    kernel = g.attr(conv, "kernel_shape", None) or w[2:]
+    first = g._through_qdq(conv.input[0]) in g.input_names
+    return conv_int8_supported(w[0], w[1], int(g.attr(conv, "group", 1)), kernel, first)
+
+
+@rule("QD011", "compute-op-float", "blocks-int8")
+def compute_op_float(g: QdqGraph):
+    """A Conv/ConvTranspose/Gemm/MatMul has no Q/DQ on its input or its weights."""
+    for node in g.compute_ops():
+        weight_idx = 1  # MatMul of two activations (attention) needs both quantized too
+        act_q = g.dq_of(node.input[0]) is not None
+        w_q = len(node.input) > weight_idx and g.dq_of(node.input[weight_idx]) is not None
+        if act_q and w_q:
+            continue
+        if _is_head(g, node) and not act_q and not w_q:
+            continue  # QD014 reports it
+        if node.op_type == "Conv" and _conv_int8_supported(g, node) is False and not act_q and not w_q:
+            yield _finding("QD011", [_name(node)],
+                           "float, as it should be: TensorRT has no INT8 kernel for a conv this narrow",
+                           "nothing to do", severity="fine")
+            continue
+        part = "input and weights" if not act_q and not w_q else "weights" if act_q else "input"
+        yield _finding("QD011", [_name(node)],
+                       f"no Q/DQ on its {part}: TensorRT runs this {node.op_type} in FP16/FP32 and reformats the tensors around it",
+                       "quantize it, or keep it float on purpose (an exclude) and accept the cost")
+
+
+@rule("QD012", "resize-between-quantized", "costs-reformat")
+def resize_between_quantized(g: QdqGraph):
+    """A Resize/Upsample sits between quantized ops without Q/DQ of its own."""
+    for node in g.nodes:
+        if node.op_type not in ("Resize", "Upsample"):
+            continue
+        src_q = _reaches_dq_upstream(g, node.input[0])
+        dst_q = _reaches_q_downstream(g, node.output[0])
+        if not (src_q and dst_q):
+            continue
+        if g.dq_of(node.input[0]) is not None:
+            continue  # quantized input: TensorRT can run nearest Resize in INT8
+        mode = g.attr(node, "mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        yield _finding("QD012", [_name(node)],
+                       f"a float {mode} Resize between INT8 layers: TensorRT dequantizes before it and quantizes after it "
+                       "(two reformats)",
+                       "quantize the Resize's input with the scale its output uses" + (" (nearest mode is INT8-capable)" if mode == "nearest" else ""))
+
+
+def _reaches_dq_upstream(g: QdqGraph, tensor: str, depth: int = 4) -> bool:
+    for _ in range(depth):
+        node = g.producer.get(tensor)
+        if node is None:
+            return False
+        if node.op_type == "DequantizeLinear" or node.op_type in COMPUTE_OPS and g.dq_of(node.input[0]) is not None:
+            return True
+        if not node.input:
+            return False
+        tensor = node.input[0]
+    return False
+
+
+def _reaches_q_downstream(g: QdqGraph, tensor: str, depth: int = 4) -> bool:
+    frontier = [tensor]
+    for _ in range(depth):
+        nxt = []
+        for t in frontier:
+            for c in g.consumers.get(t, []):
+                if c.op_type == "QuantizeLinear":
+                    return True
+                nxt.extend(c.output)
+        frontier = nxt
+    return False
+
+
+def _is_head(g: QdqGraph, node) -> bool:
+    """A Gemm/MatMul whose output reaches a graph output through shape/softmax ops only."""
+    if node.op_type not in ("Gemm", "MatMul"):
+        return False
+    tensor = node.output[0]
+    for _ in range(4):
+        if tensor in g.output_names:
+            return True
+        users = g.consumers.get(tensor, [])
+        if len(users) != 1 or users[0].op_type not in ("Add", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Identity", "Squeeze"):
+            return False
+        tensor = users[0].output[0]
+    return tensor in g.output_names
+
+
+@rule("QD013", "float-classifier-head", "costs-reformat")
+def float_classifier_head(g: QdqGraph):
+    """The classifier head (last Gemm/MatMul) is float."""
+    if not any(g.dq_of(n.input[0]) is not None for n in g.compute_ops()):
+        return
+    for node in g.compute_ops():
+        if _is_head(g, node) and g.dq_of(node.input[0]) is None and (len(node.input) < 2 or g.dq_of(node.input[1]) is None):
+            yield _finding("QD013", [_name(node)],
+                           "the classifier head runs in float: TensorRT dequantizes its input and runs the GEMM in "
+                           "FP16/FP32 (usually small; it mattered in Ultralytics #26159 where the head was large)",
+                           "quantize the head too, unless it was kept float for accuracy on purpose")
+
+
+@rule("QD014", "depthwise-conv-then-swish", "fine")
+def depthwise_conv_then_swish(g: QdqGraph):
+    """A depthwise Conv is followed by Sigmoid/Mul (SiLU) or HardSigmoid/Mul."""
+    for mul in g.nodes:
+        if mul.op_type != "Mul" or len(mul.input) != 2:
+            continue
+        for gate_t, x_t in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+            gate = g.producer.get(gate_t)
+            if gate is None or gate.op_type not in ("Sigmoid", "HardSigmoid") or g._through_qdq(gate.input[0]) != g._through_qdq(x_t):
+                continue
+            conv = g.backbone(g._through_qdq(x_t))
+            if conv is not None and conv.op_type == "Conv" and g.is_depthwise(conv) and g.dq_of(conv.input[0]) is not None:
+                yield _finding("QD014", [_name(conv), _name(mul)],
+                               "TensorRT fuses the activation into the depthwise INT8 conv only through a pointwise "
+                               "epilogue; on some GPUs it runs the swish as a separate kernel",
+                               "nothing required; confirm with the engine inspector")
+            break
+
+
+@rule("QD015", "bad-scale", "blocks-int8")
+def bad_scale(g: QdqGraph):
+    """A Q/DQ scale is zero, negative, subnormal, NaN or Inf."""
+    for node in g.qdq_nodes():
+        s = g.scale(node)
+        if s is None:
+            continue
+        bad = ~np.isfinite(s) | (s <= 0) | ((s > 0) & (s < SMALLEST_NORMAL_F32))
+        if bad.any():
+            example = float(s.reshape(-1)[np.argmax(bad.reshape(-1))])
+            yield _finding("QD015", [_name(node)],
+                           f"{int(bad.sum())} of {s.size} scale value(s) are unusable (e.g. {example!r}): TensorRT rejects "
+                           "the layer or produces Inf/NaN",
+                           "recalibrate; a channel or tensor that is all zero needs a floor scale, not 0")
+
+
+def _expected_weight_axis(g: QdqGraph, node) -> int | None:
+    if node.op_type in ("Conv", "ConvTranspose"):
+        return 0
+    if node.op_type == "Gemm":
+        return 0 if int(g.attr(node, "transB", 0)) else 1
+    if node.op_type == "MatMul":
+        w = g.shapes.get(g._through_qdq(node.input[1]))
+        return (len(w) - 1) if w else None
+    return None
+
+
+@rule("QD016", "weight-axis-mismatch", "blocks-int8")
+def weight_axis_mismatch(g: QdqGraph):
+    """Per-channel weight scales do not run along the weight's output-channel axis, or do not fit it."""
+    for node in g.compute_ops():
+        if len(node.input) < 2:
+            continue
+        dq = g.dq_of(node.input[1])
+        if dq is None or not g.is_weight_dq(dq):
+            continue
+        scale = g.scale(dq)
+        axis = g.axis(dq)
+        if axis is None:
+            continue
+        w = g.shapes.get(g._through_qdq(node.input[1])) or g.shapes.get(dq.input[0])
+        expected = _expected_weight_axis(g, node)
+        if node.op_type == "ConvTranspose":
+            expected = 0  # QD008's subject; the size check below still applies
+        ax = axis if axis >= 0 or not w else axis + len(w)
+        wrong_axis = expected is not None and ax != expected and node.op_type != "ConvTranspose"
+        wrong_size = w is not None and 0 <= ax < len(w) and w[ax] is not None and w[ax] != scale.size
+        if wrong_axis or wrong_size:
+            yield _finding("QD016", [_name(node), _name(dq)],
+                           f"weight {w} has {scale.size} per-channel scales along axis {axis}; TensorRT expects one per output "
+                           f"channel (axis {expected}) and will refuse or mis-scale the layer",
+                           f"re-quantize the weights per channel along axis {expected}")
+
+
+@rule("QD017", "not-symmetric-int8", "blocks-int8")
+def not_symmetric_int8(g: QdqGraph):
+    """Q/DQ is not symmetric INT8 (uint8, or a non-zero zero point): TensorRT supports INT8 with zero point 0 only."""
+    offenders = []
+    for node in g.qdq_nodes():
+        zp_type = g.zero_point_type(node)
+        zp = g.zero_point(node)
+        if zp_type not in (onnx.TensorProto.INT8, None) and zp_type not in (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.INT4) \
+                or zp is not None and np.any(np.asarray(zp) != 0):
+            offenders.append(_name(node))
+    if offenders:
+        yield _finding("QD017", offenders[:20] + ([f"... {len(offenders) - 20} more"] if len(offenders) > 20 else []),
+                       f"{len(offenders)} Q/DQ node(s) use uint8 or a non-zero zero point (ONNX Runtime's asymmetric CPU "
+                       "placement): TensorRT's explicit quantization rejects them",
+                       "quantize for TensorRT (placement: tensorrt): symmetric INT8 activations and weights")
+
+
+@rule("QD018", "dynamic-scale", "blocks-int8")
+def dynamic_scale(g: QdqGraph):
+    """A Q/DQ scale is computed at run time instead of being a constant."""
+    for node in g.qdq_nodes():
+        if len(node.input) >= 2 and node.input[1] and g.scale(node) is None:
+            yield _finding("QD018", [_name(node)],
+                           "the scale is not a constant: TensorRT needs build-time scales for explicit quantization",
+                           "fold the scale computation into a constant (onnx constant folding / onnxsim)")
+
+
+def run_rules(g: QdqGraph, only: set[str] | None = None) -> list[Finding]:
+    findings = []
+    for r in RULES.values():
+        if only is None or r.id in only:
+            findings.extend(r.check(g))
+    return findings
