@@ -136,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                     failed += 1
                     print(f"{name}: {info['status']} at {info['failed_stage']}: {info['reason']}")
                     continue
-                st = info["structure"]
-                print(f"{name}: {summary['out']}/{info['artifact']} — {st['compute_ops_quantized']}/{st['compute_ops']} compute ops INT8, "
-                      f"{st['residual_adds_quantized']}/{st['residual_adds']} residual Adds quantized")
+                from qdeploy.lint import structure_line
+
+                lint = info.get("lint") or {}
+                print(f"{name}: {summary['out']}/{info['artifact']} — {structure_line(info['structure'])}"
+                      + (f"; TensorRT lint: {lint['verdict']}" if "verdict" in lint else ""))
             return 1 if failed == len(summary["variants"]) else 0
         if args.command == "doctor":
             return _cmd_doctor(args)

@@ -35,8 +35,8 @@ def _node(g: QdqGraph, name: str):
 
 def _bypass(g: QdqGraph, consumer, tensor: str) -> bool:
     """Point ``consumer``'s input ``tensor`` (a DQ output) at the float tensor that was quantized."""
-    dq = g.dq_of(tensor)
-    src = g.float_input_of(dq) if dq is not None else None
+    dq = g.producer.get(tensor)  # only a DQ feeding the consumer directly: never skip a Flatten/Reshape
+    src = g.float_input_of(dq) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if src is None:
         return False
     for i, name in enumerate(consumer.input):

@@ -21,6 +21,7 @@ from qdeploy.lint.tensorrt_rules import COMPUTE_OPS, FUSIBLE_ACTIVATIONS
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+SHAPE_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
 # Ops that TensorRT folds into a Conv's epilogue when they follow it directly (ModelOpt's fusible path types,
 # plus the activations TensorRT fuses as pointwise epilogues).
 EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
@@ -33,9 +34,10 @@ class QdqGraph(OnnxGraph):
 
     # ------------------------------------------------------------ Q/DQ lookups
     def dq_of(self, tensor: str) -> Optional[onnx.NodeProto]:
-        """The DequantizeLinear producing ``tensor`` (through Cast/Identity), or None."""
+        """The DequantizeLinear producing ``tensor``, or None. Seen through Cast/Identity and the shape-only ops
+        (Flatten, Reshape, ...) that TensorRT moves a DQ across, so DQ→Flatten→Gemm counts as a quantized input."""
         node = self.producer.get(tensor)
-        while node is not None and node.op_type in ("Cast", "Identity"):
+        while node is not None and node.op_type in ("Cast", "Identity") + SHAPE_OPS:
             node = self.producer.get(node.input[0])
         return node if node is not None and node.op_type == "DequantizeLinear" else None
 
@@ -184,7 +186,18 @@ class QdqGraph(OnnxGraph):
                     queue.append((p, d + 1))
         return out
 
+    @cached_property
+    def residual_add_names(self) -> set[str]:
+        return {n.name for n in self.residual_adds()}
+
     def residual_conv_input(self, add: onnx.NodeProto) -> tuple[Optional[int], str]:
+        cache = self.__dict__.setdefault("_conv_input_cache", {})
+        key = (add.name, tuple(add.input))
+        if key not in cache:
+            cache[key] = self._residual_conv_input(add)
+        return cache[key]
+
+    def _residual_conv_input(self, add: onnx.NodeProto) -> tuple[Optional[int], str]:
         """Which input of a two-activation Add is the conv path that TensorRT fuses the Add into, and why.
 
         ModelOpt's ``build_non_residual_input_map``: one input with a backbone → that one; both → the

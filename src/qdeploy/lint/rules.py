@@ -263,7 +263,7 @@ def small_channel_conv_quantized(g: QdqGraph):
     for conv in g.nodes:
         if conv.op_type != "Conv" or g.dq_of(conv.input[0]) is None:
             continue
-        if _conv_int8_supported(g, conv) is False:
+        if conv_runs_int8_in_tensorrt(g, conv) is False:
             w = g.shapes.get(g._through_qdq(conv.input[1]))
             yield _finding("QD010", [_name(conv)],
                            f"with weight shape {w} TensorRT has no INT8 kernel for this Conv: it runs in float with "
@@ -271,7 +271,7 @@ def small_channel_conv_quantized(g: QdqGraph):
                            "leave this Conv float (qdeploy's TensorRT placement excludes it)")
 
 
-def _conv_int8_supported(g: QdqGraph, conv):
+def conv_runs_int8_in_tensorrt(g: QdqGraph, conv):
     w = g.shapes.get(g._through_qdq(conv.input[1])) if len(conv.input) > 1 else None
     if not w or len(w) < 3 or any(d is None for d in w[:2]):
         return None
@@ -291,7 +291,7 @@ def compute_op_float(g: QdqGraph):
             continue
         if _is_head(g, node) and not act_q and not w_q:
             continue  # QD014 reports it
-        if node.op_type == "Conv" and _conv_int8_supported(g, node) is False and not act_q and not w_q:
+        if node.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, node) is False and not act_q and not w_q:
             yield _finding("QD011", [_name(node)],
                            "float, as it should be: TensorRT has no INT8 kernel for a conv this narrow",
                            "nothing to do", severity="fine")
@@ -357,7 +357,7 @@ def _is_head(g: QdqGraph, node) -> bool:
         if tensor in g.output_names:
             return True
         users = g.consumers.get(tensor, [])
-        if len(users) != 1 or users[0].op_type not in ("Add", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Identity", "Squeeze"):
+        if len(users) != 1 or users[0].op_type not in ("Add", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Identity", "Squeeze", "Cast"):
             return False
         tensor = users[0].output[0]
     return tensor in g.output_names

@@ -6,7 +6,7 @@ Settings are one object (``qdeploy.config.Int8Config``); the algorithm is a regi
 (registry.py): ``onnx`` (onnx_quantizer.py: ONNX Runtime statistics pass → ranges.py → qdq.py placement)
 and ``modelopt`` (modelopt_quantizer.py → modelopt_torch.py). Shared pieces: collect.py (statistics),
 ranges.py (max / entropy / percentile / mse), calibrate.py (ranges cache, TensorRT cache input, Q/DQ
-read-back), structure.py (what got quantized), trt_cache.py (TensorRT calibration cache in/out).
+read-back), trt_cache.py (TensorRT calibration cache in/out).
 """
 from qdeploy.quantize import modelopt_quantizer, onnx_quantizer  # noqa: F401  (register the quantizers)
 from qdeploy.quantize.qdq import quantize_onnx
@@ -14,11 +14,10 @@ from qdeploy.quantize.ranges import METHODS, TensorRange, compute_ranges
 from qdeploy.quantize.registry import (
     QUANTIZERS, NotApplicable, QuantizeInputs, Quantizer, QuantResult, candidates, get_quantizer, quantize, register_quantizer,
 )
-from qdeploy.quantize.structure import qdq_structure
 from qdeploy.quantize.trt_cache import read_trt_cache, write_trt_cache
 
 __all__ = [
     "METHODS", "QUANTIZERS", "NotApplicable", "QuantResult", "QuantizeInputs", "Quantizer", "TensorRange", "candidates",
-    "compute_ranges", "get_quantizer", "qdq_structure", "quantize", "quantize_onnx", "read_trt_cache", "register_quantizer",
+    "compute_ranges", "get_quantizer", "quantize", "quantize_onnx", "read_trt_cache", "register_quantizer",
     "write_trt_cache",
 ]

@@ -2,10 +2,15 @@
 
 Two placements (``target``), same ranges:
 
-``tensorrt``     what TensorRT ≥ 10 consumes (explicit quantization): symmetric INT8 activations,
-                 per-channel (axis 0) symmetric INT8 weights kept as float + Q/DQ, float bias;
-                 Q/DQ only on the *inputs* of Conv/ConvTranspose/Gemm/MatMul and on both inputs of
-                 activation+activation (residual) Adds, so TensorRT can fuse Conv+Add in INT8.
+``tensorrt``     what TensorRT ≥ 10 consumes (explicit quantization), placed by TensorRT's rules
+                 (qdeploy.lint): symmetric INT8 activations, per-channel (axis 0, ConvTranspose too)
+                 symmetric INT8 weights kept as float + Q/DQ, float bias; Q/DQ on the inputs of
+                 Conv/ConvTranspose/Gemm/MatMul; on a residual Add only the *skip* input (the conv path
+                 stays float so TensorRT fuses Conv+Add(+ReLU) into one INT8 kernel), on both inputs with
+                 one shared scale where neither input is a conv output; convs too narrow for TensorRT's
+                 INT8 kernels stay float. ONNX Runtime places the nodes, then lint's safe fixes (drop
+                 conv-path Q/DQ, unify Concat/pool scales, fold Pads, no Q/DQ inside Conv-BN-ReLU or
+                 SiLU/hardswish) bring the graph to TensorRT's form: the rules live in one place.
 ``onnxruntime``  what ONNX Runtime's CPU kernels run fast: ONNX Runtime's default static placement
                  (QLinearConv/QLinearAdd/... fusions), uint8 asymmetric activations, per-channel
                  int8 weights.
@@ -22,6 +27,9 @@ from typing import Iterable
 import numpy as np
 
 from qdeploy.errors import ConfigError
+from qdeploy.lint.fixes import apply_fixes
+from qdeploy.lint.qdq_graph import QdqGraph
+from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
 from qdeploy.utils.onnx_graph import OnnxGraph
@@ -110,13 +118,23 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
                     lo, hi = (-amax, amax) if symmetric else (min(float(arr.min()), 0.0), max(float(arr.max()), 1e-8))
                     data[node.output[0]] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
     tensors_range = TensorsData(CalibrationMethod.MinMax, data)
+    plan = {}
     if target == "tensorrt":
+        plan = tensorrt_plan(model)
+        excluded += plan["small_channel_convs"]
+        for a, b in plan["shared_scale_adds"]:  # activation+activation Adds: one scale for both inputs
+            if a in data and b in data:
+                hi = max(float(data[a].range_value[1]), float(data[b].range_value[1]))
+                data[a] = data[b] = TensorData(lowest=np.float32(-hi), highest=np.float32(hi))
+        tensors_range = TensorsData(CalibrationMethod.MinMax, data)
         # only activation+activation Adds are residual joins; x + constant (bias, hardswish's +3) stay float
         excluded += [n.name for n in OnnxGraph(model).constant_adds()]
         op_types = [t for t in TRT_OP_TYPES if t not in set(exclude_ops or [])]
         extra = {
             "ActivationSymmetric": True, "WeightSymmetric": True, "AddQDQPairToWeight": True,
             "QuantizeBias": False, "OpTypesToExcludeOutputQuantization": op_types, "DedicatedQDQPair": False,
+            # TensorRT's INT8 deconvolution wants per-channel weight scales along axis 0 (ONNX Runtime uses 1)
+            "TensorQuantOverrides": {w: [{"axis": 0}] for w in plan["convtranspose_weights"]},
         }
         act_type = QuantType.QInt8
     else:
@@ -129,6 +147,29 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         warnings.simplefilter("ignore")
         quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, act_type, tensors_range, [], excluded, op_types, extra)
         quantizer.quantize_model()
+    qmodel = quantizer.model.model
+    fixes = {}
+    if target == "tensorrt":
+        fixes = apply_fixes(qmodel, PLACEMENT_FIXES)
     with atomic_path(out_path) as tmp:
-        onnx.save(quantizer.model.model, str(tmp))
-    return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types}
+        onnx.save(qmodel, str(tmp))
+    return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
+            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes}
+
+
+# lint's safe fixes that turn ONNX Runtime's placement into TensorRT's (rule ids in qdeploy.lint.rules)
+PLACEMENT_FIXES = {"QD001", "QD004", "QD005", "QD006", "QD007", "QD009"}
+
+
+def tensorrt_plan(model) -> dict:
+    """What TensorRT's placement decides before any Q/DQ exists: convs too narrow for INT8 kernels,
+    activation+activation Adds whose inputs share a scale, ConvTranspose weights (axis 0)."""
+    g = QdqGraph(model)
+    narrow = [n.name for n in g.nodes if n.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, n) is False]
+    shared = []
+    for add in g.residual_adds():
+        idx, _ = g.residual_conv_input(add)
+        if idx is None:
+            shared.append((add.input[0], add.input[1]))
+    weights = [n.input[1] for n in g.nodes if n.op_type == "ConvTranspose" and len(n.input) > 1 and n.input[1] in g.initializers]
+    return {"small_channel_convs": narrow, "shared_scale_adds": shared, "convtranspose_weights": weights}

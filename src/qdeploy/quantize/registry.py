@@ -20,7 +20,7 @@ import numpy as np
 
 from qdeploy.config import Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
-from qdeploy.quantize.structure import qdq_structure
+from qdeploy.lint import lint_model, load_qdq_model, structure_line
 from qdeploy.quantize.trt_cache import write_trt_cache
 from qdeploy.utils.log import log, warn
 
@@ -115,9 +115,19 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
                 raise
             warn(f"quantizer {quantizer.name}: {e}; falling back to quantizer {tried[i + 1].name}")
     trt_cache = write_trt_cache(out_path.with_suffix(".trtcache"), result.ranges)
-    structure = qdq_structure(out_path)
+    report = lint_model(load_qdq_model(out_path), out_path.name)
+    structure = report.to_dict(with_ops=True)["structure"]
+    if cfg.placement == "tensorrt":
+        # layers left float on purpose are explained findings, not defects
+        reasons = {n: "excluded by the config" for n in result.info.get("excluded_by_user") or []}
+        reasons.update({n: "too narrow for TensorRT's INT8 kernels (left float by the placement)"
+                        for n in result.info.get("excluded_small_channel_convs") or []})
+        report.explain(reasons)
+        lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
+    else:
+        lint = {"skipped": "placement onnxruntime: ONNX Runtime's CPU layout, TensorRT's rules do not apply"}
     result.info.update(quantizer=quantizer.name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
-                       quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure)
-    log(f"quantize: {out_path.name} ({quantizer.name}): {structure['compute_ops_quantized']}/{structure['compute_ops']} "
-        f"compute ops INT8, {structure['residual_adds_quantized']}/{structure['residual_adds']} residual Adds quantized")
+                       quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure, lint=lint)
+    log(f"quantize: {out_path.name} ({quantizer.name}): {structure_line(structure)}"
+        + (f"; lint: {lint['verdict']}" if "verdict" in lint else ""))
     return result

@@ -377,29 +377,62 @@ def quantization_table(results: Mapping) -> Table | None:
     if not rows:
         return None
     t = Table("quantization", "INT8 artifacts",
-              ["Variant", "Target", "Ranges", "Calib. images", "Calib. s", "Compute ops INT8", "Residual Adds Q/DQ",
-               "Left in float"], [False, False, False, True, True, True, True, False],
+              ["Variant", "Target", "Ranges", "Calib. images", "Calib. s", "Compute ops INT8", "Residual Adds",
+               "TensorRT lint", "Left in float"], [False, False, False, True, True, True, False, False, False],
               caption="Target tensorrt = explicit Q/DQ placed for TensorRT (its INT8 accuracy is simulated in ONNX Runtime); "
-                      "onnxruntime = ONNX Runtime's fast CPU placement. Left in float: compute ops without Q/DQ on both "
-                      "inputs, residual Adds without Q/DQ, and layers excluded by the config.")
+                      "onnxruntime = ONNX Runtime's fast CPU placement. Residual Adds by Q/DQ form: fusible = skip input "
+                      "quantized, conv path float (what TensorRT fuses into one INT8 Conv+Add kernel); conv-path-quantized = "
+                      "Q/DQ on both inputs (ONNX Runtime's QLinearAdd form; splits Conv and Add in TensorRT). TensorRT lint: "
+                      "`qdeploy lint` findings (blocks INT8 / costs a reformat / fine), static analysis unless TensorRT "
+                      "confirmed them. Left in float: compute ops without Q/DQ on input and weights, and excluded layers.")
     for v, q in rows:
         st = section(q, "structure")
         ranges = str(q.get("method") or DASH) + (" (cache hit)" if q.get("cache_hit") else "")
         floats = list(st.get("compute_ops_float") or []) + list(st.get("compute_ops_partly_quantized") or []) \
-            + list(st.get("residual_adds_float") or []) + [f"{n} (excluded)" for n in q.get("excluded_by_user") or []]
+            + [f"{n} (excluded)" for n in q.get("excluded_by_user") or []] \
+            + [f"{n} (narrow)" for n in q.get("excluded_small_channel_convs") or []]
         shown = ", ".join(dict.fromkeys(floats)) if floats else "none"
         if len(shown) > 300:
             shown = shown[:300] + f"… ({len(floats)} in all, see results.json)"
-        t.add([label(v), str(q.get("target") or DASH), ranges, fmt(q.get("samples"), 0, sep=True), fmt(q.get("time_s")),
-               f"{st.get('compute_ops_quantized', DASH)}/{st.get('compute_ops', DASH)}",
-               f"{st.get('residual_adds_quantized', DASH)}/{st.get('residual_adds', DASH)}", shown], row_style(v))
+        forms = st.get("residual_add_forms") or {}
+        adds = ", ".join(f"{n} {k}" for k, n in forms.items()) if forms else ("none" if st else DASH)
+        t.add([label(v), str(q.get("target") or q.get("placement") or DASH), ranges, fmt(q.get("samples"), 0, sep=True),
+               fmt(q.get("time_s")), f"{st.get('compute_ops_int8', DASH)}/{st.get('compute_ops', DASH)}", adds,
+               lint_cell(q.get("lint")), shown], row_style(v))
+    return t
+
+
+def lint_cell(lint) -> str:
+    if not lint:
+        return DASH
+    if "skipped" in lint:
+        return "n/a (ONNX Runtime placement)"
+    c = lint.get("counts") or {}
+    parts = [f"{c[k]} {k}" for k in ("blocks-int8", "costs-reformat", "fine") if c.get(k)]
+    rules = sorted({f["rule"] for f in lint.get("findings") or [] if f.get("severity") != "fine"})
+    return f"{lint.get('verdict', DASH)}" + (f" ({', '.join(parts)}: {' '.join(rules)})" if parts else "")
+
+
+def lint_table(results: Mapping) -> Table | None:
+    """Every TensorRT lint finding of every TensorRT-placement INT8 variant (what `qdeploy lint` prints)."""
+    rows = [(v, f) for v in variants(results) for f in (section(section(v, "quantization"), "lint").get("findings") or [])]
+    if not rows:
+        return None
+    t = Table("lint", "TensorRT lint findings",
+              ["Variant", "Rule", "Severity", "Nodes", "What TensorRT will do", "Fix"], [False] * 6,
+              caption="Static analysis of each TensorRT-placement Q/DQ artifact (`qdeploy lint ARTIFACT.onnx` prints the same); "
+                      "'explained' findings are layers left float on purpose.")
+    for v, f in rows:
+        nodes = ", ".join(f.get("nodes") or [])
+        t.add([label(v), f"{f.get('rule')} {f.get('name')}", str(f.get("severity")),
+               nodes if len(nodes) <= 120 else nodes[:120] + "…", str(f.get("message")), str(f.get("fix"))], row_style(v))
     return t
 
 
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
               skipped_files_table(results)]
     return [t for t in tables if t is not None]
 
