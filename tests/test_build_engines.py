@@ -9,7 +9,8 @@ from qdeploy.config import Int8Config, VariantSpec, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import ENGINES, create_engine, resolve_variant
 from qdeploy.errors import QDeployError, VariantUnavailable
-from qdeploy.quantize import NotApplicable, candidates, qdq_structure
+from qdeploy.lint import structure_of
+from qdeploy.quantize import NotApplicable, candidates
 from qdeploy.quantize.modelopt_quantizer import module_of_node
 
 
@@ -40,7 +41,7 @@ def test_builder_makes_each_artifact_once_and_caches_by_fingerprint(res_setup):
     int8 = b.build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", quantizer="onnx")))
     assert int8.cache_hit is False and int8.inputs[0] == fp32.ref
     assert [c.kind for c in int8.companions] == [ArtifactKind.TRT_CALIBRATION_CACHE] and int8.companions[0].path.is_file()
-    assert int8.info["structure"]["residual_adds_quantized"] == 1
+    assert int8.info["structure"]["residual_add_forms"] == {"fusible": 1}
     # a new run with the same cache: nothing is calibrated again
     again = builder().build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", quantizer="onnx")))
     assert again.cache_hit is True and again.fingerprint == int8.fingerprint and again.info["structure"] == int8.info["structure"]
@@ -73,8 +74,8 @@ def test_exclude_means_onnx_node_names_for_modelopt_too(res_setup):
     art = b.build(ArtifactRequest(ArtifactKind.ONNX_INT8, Int8Config(method="max", placement="tensorrt", exclude=["conv2/Conv$"])))
     assert art.info["quantizer"] == "modelopt" and art.info["excluded_nodes"] == [conv2]
     assert art.info["excluded_by_user"] == ["conv2"]
-    st = qdq_structure(art.path)
-    assert st["compute_ops_quantized"] == 2 and any("conv2" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
+    st = structure_of(art.path)
+    assert st["compute_ops_int8"] == 2 and any("conv2" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
 
 
 def _variant(**spec):

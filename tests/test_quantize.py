@@ -12,7 +12,7 @@ from modelopt.torch.quantization.calib.histogram import _compute_amax_entropy, _
 from conftest import write_image_folder
 from qdeploy import api
 from qdeploy.errors import QDeployError
-from qdeploy.quantize import qdq_structure, read_trt_cache, write_trt_cache
+from qdeploy.quantize import read_trt_cache, write_trt_cache
 from qdeploy.quantize.ranges import TensorRange, _mse_fix, _numpy_hist, entropy_amax, modelopt_mse_is_buggy, mse_amax
 
 
@@ -113,8 +113,8 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
         assert q["samples"] == 20 and q["cache_hit"] is False
     assert "simulated" in trt8["note"]
     st = trt8["quantization"]["structure"]
-    assert st["compute_ops"] == 3 and st["compute_ops_quantized"] == 3
-    assert st["residual_adds"] == 1 and st["residual_adds_quantized"] == 1
+    assert st["compute_ops"] == 3 and st["compute_ops_int8"] == 3
+    assert st["residual_adds"] == 1 and st["residual_add_forms"] == {"fusible": 1}  # skip input only (TensorRT's form)
     # TensorRT placement: weights stay float behind Q/DQ, activations symmetric int8
     assert trt8["quantization"]["quantizer"] == "modelopt"  # PyTorch model → ModelOpt path by default
     assert trt8["quantization"]["residual_adds_with_quantizers"] == 1
@@ -126,7 +126,7 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     pst = partial["quantization"]["structure"]
     assert any("conv2" in n for n in partial["quantization"]["excluded_by_user"])
     assert any("conv2" in n for n in pst["compute_ops_float"] + pst["compute_ops_partly_quantized"])
-    assert pst["compute_ops_quantized"] == 2
+    assert pst["compute_ops_int8"] == 2
     assert "INT8 artifacts" in (tmp_path / "out" / "report.md").read_text()
     # a TensorRT calibration cache was written for each INT8 artifact and names real tensors
     cache = read_trt_cache(out / "onnxruntime-int8-trt-mse.trtcache")
@@ -239,7 +239,7 @@ def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
         8, [{"engine": "onnxruntime", "precision": "int8", "method": "max", "exclude_ops": ["ConvTranspose"]}])
     summary = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")
     st = next(iter(summary["variants"].values()))["structure"]
-    assert st["compute_ops"] == 2 and st["compute_ops_quantized"] == 1
+    assert st["compute_ops"] == 2 and st["compute_ops_int8"] == 1
     assert any("ConvTranspose" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
 
 
@@ -271,7 +271,7 @@ def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
         9, [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max"}])
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert results["variants"][1]["status"] == "ok", results["variants"][1]["reason"]
-    assert results["variants"][1]["quantization"]["structure"]["compute_ops_quantized"] == 2
+    assert results["variants"][1]["quantization"]["structure"]["compute_ops_int8"] == 2
 
 
 def test_quantize_cli_command(int8_config, tmp_path, capsys):
@@ -284,7 +284,7 @@ def test_quantize_cli_command(int8_config, tmp_path, capsys):
     cfg.write_text(yaml.safe_dump(int8_config))
     assert main(["quantize", str(cfg), "--out", str(tmp_path / "q"), "--cache-dir", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
-    assert "onnxruntime-int8-trt-max" in out and "3/3 compute ops INT8, 1/1 residual Adds quantized" in out
+    assert "onnxruntime-int8-trt-max" in out and "3/3 compute ops INT8; residual Adds: 1 fusible; TensorRT lint: clean" in out
     assert (tmp_path / "q" / "onnxruntime-int8-trt-max.trtcache").read_text().startswith("TRT-")
     int8_config["variants"] = [{"engine": "onnxruntime"}]
     cfg.write_text(yaml.safe_dump(int8_config))

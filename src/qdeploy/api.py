@@ -2,7 +2,7 @@
 
 Each stage is also usable on its own: ``build_torch_model``, ``export_onnx``, ``make_batches``,
 ``quantize`` (with an ``Int8Config``), ``Builder``, ``create_engine``, ``evaluate``, ``benchmark``,
-``write_reports``; ``open_run`` + ``run_variant`` run single variants programmatically.
+``write_reports``, ``lint``; ``open_run`` + ``run_variant`` run single variants programmatically.
 """
 from qdeploy.benchmark import benchmark
 from qdeploy.build import Artifact, ArtifactKind, ArtifactRequest, Builder
@@ -17,9 +17,18 @@ from qdeploy.quantize import QUANTIZERS, QuantizeInputs
 from qdeploy.quantize import quantize as quantize_onnx_model
 from qdeploy.report import recommend, write_reports
 
+
+def lint(onnx_path, fix_to=None, confirm: bool = True) -> dict:
+    """What ``qdeploy lint`` does: the TensorRT lint report of a Q/DQ ONNX (``qdeploy.lint/1`` dict); with
+    ``fix_to``, the safe fixes are applied to a copy written there and the copy's report is returned."""
+    from qdeploy.lint import fix_onnx, lint_onnx
+
+    report = fix_onnx(onnx_path, fix_to) if fix_to else lint_onnx(onnx_path, confirm=confirm)
+    return report.to_dict(with_ops=True)
+
 __all__ = [
     "ENGINES", "QUANTIZERS", "Artifact", "ArtifactKind", "ArtifactRequest", "Builder", "Int8Config", "QuantizeInputs", "RunConfig",
     "VariantSpec", "benchmark", "build_torch_model", "build_variant", "create_engine", "engine_table", "evaluate", "export",
-    "export_onnx", "load_config", "make_batches", "normalize", "open_run", "parse_config", "quantize", "quantize_onnx_model",
+    "export_onnx", "lint", "load_config", "make_batches", "normalize", "open_run", "parse_config", "quantize", "quantize_onnx_model",
     "recommend", "resolve_variants", "run", "run_variant", "write_reports",
 ]

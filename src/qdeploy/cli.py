@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
     _add_common(p)
+    p = sub.add_parser("lint", help="why a Q/DQ ONNX will or won't run fast in TensorRT (rules, fixes)",
+                       description="Lint a Q/DQ ONNX for TensorRT's explicit quantization. Exit 0: clean (or only 'fine' "
+                                   "findings); 1: findings that block INT8 or cost reformats; 2: the file cannot be linted.")
+    p.add_argument("model", help="Q/DQ ONNX (qdeploy's, ModelOpt's, ONNX Runtime's quantize_static QDQ output, a QAT export)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema qdeploy.lint/1)")
+    p.add_argument("--fix", metavar="OUT.onnx", default=None, help="apply the safe fixes and write the result here")
+    p.add_argument("--no-confirm", action="store_true", help="static analysis only, even where TensorRT is installed")
     p = sub.add_parser("doctor", help="which engines, devices and versions are usable here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits and compare it (offline, ~1-2 min on CPU)")
@@ -69,6 +76,23 @@ def _cmd_run(args, stages) -> int:
         cfg.bench.iterations = args.iterations
     results = api.run(cfg, args.out, stages=stages, only=args.variant, cache_dir=args.cache_dir)
     return 0 if any(v["status"] in ("ok", "degraded") for v in results["variants"]) else 1
+
+
+def _cmd_lint(args) -> int:
+    from qdeploy import api
+
+    if args.fix and Path(args.fix).resolve() == Path(args.model).resolve():
+        raise QDeployError(f"--fix {args.fix}: write the fixed model to a new file, not over the input")
+    report = api.lint(args.model, fix_to=args.fix, confirm=not args.no_confirm)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        from qdeploy.report import print_lint
+
+        print_lint(report)
+        if args.fix:
+            print(f"wrote {args.fix}")
+    return 0 if report["verdict"] == "clean" else 1
 
 
 def _cmd_doctor(args) -> int:
@@ -142,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {summary['out']}/{info['artifact']} — {structure_line(info['structure'])}"
                       + (f"; TensorRT lint: {lint['verdict']}" if "verdict" in lint else ""))
             return 1 if failed == len(summary["variants"]) else 0
+        if args.command == "lint":
+            return _cmd_lint(args)
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "demo":

@@ -173,6 +173,11 @@ def _confirm(report: LintReport, path: Path) -> None:
     report.tensorrt = result if result.get("tensorrt") else None
 
 
+def structure_of(path) -> dict:
+    """The Q/DQ structure (compute ops INT8, residual Add forms) of an ONNX file, without the findings."""
+    return qdq_structure(QdqGraph(load_qdq_model(path)))
+
+
 def fix_onnx(path, out_path, rules: Optional[set[str]] = None) -> LintReport:
     """Apply the safe fixes to a copy of ``path`` written atomically to ``out_path``; returns the new report."""
     from qdeploy.lint.fixes import apply_fixes
@@ -191,4 +196,4 @@ def fix_onnx(path, out_path, rules: Optional[set[str]] = None) -> LintReport:
 
 
 __all__ = ["RULES", "Finding", "FloatModel", "LintInputError", "LintReport", "fix_onnx", "lint_model", "lint_onnx",
-           "load_qdq_model", "qdq_structure", "structure_line"]
+           "load_qdq_model", "qdq_structure", "structure_line", "structure_of"]

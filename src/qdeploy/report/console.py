@@ -104,3 +104,35 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
     for line in notes:
         console.print(line)
     return table
+
+
+SEVERITY_STYLES = {"blocks-int8": "red", "costs-reformat": "yellow", "fine": "dim"}
+
+
+def print_lint(report: Mapping, console: Console | None = None) -> None:
+    """`qdeploy lint`: the verdict, the structure in one line, then one row per finding."""
+    console = console or Console()
+    st = report.get("structure") or {}
+    forms = ", ".join(f"{n} {k}" for k, n in (st.get("residual_add_forms") or {}).items()) or "none"
+    head = Text(f"{report['file']}: {report['verdict']}", style="bold")
+    head.append(f" — {report['nodes']} nodes, opset {report['opset']}, {report['by']}, {report['time_s']:.2f} s")
+    head.append(f"\n{st.get('compute_ops_int8', 0)}/{st.get('compute_ops', 0)} compute ops INT8 (input and weights); "
+                f"residual Adds: {forms}")
+    if report.get("fixed"):
+        head.append("\nfixed: " + ", ".join(f"{k} ×{v}" for k, v in report["fixed"].items()))
+    color = {"clean": "green", "costs reformats": "yellow"}.get(report["verdict"], "red")
+    console.print(Panel(head, border_style=color, expand=False))
+    findings = report.get("findings") or []
+    if not findings:
+        return
+    # one block per finding, not a table: messages are sentences and must stay readable at 80 columns
+    for f in findings:
+        nodes = ", ".join(f["nodes"])
+        line = Text(f"{f['rule']} {f['name']} ", style="bold")
+        line.append(f"[{f['severity']}]", style=SEVERITY_STYLES.get(f["severity"]))
+        line.append(f" {nodes if len(nodes) <= 160 else nodes[:160] + '…'}")
+        line.append(f"\n    {f['message']}")
+        line.append(f"\n    fix: {f['fix']}" + (" (applied by --fix)" if f.get("fixable") else ""), style="dim")
+        if f.get("confirmed"):
+            line.append(f"\n    TensorRT: {f['confirmed']}", style="dim")
+        console.print(line)
