@@ -48,7 +48,7 @@ class LintReport:
     opset: int
     findings: list[Finding]
     structure: dict
-    by: str = "static analysis"            # or "confirmed by TensorRT X.Y"
+    by: str = "static analysis"            # or "TensorRT X.Y" when a built engine's layers confirmed the findings
     time_s: float = 0.0
     fixed: dict = field(default_factory=dict)   # rule id -> fixes applied (``--fix``)
     tensorrt: Optional[dict] = None
@@ -164,11 +164,9 @@ def lint_onnx(path, confirm: bool = True) -> LintReport:
 
 
 def _confirm(report: LintReport, path: Path) -> None:
-    try:
-        from qdeploy.lint.tensorrt_confirm import confirm_findings
-    except ImportError:  # pragma: no cover - module always present; TensorRT itself is optional inside it
-        return
-    result = confirm_findings(path, report.findings, report.structure)
+    from qdeploy.lint.tensorrt_confirm import confirm_findings  # TensorRT itself is optional inside it
+
+    result = confirm_findings(path, report.findings)
     report.by = result.get("by", "static analysis")
     report.tensorrt = result if result.get("tensorrt") else None
 

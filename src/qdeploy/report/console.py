@@ -115,7 +115,9 @@ def print_lint(report: Mapping, console: Console | None = None) -> None:
     st = report.get("structure") or {}
     forms = ", ".join(f"{n} {k}" for k, n in (st.get("residual_add_forms") or {}).items()) or "none"
     head = Text(f"{report['file']}: {report['verdict']}", style="bold")
-    head.append(f" — {report['nodes']} nodes, opset {report['opset']}, {report['by']}, {report['time_s']:.2f} s")
+    by = report["by"]
+    by = f"confirmed by {by}" if by.startswith("TensorRT") else by  # else "static analysis (...)"
+    head.append(f" — {report['nodes']} nodes, opset {report['opset']}, {by}, {report['time_s']:.2f} s")
     head.append(f"\n{st.get('compute_ops_int8', 0)}/{st.get('compute_ops', 0)} compute ops INT8 (input and weights); "
                 f"residual Adds: {forms}")
     if report.get("fixed"):
