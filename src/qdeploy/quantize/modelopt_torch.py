@@ -292,7 +292,7 @@ def tensorrt_placement(qm: fx.GraphModule) -> dict:
 
     nodes = list(qm.graph.nodes)
     mod = {n: qm.get_submodule(n.target) for n in nodes if n.op == "call_module"}
-    residual, groups, small, inside = {}, [], [], []
+    residual, groups, small, inside, pools = {}, [], [], [], []
     # 3. convs TensorRT will not run in INT8 (ModelOpt's find_nodes_from_convs_to_exclude): both quantizers off
     for n, m in mod.items():
         if isinstance(m, _CONV_MODULES) and (_enabled(m, "input_quantizer") or _enabled(m, "weight_quantizer")):
@@ -329,29 +329,20 @@ def tensorrt_placement(qm: fx.GraphModule) -> dict:
         if q is not None and (_fusible_backbone(qm, src) is not None or fused_add):
             q.disable()
             inside.append(f"{n.target}.input_quantizer")
-    # 2. pooling: Q/DQ before and after a pool share one scale (the pool's input amax), so TensorRT does not requantize
-    #    around it. MaxPool: exact (its output lies in its input's range); AvgPool: the input range bounds the output.
+    # 2. pooling: ModelOpt quantizes pooling inputs, so a pool feeding a quantized consumer had Q/DQ on both sides, with two
+    #    scales (TensorRT requantizes in between). We leave the pool's input float and keep the one Q/DQ after it (the
+    #    consumer's input quantizer). MaxPool commutes with quantization (max(Q(x)) == Q(max(x)), monotonic), and TensorRT
+    #    propagates Q backwards across it (developer guide, "Q/DQ propagation": MaxPool is a commuting layer), so it still
+    #    runs MaxPool in INT8 with one scale. AvgPool: giving both sides the input's scale (the other option) made the
+    #    pooled values means of integers, i.e. exact rounding ties at the consumer's Q (flipped by float noise: the
+    #    EfficientNet-B0 squeeze-excitation gates, see the export check in calibrate.py / tests) and quantized the SE
+    #    input with the ~5x wider range of the un-pooled tensor.
     for n, m in mod.items():
-        if not isinstance(m, _POOL_MODULES) or _enabled(m, "input_quantizer") is None:
-            continue
-        members, stack, seen = [], list(n.users), set()
-        while stack:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            if "copy" in _kinds(qm, u):
-                stack.extend(u.users)
-            elif u.op == "call_module" and isinstance(mod[u], ResidualAdd):
-                for i, side in enumerate(("lhs", "rhs")):
-                    if u.args[i] in seen | {n} and _enabled(mod[u], f"{side}_input_quantizer"):
-                        members.append(f"{u.target}.{side}_input_quantizer")
-            elif u.op == "call_module" and _enabled(mod[u], "input_quantizer") and (not isinstance(mod[u], _POOL_MODULES)):
-                members.append(f"{u.target}.input_quantizer")
-        if members:
-            groups.append(([f"{n.target}.input_quantizer", *members], [f"{n.target}.input_quantizer"]))
-    return {"residual_adds": residual, "excluded_small_channel_convs": small,
-            "excluded_inside_conv_chains": inside, "_groups": groups}
+        if isinstance(m, _POOL_MODULES) and _enabled(m, "input_quantizer") is not None:
+            m.input_quantizer.disable()
+            pools.append(f"{n.target}.input_quantizer")
+    return {"residual_adds": residual, "excluded_small_channel_convs": small, "excluded_inside_conv_chains": inside,
+            "excluded_pool_inputs": pools, "_groups": groups}
 
 
 def apply_shared_scales(quantizers: dict, groups: list) -> list:
