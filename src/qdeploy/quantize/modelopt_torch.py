@@ -5,7 +5,9 @@
    ``ResidualAdd`` module. ModelOpt only quantizes modules, so a functional residual addition would
    otherwise stay float and TensorRT could not fuse Conv+Add in INT8.
 2. ``mtq.quantize`` with per-channel (axis 0) INT8 weight quantizers and per-tensor INT8 input
-   quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd.
+   quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd; then
+   ``tensorrt_placement`` applies TensorRT's Q/DQ placement (skip input only on residual Adds, small-channel convs,
+   pools and Conv→BN/act chains left float) and ``apply_shared_scales`` gives act+act Add inputs one scale.
    ``algorithm=None``: ModelOpt's own finish step passes no method to histogram calibrators (and one
    to the weight max-calibrators, which reject it), so we collect statistics ourselves, then set each
    input quantizer's amax with the chosen method (ranges.py: ModelOpt's algorithms, made fast) and
@@ -407,11 +409,12 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
+    exclude = set(exclude or ())
+    excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
+                       if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
     placement = tensorrt_placement(qm)  # disables the quantizers TensorRT's placement rules leave out
     groups = placement.pop("_groups")
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
-    exclude = set(exclude or ())
-    excluded = sorted({n.rsplit(".", 1)[0] for n in quantizers if n.rsplit(".", 1)[0] in exclude})
     for name in list(quantizers):
         if name.rsplit(".", 1)[0] in excluded:
             quantizers.pop(name).disable()
