@@ -78,4 +78,6 @@ def test_cifar10_resnet20_int8_keeps_accuracy(tmp_path):
     q = trt8["quantization"]
     assert q["quantizer"] == "modelopt" and q["samples"] == 512
     assert q["structure"]["compute_ops_int8"] == q["structure"]["compute_ops"] == 20
-    assert q["structure"]["residual_add_forms"] == {"fusible": 9}  # skip input only: TensorRT fuses Conv+Add
+    # TensorRT placement: each of the 9 residual Adds has only its skip input quantized (the conv path is fused into the conv)
+    assert q["structure"]["residual_add_forms"] == {"fusible": 9} and q["lint"]["verdict"] == "clean"
+    assert [a["skip"] for a in q["residual_adds"].values()] == ["rhs"] * 9

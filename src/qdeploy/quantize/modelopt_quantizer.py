@@ -82,7 +82,7 @@ class ModelOptQuantizer(Quantizer):
             raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
         exclude_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                              ["modelopt", *sorted(exclude_modules)])
+                              ["modelopt", "trt-placement-2", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
         cached = json.loads(cache.read_text())["amax"] if cache is not None and cache.is_file() else None
         if cached is not None:

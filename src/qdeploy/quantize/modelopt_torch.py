@@ -5,7 +5,9 @@
    ``ResidualAdd`` module. ModelOpt only quantizes modules, so a functional residual addition would
    otherwise stay float and TensorRT could not fuse Conv+Add in INT8.
 2. ``mtq.quantize`` with per-channel (axis 0) INT8 weight quantizers and per-tensor INT8 input
-   quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd.
+   quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd; then
+   ``tensorrt_placement`` applies TensorRT's Q/DQ placement (skip input only on residual Adds, small-channel convs,
+   pools and Conv→BN/act chains left float) and ``apply_shared_scales`` gives act+act Add inputs one scale.
    ``algorithm=None``: ModelOpt's own finish step passes no method to histogram calibrators (and one
    to the weight max-calibrators, which reject it), so we collect statistics ourselves, then set each
    input quantizer's amax with the chosen method (ranges.py: ModelOpt's algorithms, made fast) and
@@ -26,6 +28,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 from torch import fx, nn
+from torch.nn import functional as F
 
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.registry import NotApplicable
@@ -87,7 +90,8 @@ def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     count = 0
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in (operator.add, operator.iadd, torch.add) \
-                and len(node.args) == 2 and not node.kwargs and all(isinstance(a, fx.Node) for a in node.args):
+                and len(node.args) == 2 and not node.kwargs \
+                and all(isinstance(a, fx.Node) and a.op != "get_attr" for a in node.args):  # x + parameter: a bias
             name = f"residual_add_{count}"
             gm.add_submodule(name, ResidualAdd())
             with gm.graph.inserting_after(node):
@@ -98,6 +102,286 @@ def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     gm.graph.lint()
     gm.recompile()
     return gm, count
+
+
+# ---- TensorRT Q/DQ placement on the FX graph -------------------------------------------------------------------
+# TensorRT developer guide, "Q/DQ layer-placement recommendations": quantize the *skip* input of a residual Add and
+# leave the convolution's output float, so Conv(+BN)(+act)+Add fuses into one INT8 kernel (a Q/DQ on the conv path
+# "forces the separation"); no Q/DQ between a Conv and its BN/activation. ModelOpt's ONNX path implements the Add
+# rule in modelopt/onnx/quantization/graph_utils.py (get_fusible_backbone, build_non_residual_input_map); the code
+# below mirrors it on the FX graph (see _fusible_backbone, _residual_rule).
+
+_CONV_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_DECONV_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_BACKBONE_MODULES = _CONV_MODULES + _DECONV_MODULES + (nn.Linear,)  # Conv / ConvTranspose / Gemm
+_BN_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_MAXPOOL_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
+_POOL_MODULES = _MAXPOOL_MODULES + (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                                    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)  # ModelOpt's QuantInputBase pools
+# element-wise activations TensorRT fuses into the producing Conv (tensorrt_rules.FUSIBLE_ACTIVATIONS, as modules/functions)
+_ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid,
+                nn.Sigmoid, nn.Tanh, nn.Softplus, nn.GELU, nn.Mish, nn.Hardtanh)
+_ACT_FUNCTIONS = {torch.relu, torch.relu_, F.relu, F.relu_, F.relu6, F.leaky_relu, F.elu, F.selu, F.silu, F.hardswish,
+                  F.hardsigmoid, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh, F.softplus, F.gelu, F.mish, F.hardtanh,
+                  torch.clamp, torch.clip}
+_ACT_METHODS = {"relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "clamp", "clamp_", "clip"}
+_SIGMOID = ({nn.Sigmoid}, {torch.sigmoid, F.sigmoid}, {"sigmoid", "sigmoid_"})
+_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul}
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+# ModelOpt's get_copy_ops() (wild cards of its path matching: no arithmetic, skipped while walking back)
+_COPY_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
+_COPY_FUNCTIONS = {torch.flatten, torch.reshape, torch.transpose, torch.squeeze, torch.cat, torch.concat, torch.split,
+                   torch.chunk, torch.gather, operator.getitem, torch.permute, torch.tile}
+_COPY_METHODS = {"flatten", "view", "reshape", "transpose", "permute", "squeeze", "contiguous", "expand", "expand_as",
+                 "repeat", "split", "chunk", "view_as", "reshape_as"}
+
+
+def _is_const(arg) -> bool:
+    return not isinstance(arg, fx.Node) or arg.op == "get_attr"
+
+
+def _kinds(gm: fx.GraphModule, node: fx.Node) -> set:
+    """The path-type names of ModelOpt's get_fusible_backbone this FX node matches ('C' = Conv/ConvTranspose/Gemm)."""
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        if isinstance(m, ResidualAdd):
+            return {"Add"}
+        if isinstance(m, _BACKBONE_MODULES):
+            return {"C"}
+        if isinstance(m, _BN_MODULES):
+            return {"BatchNormalization"}
+        if isinstance(m, _MAXPOOL_MODULES):
+            return {"MaxPool"}
+        if isinstance(m, _ACT_MODULES):
+            return {"Act", "Sigmoid"} if isinstance(m, nn.Sigmoid) else {"Act"}
+        if isinstance(m, _COPY_MODULES):
+            return {"copy"}
+        return set()
+    if node.op == "call_function":
+        t = node.target
+        if t in _ACT_FUNCTIONS:
+            return {"Act", "Sigmoid"} if t in _SIGMOID[1] else {"Act"}
+        if t in _COPY_FUNCTIONS:
+            return {"copy"}
+        if t in _MUL_FUNCTIONS:
+            return {"ConstMul"} if any(_is_const(a) for a in node.args[:2]) else {"Mul"}
+        if t in _ADD_FUNCTIONS:
+            return {"BiasAdd"} if any(_is_const(a) for a in node.args[:2]) else {"Add"}
+        if t in (F.max_pool1d, F.max_pool2d, F.max_pool3d):
+            return {"MaxPool"}
+        return set()
+    if node.op == "call_method":
+        if node.target in _ACT_METHODS:
+            return {"Act", "Sigmoid"} if node.target in _SIGMOID[2] else {"Act"}
+        if node.target in _COPY_METHODS:
+            return {"copy"}
+        if node.target == "mul":
+            return {"ConstMul"} if any(_is_const(a) for a in node.args[:2]) else {"Mul"}
+        if node.target == "add":
+            return {"BiasAdd"} if any(_is_const(a) for a in node.args[:2]) else {"Add"}
+    return set()
+
+
+def _parents(node: fx.Node) -> list:
+    """Producers of the node's tensor inputs (constants excluded), in argument order."""
+    return [a for a in node.all_input_nodes if a.op != "get_attr"]
+
+
+# ModelOpt's fusible_linear_path_types (graph_utils.get_fusible_backbone), read backwards from the Add's input.
+# BatchNormalization is optional here (ModelOpt also matches it optionally after folding): our BN is folded into
+# the Conv before this runs, and a BN the folding could not absorb still fuses into the Conv in TensorRT.
+_PATH_TYPES = [
+    ["BiasAdd", "ConstMul", "C"],
+    ["Act", "BiasAdd", "ConstMul", "C"],
+    ["BatchNormalization", "BiasAdd", "C"],
+    ["Act", "BatchNormalization", "BiasAdd", "C"],
+    ["MaxPool", "Act", "BatchNormalization", "BiasAdd", "C"],
+    ["Mul", "Sigmoid", "BatchNormalization", "C"],  # SiLU / swish written as x * sigmoid(x)
+]
+_OPTIONAL = {"BiasAdd", "ConstMul", "BatchNormalization"}
+
+
+def _has_path_type(gm, node: fx.Node, path: list) -> bool:
+    """ModelOpt's has_path_type(is_forward=False, wild_card_types=get_copy_ops()) on the FX graph."""
+    if not path:
+        return True
+    kinds = _kinds(gm, node)
+    match = path[0] in kinds
+    wild = "copy" in kinds
+    if not match and not wild:
+        return path[0] in _OPTIONAL and _has_path_type(gm, node, path[1:])
+    rest = path[1:] if match else path
+    if not rest:
+        return True
+    return any(_has_path_type(gm, p, rest) for p in _parents(node))
+
+
+def _fusible_backbone(gm, node: fx.Node) -> Optional[fx.Node]:
+    """The Conv/ConvTranspose/Linear TensorRT fuses ``node`` into (Conv [→BN] [→act] [→MaxPool], Conv→Sigmoid→Mul), or None."""
+    if not any(_has_path_type(gm, node, p) for p in _PATH_TYPES):
+        return None
+    seen, stack = set(), [node]
+    while stack:  # ModelOpt's _get_backbone: depth first through the inputs, in order
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if "C" in _kinds(gm, n):
+            return n
+        stack.extend(reversed(_parents(n)))
+    return None
+
+
+def _ancestors(node: fx.Node) -> dict:
+    """Every ancestor (the node itself included) with its shortest distance from ``node``."""
+    dist, frontier = {node: 0}, [node]
+    while frontier:
+        nxt = []
+        for n in frontier:
+            for p in _parents(n):
+                if p not in dist:
+                    dist[p] = dist[n] + 1
+                    nxt.append(p)
+        frontier = nxt
+    return dist
+
+
+def _lowest_common_ancestor(a: fx.Node, b: fx.Node):
+    """(lca, distance from a, distance from b) as ModelOpt's find_lowest_common_ancestor; (None, -1, -1) if none."""
+    da, db = _ancestors(a), _ancestors(b)
+    common = [n for n in da if n in db]
+    if not common:
+        return None, -1, -1
+    lca = min(common, key=lambda n: (da[n], db[n]))
+    return lca, da[lca], db[lca]
+
+
+def _residual_rule(gm, node: fx.Node) -> dict:
+    """Which input of a ResidualAdd is the conv path (left float): ModelOpt's build_non_residual_input_map.
+
+    Returns {"conv_path": 0 | 1 | None, "rule": ..., "backbones": [...]} ; conv_path None: both inputs quantized
+    with one shared scale (not a residual join TensorRT fuses into a Conv).
+    """
+    a, b = node.args
+    ba, bb = _fusible_backbone(gm, a), _fusible_backbone(gm, b)
+    backbones = [ba.name if ba is not None else None, bb.name if bb is not None else None]
+    lca, da, db = _lowest_common_ancestor(a, b)
+    if ba is not None and bb is not None:
+        if ba is bb:
+            return {"conv_path": None, "rule": "same-backbone", "backbones": backbones}
+        # both inputs come out of a fusible Conv chain: the one on the longer path to the LCA is the conv path
+        return {"conv_path": 0 if da > db else 1, "rule": "lca", "backbones": backbones}
+    for i, bone in ((0, ba), (1, bb)):
+        if bone is not None:
+            if lca is bone:  # ConvNeXt-style: Conv ---- Add, Conv -- non-backbone -- Add: not a residual join
+                return {"conv_path": None, "rule": "lca-is-backbone", "backbones": backbones}
+            return {"conv_path": i, "rule": "one-backbone", "backbones": backbones}
+    return {"conv_path": None, "rule": "activation+activation", "backbones": backbones}
+
+
+def _enabled(module: nn.Module, attr: str):
+    q = getattr(module, attr, None)
+    return q if q is not None and getattr(q, "is_enabled", False) else None
+
+
+def tensorrt_placement(qm: fx.GraphModule) -> dict:
+    """Apply TensorRT's Q/DQ placement to ModelOpt's quantizers of ``qm`` (disables some) and return what was done.
+
+    Returns a JSON-serialisable dict, plus ``"_groups"``: lists of quantizer names that must share one amax
+    (with the names whose amax decides, or an empty list: the largest of the group) — see apply_shared_scales.
+    """
+    from qdeploy.lint.tensorrt_rules import conv_int8_supported
+
+    nodes = list(qm.graph.nodes)
+    mod = {n: qm.get_submodule(n.target) for n in nodes if n.op == "call_module"}
+    residual, groups, small, inside, pools = {}, [], [], [], []
+    # 3. convs TensorRT will not run in INT8 (ModelOpt's find_nodes_from_convs_to_exclude): both quantizers off
+    for n, m in mod.items():
+        if isinstance(m, _CONV_MODULES) and (_enabled(m, "input_quantizer") or _enabled(m, "weight_quantizer")):
+            first = bool(n.args) and isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"
+            if not conv_int8_supported(m.out_channels, m.weight.shape[1], m.groups, m.kernel_size, first):
+                for attr in ("input_quantizer", "weight_quantizer"):
+                    if _enabled(m, attr):
+                        getattr(m, attr).disable()
+                small.append(n.target)
+    # 1. residual Adds: only the skip input quantized; the conv-path input stays float for Conv+Add fusion
+    for n, m in mod.items():
+        if isinstance(m, ResidualAdd):
+            rule = _residual_rule(qm, n)
+            sides = ("lhs", "rhs")
+            if rule["conv_path"] is None:
+                skip = "both"
+                groups.append(([f"{n.target}.lhs_input_quantizer", f"{n.target}.rhs_input_quantizer"], []))
+            else:
+                conv = sides[rule["conv_path"]]
+                skip = sides[1 - rule["conv_path"]]
+                q = _enabled(m, f"{conv}_input_quantizer")
+                if q is not None:
+                    q.disable()
+            residual[n.target] = {"skip": skip, "conv_path": None if skip == "both" else conv, "rule": rule["rule"],
+                                  "inputs": [a.name for a in n.args], "backbones": rule["backbones"]}
+    # 4. no Q/DQ between a Conv and its BN / activation (ModelOpt quantizes the inputs of nn.BatchNorm*, nn.LeakyReLU,
+    #    nn.InstanceNorm*): TensorRT fuses them into the Conv as its epilogue; likewise after a fused Conv+Add
+    for n, m in mod.items():
+        if isinstance(m, _BACKBONE_MODULES + _POOL_MODULES + (ResidualAdd,)) or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        q = _enabled(m, "input_quantizer")
+        src = n.args[0]
+        fused_add = src.op == "call_module" and src.target in residual and residual[src.target]["conv_path"] is not None
+        if q is not None and (_fusible_backbone(qm, src) is not None or fused_add):
+            q.disable()
+            inside.append(f"{n.target}.input_quantizer")
+    # 2. pooling: ModelOpt quantizes pooling inputs, so a pool feeding a quantized consumer had Q/DQ on both sides, with two
+    #    scales (TensorRT requantizes in between). We leave the pool's input float and keep the one Q/DQ after it (the
+    #    consumer's input quantizer). MaxPool commutes with quantization (max(Q(x)) == Q(max(x)), monotonic), and TensorRT
+    #    propagates Q backwards across it (developer guide, "Q/DQ propagation": MaxPool is a commuting layer), so it still
+    #    runs MaxPool in INT8 with one scale. AvgPool: giving both sides the input's scale (the other option) made the
+    #    pooled values means of integers, i.e. exact rounding ties at the consumer's Q (flipped by float noise: the
+    #    EfficientNet-B0 squeeze-excitation gates, see the export check in calibrate.py / tests) and quantized the SE
+    #    input with the ~5x wider range of the un-pooled tensor.
+    for n, m in mod.items():
+        if isinstance(m, _POOL_MODULES) and _enabled(m, "input_quantizer") is not None:
+            m.input_quantizer.disable()
+            pools.append(f"{n.target}.input_quantizer")
+    return {"residual_adds": residual, "excluded_small_channel_convs": small, "excluded_inside_conv_chains": inside,
+            "excluded_pool_inputs": pools, "_groups": groups}
+
+
+def apply_shared_scales(quantizers: dict, groups: list) -> list:
+    """Give every quantizer of a group (merged where they overlap) one amax; returns the merged groups (names).
+
+    A group's amax: the largest amax of its deciding members (a pool's input) if it has any, else the largest of all.
+    Quantizers not in ``quantizers`` (disabled, excluded) are left out.
+    """
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    deciding = set()
+    for names, decide in groups:
+        names = [q for q in names if q in quantizers]
+        deciding.update(q for q in decide if q in quantizers)
+        for q in names[1:]:
+            parent[find(q)] = find(names[0])
+        for q in names[:1]:
+            find(q)
+    merged = {}
+    for q in parent:
+        merged.setdefault(find(q), []).append(q)
+    out = []
+    for members in merged.values():
+        if len(members) < 2:
+            continue
+        decide = [q for q in members if q in deciding] or members
+        value = max(float(quantizers[q].amax.max()) for q in decide)
+        for q in members:
+            quantizers[q].amax = torch.tensor(value)
+        out.append(sorted(members))
+    return sorted(out)
 
 
 def _quant_config(method: str) -> dict:
@@ -125,9 +409,12 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
-    quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
     exclude = set(exclude or ())
-    excluded = sorted({n.rsplit(".", 1)[0] for n in quantizers if n.rsplit(".", 1)[0] in exclude})
+    excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
+                       if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
+    placement = tensorrt_placement(qm)  # disables the quantizers TensorRT's placement rules leave out
+    groups = placement.pop("_groups")
+    quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
     for name in list(quantizers):
         if name.rsplit(".", 1)[0] in excluded:
             quantizers.pop(name).disable()
@@ -185,8 +472,11 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.amax = torch.tensor(amax[name])
             q.disable_calib()
             q.enable_quant()
+    shared_groups = apply_shared_scales(quantizers, groups)
+    amax = {name: q.amax.tolist() for name, q in quantizers.items()}
     qm = SelectOutput(qm, select).eval()
-    return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers), "excluded_by_user": excluded}
+    return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers),
+                      "excluded_by_user": excluded, **placement, "shared_scale_groups": shared_groups}
 
 
 def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool = True) -> None:
