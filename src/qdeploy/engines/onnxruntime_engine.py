@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from qdeploy.build import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
+from qdeploy.utils.ort_options import exact_qdq
 
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 _ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP16, "int8": ArtifactKind.ONNX_INT8}
@@ -76,7 +77,7 @@ class OnnxRuntimeEngine(Engine):
     @classmethod
     def note(cls, variant: Variant) -> Optional[str]:
         if variant.int8 is not None and variant.int8.placement == "tensorrt":
-            return "TensorRT Q/DQ artifact: INT8 accuracy simulated in ONNX Runtime (TensorRT not run); speed is ONNX Runtime's, not TensorRT's"
+            return "TensorRT Q/DQ artifact: INT8 accuracy simulated in ONNX Runtime with exact Q/DQ semantics (TensorRT not run); speed is ONNX Runtime's, not TensorRT's"
         if variant.int8 is not None:
             return "ONNX Runtime-placement INT8 (uint8 activations, per-channel int8 weights)"
         return None
@@ -90,6 +91,8 @@ class OnnxRuntimeEngine(Engine):
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[self.options.graph_optimization])
         if v.threads:
             opts.intra_op_num_threads = v.threads
+        if v.int8 is not None and v.int8.placement == "tensorrt":
+            exact_qdq(opts)  # simulate TensorRT's Q/DQ semantics, not ONNX Runtime's fused int8 kernels
         self.session = ort.InferenceSession(str(self.artifact.path), opts, providers=self.providers)
         self.input_name = self.session.get_inputs()[0].name
         self.threads = v.threads or os.cpu_count()  # ORT's default: one intra-op thread per core
@@ -120,6 +123,7 @@ class OnnxRuntimeEngine(Engine):
             "providers": self.session.get_providers(),
             "threads": self.threads if self.device == "cpu" else None,
             "graph_optimization": self.options.graph_optimization,
+            "qdq": "exact Q/DQ (session.disable_quant_qdq)" if self.variant.int8 is not None and self.variant.int8.placement == "tensorrt" else None,
             "artifact": self.artifact.kind.value,
             "opset": self.artifact.opset,
             "onnxruntime": ort.__version__,
