@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 from torch import fx, nn
-from torchvision.ops import StochasticDepth
+from torchvision.ops import StochasticDepth, stochastic_depth
 from torch.nn import functional as F
 
 from qdeploy.errors import QDeployError
@@ -132,7 +132,7 @@ _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 # ModelOpt's get_copy_ops() (wild cards of its path matching: no arithmetic, skipped while walking back)
 # identity in eval mode too: torchvision's StochasticDepth sits between EfficientNet's block and its residual Add
 _COPY_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout2d, nn.AlphaDropout, StochasticDepth)
-_COPY_FUNCTIONS = {torch.flatten, torch.reshape, torch.transpose, torch.squeeze, torch.cat, torch.concat, torch.split,
+_COPY_FUNCTIONS = {stochastic_depth, F.dropout, F.dropout2d, torch.flatten, torch.reshape, torch.transpose, torch.squeeze, torch.cat, torch.concat, torch.split,
                    torch.chunk, torch.gather, operator.getitem, torch.permute, torch.tile}
 _COPY_METHODS = {"flatten", "view", "reshape", "transpose", "permute", "squeeze", "contiguous", "expand", "expand_as",
                  "repeat", "split", "chunk", "view_as", "reshape_as"}
