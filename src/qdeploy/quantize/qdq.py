@@ -135,6 +135,9 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
             "QuantizeBias": False, "OpTypesToExcludeOutputQuantization": op_types, "DedicatedQDQPair": False,
             # TensorRT's INT8 deconvolution wants per-channel weight scales along axis 0 (ONNX Runtime uses 1)
             "TensorQuantOverrides": {w: [{"axis": 0}] for w in plan["convtranspose_weights"]},
+            # the bias stays float for TensorRT, so ONNX Runtime's int32-bias weight-scale adjustment must not run
+            # (it also assumes the ConvTranspose weight axis is 1 and indexes out of range with axis 0)
+            "QDQDisableWeightAdjustForInt32Bias": True,
         }
         act_type = QuantType.QInt8
     else:
