@@ -676,7 +676,8 @@ def _fold_pads_into_convs(path: Path) -> dict:
     model = onnx.load(str(path))
     if not any(n.op_type == "Pad" for n in model.graph.node):
         return {}
-    _constant_pads_after_dq(model)
+    if not _constant_pads_after_dq(model):
+        return {}  # a Pad after a DQ pads with a value we cannot read: fold none (the fix reads unknown as zero)
     applied = apply_fixes(model, {"QD009"})
     if applied:
         _drop_dead_nodes(model)
@@ -685,58 +686,111 @@ def _fold_pads_into_convs(path: Path) -> dict:
     return applied
 
 
-def _constant_pads_after_dq(model) -> int:
-    """Give each Pad fed by a DequantizeLinear its ``pads`` as an initializer when they are computed from constants.
+def _static_shapes(model) -> dict:
+    """tensor → its dims from ONNX shape inference (None for a symbolic dim such as the batch)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}
+    out = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return out
+
+
+def _constant_pads_after_dq(model) -> bool:
+    """Give each Pad fed by a DequantizeLinear its ``pads`` (and pad value) as initializers when they are fixed numbers.
 
     The TorchScript exporter writes nn.ZeroPad2d's pads as a small Constant → Reshape → Slice → Cast chain that its
-    constant folding leaves; the Pad → Conv fold needs the values. Evaluated with onnx.reference. Returns how many.
+    constant folding leaves, and a 'same' padding computed in forward from ``x.shape`` as Shape → Gather → arithmetic
+    on the activation's shape; the Pad → Conv fold needs the values. Evaluated with onnx.reference, each Shape
+    replaced by the activation's inferred shape; symbolic dims (the dynamic batch) are tried at 1, 3 and 8 and the
+    values kept only when they do not change (a pad that depends on the batch, or on a dynamic image size, stays).
+    Returns False when some such Pad's pad *value* stays unknown (then no Pad may be folded: the fold would read
+    an unknown value as zero).
     """
-    import onnx
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx import numpy_helper
 
     nodes = list(model.graph.node)
     producer = {o: n for n in nodes for o in n.output if o}
     inits = {t.name: t for t in model.graph.initializer}
-    done = 0
+    cache = {}
+    all_known = True
     for pad in nodes:
-        if pad.op_type != "Pad" or len(pad.input) < 2 or not pad.input[1] or pad.input[1] in inits:
-            continue
-        src = producer.get(pad.input[0])
+        src = producer.get(pad.input[0]) if pad.op_type == "Pad" else None
         if src is None or src.op_type != "DequantizeLinear":
             continue
-        target = pad.input[1]
-        if target in producer and producer[target].op_type == "Constant":
-            continue
-        needed, used_inits, stack, ok = set(), set(), [target], True
-        while stack and ok:
-            t = stack.pop()
-            if t in inits:
-                used_inits.add(t)
-            elif t in producer:
-                n = producer[t]
-                if id(n) not in needed:
-                    needed.add(id(n))
-                    stack.extend(i for i in n.input if i)
+        for index in (1, 2):
+            if len(pad.input) <= index or not pad.input[index]:
+                continue
+            target = pad.input[index]
+            if target in inits or (target in producer and producer[target].op_type == "Constant"):
+                continue
+            value = _evaluate_constant(model, nodes, producer, inits, target, cache)
+            if value is None:
+                all_known &= index != 2
+                continue
+            name = f"{pad.name or pad.output[0]}_{('pads', 'value')[index - 1]}"
+            model.graph.initializer.append(numpy_helper.from_array(value, name))
+            inits[name] = model.graph.initializer[-1]
+            pad.input[index] = name
+    return all_known
+
+
+def _evaluate_constant(model, nodes, producer, inits, target, cache):
+    """The value of tensor ``target`` if it does not depend on the input's data (see _constant_pads_after_dq), else None."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    needed, shape_nodes, used_inits, stack = set(), set(), set(), [target]
+    while stack:
+        t = stack.pop()
+        if t in inits:
+            used_inits.add(t)
+        elif t in producer:
+            n = producer[t]
+            if id(n) in needed:
+                continue
+            needed.add(id(n))
+            if n.op_type == "Shape" and n.input[0] not in inits:  # the shape of an activation
+                if "shapes" not in cache:
+                    cache["shapes"] = _static_shapes(model)
+                if n.input[0] not in cache["shapes"]:
+                    return None
+                shape_nodes.add(id(n))
             else:
-                ok = False  # a graph input (or an unknown tensor): not a constant
-        if not ok:
-            continue
-        sub_nodes = [n for n in nodes if id(n) in needed]
+                stack.extend(i for i in n.input if i)
+        else:
+            return None  # a graph input (or an unknown tensor): not a constant
+    values = []
+    for fill in ((1, 3, 8) if shape_nodes else (1,)):
+        sub_nodes = []
+        for n in nodes:
+            if id(n) not in needed:
+                continue
+            if id(n) in shape_nodes:
+                attrs = {a.name: a.i for a in n.attribute}
+                dims = np.array([fill if d is None else d for d in cache["shapes"][n.input[0]]], np.int64)
+                dims = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
+                n = helper.make_node("Constant", [], [n.output[0]], value=numpy_helper.from_array(dims))
+            sub_nodes.append(n)
         try:
             sub = helper.make_model(
-                helper.make_graph(sub_nodes, "pads", [], [helper.make_tensor_value_info(target, onnx.TensorProto.INT64, None)],
+                helper.make_graph(sub_nodes, "const", [], [helper.make_tensor_value_info(target, onnx.TensorProto.UNDEFINED, None)],
                                   [inits[t] for t in used_inits]),
                 opset_imports=list(model.opset_import))
             (value,) = ReferenceEvaluator(sub).run(None, {})
         except Exception:
-            continue
-        name = f"{pad.name or pad.output[0]}_pads"
-        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
-        inits[name] = model.graph.initializer[-1]
-        pad.input[1] = name
-        done += 1
-    return done
+            return None
+        values.append(np.asarray(value))
+    if any(v.dtype != values[0].dtype or not np.array_equal(v, values[0]) for v in values):
+        return None
+    return values[0]
 
 
 def _drop_dead_nodes(model) -> int:
