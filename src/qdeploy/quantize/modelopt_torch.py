@@ -3,7 +3,11 @@
 1. ``torch.fx`` traces the model, folds BatchNorm into the preceding Conv (so weight scales are
    computed on the weights TensorRT will run), and turns every ``a + b`` of two tensors into a
    ``ResidualAdd`` module. ModelOpt only quantizes modules, so a functional residual addition would
-   otherwise stay float and TensorRT could not fuse Conv+Add in INT8.
+   otherwise stay float and TensorRT could not fuse Conv+Add in INT8. Conv/Linear/BN/pooling modules stay
+   leaves of the trace even when they are user subclasses with their own forward (EfficientNet-Lite's
+   same-padding convs), and their BN is folded too; such subclasses are registered with ModelOpt
+   (_register_subclasses), and any conv/linear still without quantizers afterwards (a functional F.conv2d on a
+   parameter) makes the quantizer NotApplicable (quantizer: auto then falls back to the ONNX quantizer).
 2. ``mtq.quantize`` with per-channel (axis 0) INT8 weight quantizers and per-tensor INT8 input
    quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd; then
    ``tensorrt_placement`` applies TensorRT's Q/DQ placement (skip input only on residual Adds, small-channel convs,
@@ -13,7 +17,8 @@
    input quantizer's amax with the chosen method (ranges.py: ModelOpt's algorithms, made fast) and
    each weight quantizer's with its max calibrator.
 3. ``torch.onnx.export`` (TorchScript exporter, ModelOpt's symbolic functions) writes explicit
-   QuantizeLinear/DequantizeLinear nodes.
+   QuantizeLinear/DequantizeLinear nodes; a zero Pad left between a DQ and its Conv (a subclass padding in its
+   forward) is folded into the Conv's pads (lint fix QD009, numerically exact).
 """
 from __future__ import annotations
 
