@@ -82,7 +82,7 @@ class ModelOptQuantizer(Quantizer):
             raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
         exclude_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                              ["modelopt", "trt-placement-2", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales
+                              ["modelopt", "trt-placement-3", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
         cached = json.loads(cache.read_text())["amax"] if cache is not None and cache.is_file() else None
         if cached is not None:
@@ -99,7 +99,9 @@ class ModelOptQuantizer(Quantizer):
                 write_json(cache, {"key": key, "method": cfg.method, "amax": amax})
             log(f"calibrate: ModelOpt {cfg.method} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
         h, w = inputs.preprocess.input_size
-        export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)
+        fixes = export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)
+        if fixes:
+            info["export_fixes"] = fixes  # e.g. {"QD009": n}: zero Pads of same-padding convs folded into the Conv
         if inputs.check_inputs is not None:
             info["export_check"] = check_qdq_export(qm, out_path, inputs.check_inputs)
         return QuantResult(out_path, ranges_from_qdq(out_path), info)

@@ -3,7 +3,11 @@
 1. ``torch.fx`` traces the model, folds BatchNorm into the preceding Conv (so weight scales are
    computed on the weights TensorRT will run), and turns every ``a + b`` of two tensors into a
    ``ResidualAdd`` module. ModelOpt only quantizes modules, so a functional residual addition would
-   otherwise stay float and TensorRT could not fuse Conv+Add in INT8.
+   otherwise stay float and TensorRT could not fuse Conv+Add in INT8. Conv/Linear/BN/pooling modules stay
+   leaves of the trace even when they are user subclasses with their own forward (EfficientNet-Lite's
+   same-padding convs), and their BN is folded too; such subclasses are registered with ModelOpt
+   (_register_subclasses), and any conv/linear still without quantizers afterwards (a functional F.conv2d on a
+   parameter) makes the quantizer NotApplicable (quantizer: auto then falls back to the ONNX quantizer).
 2. ``mtq.quantize`` with per-channel (axis 0) INT8 weight quantizers and per-tensor INT8 input
    quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd; then
    ``tensorrt_placement`` applies TensorRT's Q/DQ placement (skip input only on residual Adds, small-channel convs,
@@ -13,7 +17,8 @@
    input quantizer's amax with the chosen method (ranges.py: ModelOpt's algorithms, made fast) and
    each weight quantizer's with its max calibrator.
 3. ``torch.onnx.export`` (TorchScript exporter, ModelOpt's symbolic functions) writes explicit
-   QuantizeLinear/DequantizeLinear nodes.
+   QuantizeLinear/DequantizeLinear nodes; a zero Pad left between a DQ and its Conv (a subclass padding in its
+   forward) is folded into the Conv's pads (lint fix QD009, numerically exact).
 """
 from __future__ import annotations
 
@@ -75,19 +80,183 @@ def _modelopt():
     return mtq, TensorQuantizer
 
 
+_LEAF_CLASSES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
+                 nn.modules.batchnorm._BatchNorm) + tuple(
+    c for c in vars(nn.modules.pooling).values() if isinstance(c, type) and issubclass(c, nn.Module) and c is not nn.Module)
+
+
+class _LeafTracer(fx.Tracer):
+    """torch.fx's tracer, plus: every Conv/ConvTranspose/Linear/BatchNorm/pooling module is a leaf, subclasses included.
+
+    The default tracer keeps only modules defined in torch.nn whole; it traces *through* a user subclass of
+    nn.Conv2d with its own forward (EfficientNet-Lite's Conv2dStaticSamePadding: ZeroPad2d then F.conv2d), which
+    leaves an F.conv2d on get_attr weights that neither Conv+BN folding nor ModelOpt (it quantizes modules) can handle.
+    """
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, _LEAF_CLASSES) or super().is_leaf_module(m, module_qualified_name)
+
+
+def _probe_input(conv: nn.Module) -> Optional[torch.Tensor]:
+    nd = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}[next(c for c in type(conv).__mro__ if c in (nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+    size = max((k - 1) * d + 1 for k, d in zip(conv.kernel_size, conv.dilation)) + 2 * max(conv.stride) + 3
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, conv.in_channels, *([size] * nd), generator=g, dtype=conv.weight.dtype)
+
+
+def _fold_subclass_conv_bn(gm: fx.GraphModule) -> list:
+    """Fold BatchNorm into a preceding conv *subclass* (fuse() folds the exact nn.Conv*d only). Returns the folded convs.
+
+    fuse_conv_bn_eval rescales a copy of the conv's weight and bias and keeps its class, so the subclass's own
+    forward (padding etc.) still runs. That is only right when the forward is linear in weight and bias the usual
+    way (a weight-standardizing conv would undo the scaling), so each fold is checked on a random probe input
+    and skipped (BN left as is) when the folded conv does not reproduce conv → BN.
+    """
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    modules = dict(gm.named_modules())
+    folded = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+            continue
+        bn, src = modules.get(node.target), node.args[0]
+        if not isinstance(bn, _BN_MODULES) or type(bn).forward is not nn.modules.batchnorm._BatchNorm.forward:
+            continue
+        if not (bn.track_running_stats and bn.running_mean is not None) or not isinstance(src, fx.Node):
+            continue
+        if src.op != "call_module" or len(src.users) > 1:
+            continue
+        conv = modules.get(src.target)
+        if not isinstance(conv, _CONV_MODULES) or type(conv) in _CONV_MODULES or conv.out_channels != bn.num_features:
+            continue
+        try:
+            fused = fuse_conv_bn_eval(conv, bn)  # works on a deep copy
+            x = _probe_input(conv)
+            with torch.no_grad():
+                ref, out = bn(conv(x)), fused(x)
+            ok = ref.shape == out.shape and torch.allclose(out, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()) + 1e-6)
+        except Exception:
+            ok = False
+        if not ok:
+            continue
+        parent, _, attr = src.target.rpartition(".")
+        setattr(gm.get_submodule(parent) if parent else gm, attr, fused)
+        modules[src.target] = fused
+        node.replace_all_uses_with(src)
+        gm.graph.erase_node(node)
+        folded.append(src.target)
+    if folded:
+        gm.graph.lint()
+        gm.delete_all_unused_submodules()  # the folded BNs (fuse() drops them too)
+        gm.recompile()
+    return folded
+
+
+def _register_subclasses(model: nn.Module) -> list:
+    """Register with ModelOpt every Conv/ConvTranspose/Linear subclass of ``model`` that it would leave unquantized.
+
+    ModelOpt's QuantModuleRegistry converts a module whose class is registered, or a subclass that *shares* the
+    registered class's forward; a subclass with its own forward (Conv2dStaticSamePadding) gets no quantizers. Its
+    quantized class here is ModelOpt's QuantLinearConvBase with the base class's weight descriptor: the input
+    quantizer runs on the module's input, then the subclass's own forward runs with the weight attribute returning
+    the quantized weight (ModelOpt's dynamic attribute). The subclass's padding thus runs on the dequantized input:
+    DQ → Pad → Conv in the ONNX, which export_qdq_onnx folds into the Conv's pads when the Pad is a zero pad.
+    Returns the classes registered now.
+    """
+    quant_module = import_modelopt("modelopt.torch.quantization.nn.modules.quant_module")
+    registry, base_cls = quant_module.QuantModuleRegistry, quant_module.QuantLinearConvBase
+    mtq = import_modelopt("modelopt.torch.quantization")
+    added = []
+    for m in model.modules():
+        cls = type(m)
+        if not isinstance(m, _BACKBONE_MODULES) or cls in _BACKBONE_MODULES or cls in registry:
+            continue
+        base = next(c for c in cls.__mro__ if c in _BACKBONE_MODULES)
+        desc = registry[base].default_quant_desc_weight
+        quant_cls = type(f"QDeployQuant{cls.__name__}", (base_cls,), {
+            "default_quant_desc_weight": desc, "__doc__": f"ModelOpt quantizers for {cls.__qualname__} (qdeploy)"})
+        mtq.register(original_cls=cls, quantized_cls=quant_cls)
+        added.append(cls)
+    return added
+
+
+# F.conv*/F.linear/matmul on a weight that is a parameter (or computed from parameters only): compute ModelOpt
+# cannot quantize, since it puts quantizers on modules
+_FUNCTIONAL_COMPUTE = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+                       F.linear, torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm}
+_METHOD_COMPUTE = {"matmul", "mm", "bmm"}
+
+
+def _constant_derived(node) -> bool:
+    """True when ``node`` is a parameter/buffer, or computed from them only (no model input reaches it)."""
+    if not isinstance(node, fx.Node):
+        return False
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            return False
+        stack.extend(n.all_input_nodes)
+    return True
+
+
+def _owner(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack)) if stack else ""
+
+
+def unquantized_compute(qm: fx.GraphModule, exclude: Iterable[str] = ()) -> list:
+    """Compute ModelOpt left float that no rule left float on purpose: names (``module`` or ``module: F.conv2d``).
+
+    Run right after ``mtq.quantize`` (before the placement rules and the user's exclude disable quantizers): every
+    Conv/ConvTranspose/Linear module must then have an enabled weight quantizer; functional convs/linears/matmuls
+    on the model's own parameters have none at all.
+    """
+    exclude = set(exclude or ())
+    out = []
+    for name, m in qm.named_modules():
+        if isinstance(m, _BACKBONE_MODULES) and name not in exclude and _enabled(m, "weight_quantizer") is None:
+            out.append(f"{name} ({type(m).__name__})")
+    for node in qm.graph.nodes:
+        if node.op == "call_function" and node.target in _FUNCTIONAL_COMPUTE:
+            fn = getattr(node.target, "__name__", str(node.target))
+        elif node.op == "call_method" and node.target in _METHOD_COMPUTE:
+            fn = f"Tensor.{node.target}"
+        else:
+            continue
+        operands = list(node.args[:3]) + [node.kwargs.get("weight")]
+        if node.target is torch.addmm:
+            operands = operands[1:]
+        if not any(_constant_derived(a) for a in operands[1:3]):
+            continue
+        owner = _owner(node)
+        if owner and owner in exclude:
+            continue
+        out.append(f"{owner or '<model>'}: {fn} ({node.name})")
+    return out
+
+
 def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     """FX-trace, fold Conv+BN, and make residual additions modules. Returns (graph module, #residual adds)."""
     from torch.fx.experimental.optimization import fuse
 
     model = copy.deepcopy(model).eval()
     try:
-        gm = fx.symbolic_trace(model)
+        tracer = _LeafTracer()
+        graph = tracer.trace(model)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as e:  # data-dependent control flow etc.
         raise NotTraceable(
             f"torch.fx cannot trace the model for ModelOpt quantization ({type(e).__name__}: {str(e).splitlines()[0]}); "
             "use quantizer: onnx for this variant"
         ) from None
-    gm = fuse(gm)  # Conv+BN folding (eval mode)
+    # Conv+BN folding (eval mode) of the exact torch.nn classes; no_trace: a re-trace with torch.fx's default tracer
+    # would go through the conv subclasses kept as leaves above
+    gm = fuse(gm, no_trace=True)
+    _fold_subclass_conv_bn(gm)  # the same for conv subclasses (fuse() matches exact types only)
     count = 0
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in (operator.add, operator.iadd, torch.add) \
@@ -408,10 +577,17 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     select = model.key if isinstance(model, SelectOutput) else None
     inner = model.model if isinstance(model, SelectOutput) else model  # the output selector is not traceable
     gm, n_adds = prepare_for_quantization(inner)
+    _register_subclasses(gm)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     exclude = set(exclude or ())
+    missed = unquantized_compute(qm, exclude)
+    if missed:  # never ship float convs silently: quantizer auto falls back to the ONNX quantizer
+        more = f" and {len(missed) - 5} more" if len(missed) > 5 else ""
+        raise NotApplicable(
+            f"ModelOpt leaves {len(missed)} conv/linear op(s) of the model unquantized: {', '.join(missed[:5])}{more} "
+            "(functional ops on parameters, or module classes ModelOpt cannot quantize); use quantizer: onnx")
     excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
                        if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
     placement = tensorrt_placement(qm)  # disables the quantizers TensorRT's placement rules leave out
@@ -481,9 +657,159 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                       "excluded_by_user": excluded, **placement, "shared_scale_groups": shared_groups}
 
 
-def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool = True) -> None:
+def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool = True) -> dict:
+    """Export the quantized model as Q/DQ ONNX. Returns the lint fixes applied to the export ({rule: count}).
+
+    A conv subclass that pads in its own forward (EfficientNet-Lite's same padding) exports as DQ → Pad → Conv
+    (ModelOpt quantizes the module's input, before the padding): TensorRT does not fuse that Pad (lint QD009). Its
+    fix folds a zero constant Pad into the Conv's pads — exactly what the Conv computes with padded input, since a
+    dequantized zero is zero — so the export stays numerically identical; other pads are left as they are.
+    """
     axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else {}
     with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(qm, (example,), str(tmp), dynamo=False, opset_version=max(opset, 13), input_names=[INPUT_NAME],
                           output_names=[OUTPUT_NAME], dynamic_axes=axes, do_constant_folding=True)
+        return _fold_pads_into_convs(Path(tmp))
+
+
+def _fold_pads_into_convs(path: Path) -> dict:
+    import onnx
+
+    from qdeploy.lint.fixes import apply_fixes
+
+    model = onnx.load(str(path))
+    if not any(n.op_type == "Pad" for n in model.graph.node):
+        return {}
+    if not _constant_pads_after_dq(model):
+        return {}  # a Pad after a DQ pads with a value we cannot read: fold none (the fix reads unknown as zero)
+    applied = apply_fixes(model, {"QD009"})
+    if applied:
+        _drop_dead_nodes(model)
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+    return applied
+
+
+def _static_shapes(model) -> dict:
+    """tensor → its dims from ONNX shape inference (None for a symbolic dim such as the batch)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}
+    out = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return out
+
+
+def _constant_pads_after_dq(model) -> bool:
+    """Give each Pad fed by a DequantizeLinear its ``pads`` (and pad value) as initializers when they are fixed numbers.
+
+    The TorchScript exporter writes nn.ZeroPad2d's pads as a small Constant → Reshape → Slice → Cast chain that its
+    constant folding leaves, and a 'same' padding computed in forward from ``x.shape`` as Shape → Gather → arithmetic
+    on the activation's shape; the Pad → Conv fold needs the values. Evaluated with onnx.reference, each Shape
+    replaced by the activation's inferred shape; symbolic dims (the dynamic batch) are tried at 1, 3 and 8 and the
+    values kept only when they do not change (a pad that depends on the batch, or on a dynamic image size, stays).
+    Returns False when some such Pad's pad *value* stays unknown (then no Pad may be folded: the fold would read
+    an unknown value as zero).
+    """
+    from onnx import numpy_helper
+
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    inits = {t.name: t for t in model.graph.initializer}
+    cache = {}
+    all_known = True
+    for pad in nodes:
+        src = producer.get(pad.input[0]) if pad.op_type == "Pad" else None
+        if src is None or src.op_type != "DequantizeLinear":
+            continue
+        for index in (1, 2):
+            if len(pad.input) <= index or not pad.input[index]:
+                continue
+            target = pad.input[index]
+            if target in inits or (target in producer and producer[target].op_type == "Constant"):
+                continue
+            value = _evaluate_constant(model, nodes, producer, inits, target, cache)
+            if value is None:
+                all_known &= index != 2
+                continue
+            name = f"{pad.name or pad.output[0]}_{('pads', 'value')[index - 1]}"
+            model.graph.initializer.append(numpy_helper.from_array(value, name))
+            inits[name] = model.graph.initializer[-1]
+            pad.input[index] = name
+    return all_known
+
+
+def _evaluate_constant(model, nodes, producer, inits, target, cache):
+    """The value of tensor ``target`` if it does not depend on the input's data (see _constant_pads_after_dq), else None."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    needed, shape_nodes, used_inits, stack = set(), set(), set(), [target]
+    while stack:
+        t = stack.pop()
+        if t in inits:
+            used_inits.add(t)
+        elif t in producer:
+            n = producer[t]
+            if id(n) in needed:
+                continue
+            needed.add(id(n))
+            if n.op_type == "Shape" and n.input[0] not in inits:  # the shape of an activation
+                if "shapes" not in cache:
+                    cache["shapes"] = _static_shapes(model)
+                if n.input[0] not in cache["shapes"]:
+                    return None
+                shape_nodes.add(id(n))
+            else:
+                stack.extend(i for i in n.input if i)
+        else:
+            return None  # a graph input (or an unknown tensor): not a constant
+    values = []
+    for fill in ((1, 3, 8) if shape_nodes else (1,)):
+        sub_nodes = []
+        for n in nodes:
+            if id(n) not in needed:
+                continue
+            if id(n) in shape_nodes:
+                attrs = {a.name: a.i for a in n.attribute}
+                dims = np.array([fill if d is None else d for d in cache["shapes"][n.input[0]]], np.int64)
+                dims = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
+                n = helper.make_node("Constant", [], [n.output[0]], value=numpy_helper.from_array(dims))
+            sub_nodes.append(n)
+        try:
+            sub = helper.make_model(
+                helper.make_graph(sub_nodes, "const", [], [helper.make_tensor_value_info(target, onnx.TensorProto.UNDEFINED, None)],
+                                  [inits[t] for t in used_inits]),
+                opset_imports=list(model.opset_import))
+            (value,) = ReferenceEvaluator(sub).run(None, {})
+        except Exception:
+            return None
+        values.append(np.asarray(value))
+    if any(v.dtype != values[0].dtype or not np.array_equal(v, values[0]) for v in values):
+        return None
+    return values[0]
+
+
+def _drop_dead_nodes(model) -> int:
+    """Remove nodes none of whose outputs is used (ONNX nodes have no side effects), and unused initializers."""
+    removed = 0
+    while True:
+        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in model.graph.node if not any(o in used for o in n.output if o)]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+        removed += len(dead)
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+    return removed
