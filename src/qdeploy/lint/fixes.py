@@ -140,9 +140,10 @@ def fold_pad_into_conv(model, g: QdqGraph, finding) -> bool:
     if mode != "constant":
         return False
     pads = g.constant_value(pad.input[1]) if len(pad.input) > 1 and pad.input[1] else g.attr(pad, "pads", None)
-    value = g.constant_value(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else g.attr(pad, "value", 0.0)
-    if pads is None or (len(pad.input) > 3 and pad.input[3]) or (value is not None and np.any(np.asarray(value) != 0)):
-        return False  # axes input / non-zero pad value: not expressible as Conv pads
+    has_value_input = len(pad.input) > 2 and bool(pad.input[2])
+    value = g.constant_value(pad.input[2]) if has_value_input else g.attr(pad, "value", 0.0)
+    if pads is None or (len(pad.input) > 3 and pad.input[3]) or value is None or np.any(np.asarray(value) != 0):
+        return False  # axes input / a pad value that is non-zero or computed at run time: not expressible as Conv pads
     pads = [int(p) for p in np.asarray(pads).reshape(-1)]
     rank = len(pads) // 2
     begin, end = pads[:rank], pads[rank:]
