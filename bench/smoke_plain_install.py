@@ -71,7 +71,13 @@ def main() -> int:
         if bad or quantizers != ["modelopt", "onnx"]:
             print(f"smoke: FAILED {bad}", file=sys.stderr)
             return 1
-    print("smoke: plain install runs every INT8 method on both placements")
+        # `qdeploy lint` on a TensorRT-placement artifact (and its confirmation step, static without TensorRT)
+        trt = next(v for v in results["variants"] if (v.get("quantization") or {}).get("placement") == "tensorrt")
+        report = api.lint(tmp / "out" / trt["details"]["artifact"])
+        if report["schema"] != "qdeploy.lint/1" or not report["by"].startswith(("static analysis", "TensorRT")):
+            print(f"smoke: FAILED lint {report['verdict']} {report['by']}", file=sys.stderr)
+            return 1
+    print("smoke: plain install runs every INT8 method on both placements, and lints the TensorRT artifact")
     return 0
 
 
