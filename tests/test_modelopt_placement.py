@@ -220,3 +220,24 @@ def test_efficientnet_b0_export_matches_the_fake_quantized_model(method, tmp_pat
     onnx.save(m, str(tmp_path / "bad.onnx"))
     with pytest.raises(QDeployError, match="does not match ModelOpt's fake-quantized model"):
         check_qdq_export(qm, tmp_path / "bad.onnx", x)
+
+
+def test_tiny_activations_export_like_the_fake_quantized_model(tmp_path):
+    """Activations of ~1e-9 (an untrained MobileNetV2's logits): ModelOpt's fake quantization zeroes anything with
+    amax ≤ 2**-24, the exported QuantizeLinear does not; the amax floor sits above that so both agree."""
+    from qdeploy.quantize.calibrate import check_qdq_export
+    from qdeploy.quantize.modelopt_torch import AMAX_FLOOR
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.Flatten(),
+                          nn.Linear(16 * 8 * 8, 10)).eval()
+    with torch.no_grad():
+        model[2].weight.mul_(1e-8)
+        model[2].bias.zero_()
+        model[4].bias.zero_()  # logits come from the tiny activations only
+    x = np.random.default_rng(0).normal(size=(8, 3, 8, 8)).astype(np.float32)
+    qm, amax, _ = quantize_torch_model(model, [x], 8, "max")
+    assert min(min(np.ravel(v)) for v in amax.values()) >= AMAX_FLOOR > 2.0 ** -24
+    path = tmp_path / "tiny.onnx"
+    export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
+    assert check_qdq_export(qm, path, x)["mean_cosine"] > 0.99

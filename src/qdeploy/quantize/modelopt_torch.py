@@ -47,6 +47,13 @@ from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import progress
 
 
+# Smallest amax a quantizer gets. ModelOpt's fake quantization treats amax ≤ 2**-24 as "zero amax" and outputs
+# 0, while the exported QuantizeLinear (scale = amax/127) passes such values through, so a floor at or below
+# 2**-24 makes the export disagree with the calibrated model (seen on an untrained MobileNetV2 whose logits
+# are ~1e-9: cosine 0). Just above ModelOpt's epsilon both agree.
+AMAX_FLOOR = 2.0 ** -23
+
+
 class NotTraceable(NotApplicable):
     """torch.fx cannot trace the model, so ModelOpt's residual-Add quantizers cannot be placed."""
 
@@ -638,7 +645,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             value = value.detach().float().cpu()
             if not torch.isfinite(value).all():
                 raise QDeployError(f"calibration produced NaN/Inf in layer '{name.rsplit('.', 1)[0]}'")
-            q.amax = torch.clamp(value, min=1e-8)  # all-zero channels: a floor, not a zero scale
+            q.amax = torch.clamp(value, min=AMAX_FLOOR)  # all-zero channels: a floor, not a zero scale
             amax[name] = q.amax.tolist()
             q.disable_calib()
             q.enable_quant()
@@ -647,7 +654,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         for name, q in quantizers.items():
             if name not in amax:
                 raise QDeployError(f"cached ranges do not cover quantizer {name}; delete the calibration cache")
-            q.amax = torch.tensor(amax[name])
+            q.amax = torch.clamp(torch.tensor(amax[name]), min=AMAX_FLOOR)
             q.disable_calib()
             q.enable_quant()
     shared_groups = apply_shared_scales(quantizers, groups)
