@@ -316,9 +316,12 @@ def resize_between_quantized(g: QdqGraph):
             continue  # quantized input: TensorRT can run nearest Resize in INT8
         mode = g.attr(node, "mode", b"nearest")
         mode = mode.decode() if isinstance(mode, bytes) else mode
+        shape = g.shapes.get(node.input[0])
+        broadcast = bool(shape) and len(shape) >= 3 and all(d == 1 for d in shape[2:])
         yield _finding("QD012", [_name(node)],
                        f"a float {mode} Resize between INT8 layers: TensorRT dequantizes before it and quantizes after it "
-                       "(two reformats)",
+                       "(two reformats)" + (" — here it upsamples a 1×1 map (ASPP-style image pooling), so the cost is "
+                                            "one quantize of its output" if broadcast else ""),
                        "quantize the Resize's input with the scale its output uses" + (" (nearest mode is INT8-capable)" if mode == "nearest" else ""))
 
 
