@@ -133,7 +133,11 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     assert any("conv2" in n for n in partial["quantization"]["excluded_by_user"])
     assert any("conv2" in n for n in pst["compute_ops_float"] + pst["compute_ops_partly_quantized"])
     assert pst["compute_ops_int8"] == 2
-    assert "INT8 artifacts" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "INT8 artifacts" in md
+    # the excluded conv is a lint finding explained by the config, listed in the report's lint table
+    assert "TensorRT lint findings" in md and "explained: excluded by the config" in md
+    assert partial["quantization"]["lint"]["verdict"] == "clean"
     # a TensorRT calibration cache was written for each INT8 artifact and names real tensors
     cache = read_trt_cache(out / "onnxruntime-int8-trt-mse.trtcache")
     assert "input" in cache and all(a > 0 for a in cache.values())

@@ -261,8 +261,8 @@ def pad_between_dq_and_conv(g: QdqGraph):
 def small_channel_conv_quantized(g: QdqGraph):
     """A quantized Conv has too few channels for TensorRT's INT8 kernels (ModelOpt's rule)."""
     for conv in g.nodes:
-        if conv.op_type != "Conv" or g.dq_of(conv.input[0]) is None:
-            continue
+        if conv.op_type != "Conv" or g.dq_of(conv.input[0]) is None or len(conv.input) < 2 or g.dq_of(conv.input[1]) is None:
+            continue  # a float-weight conv reading a DQ shared with another consumer is QD011's (partly quantized)
         if conv_runs_int8_in_tensorrt(g, conv) is False:
             w = g.shapes.get(g._through_qdq(conv.input[1]))
             yield _finding("QD010", [_name(conv)],

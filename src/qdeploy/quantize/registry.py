@@ -119,9 +119,9 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
     structure = report.to_dict(with_ops=True)["structure"]
     if cfg.placement == "tensorrt":
         # layers left float on purpose are explained findings, not defects
-        reasons = {n: "excluded by the config" for n in result.info.get("excluded_by_user") or []}
-        reasons.update({n: "too narrow for TensorRT's INT8 kernels (left float by the placement)"
-                        for n in result.info.get("excluded_small_channel_convs") or []})
+        reasons = {n: "too narrow for TensorRT's INT8 kernels (left float by the placement)"
+                   for n in result.info.get("excluded_small_channel_convs") or []}
+        reasons.update({n: "excluded by the config" for n in result.info.get("excluded_by_user") or []})
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
     else:
