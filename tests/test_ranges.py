@@ -182,3 +182,37 @@ def test_abs_histogram_merges_bins_instead_of_growing_without_bound():
     assert factor & (factor - 1) == 0  # a power of two: every coarse edge is a fine edge
     merged = np.add.reduceat(np.asarray(ref_hist, np.int64), np.arange(0, len(ref_hist), factor))
     assert np.abs(ours._calib_hist[:len(merged)] - merged).sum() <= 100 + 1e-3 * ref_hist.sum()
+
+
+def test_mean_minmax_averages_each_images_extremes(tmp_path):
+    """NNCF's default activation estimator: mean over images of each image's min / max / max|x|, so one outlier
+    image does not stretch the range (global max: 10; mean of per-image maxima: 3.25)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qdeploy.quantize.collect import collect_activation_stats
+    from qdeploy.quantize.ranges import compute_ranges
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="id")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    path = tmp_path / "id.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    images = np.array([[-1, 0, 0, 1], [-1, 0, 0, 1], [-2, 0, 0, 1], [0, 0, 0, 10]], dtype=np.float32)
+    stats = collect_activation_stats(path, [images[:3], images[3:]], total=4, histograms=False)  # batches of 3 and 1
+    r = compute_ranges(stats, "mean-minmax")["y"]
+    assert r.amax == pytest.approx((1 + 1 + 2 + 10) / 4)
+    assert r.lo == pytest.approx((-1 - 1 - 2 + 0) / 4) and r.hi == pytest.approx((1 + 1 + 1 + 10) / 4)
+    assert compute_ranges(stats, "max")["y"].amax == pytest.approx(10)
+
+
+def test_mean_minmax_is_served_by_the_onnx_quantizer_only():
+    from qdeploy.config import Int8Config
+    from qdeploy.quantize import NotApplicable, candidates, get_quantizer
+
+    cfg = Int8Config(method="mean-minmax", placement="tensorrt")
+    assert [q.name for q in candidates(cfg, has_torch=True)] == ["onnx"]  # auto falls back from ModelOpt
+    with pytest.raises(NotApplicable, match="mean-minmax"):
+        get_quantizer("modelopt").check(cfg, True)

@@ -85,3 +85,54 @@ def test_both_quantizers_place_qdq_by_tensorrts_rules(placement_config, tmp_path
         assert axis == 0 and np.size(g.constant_value(dq.input[1])) == 32, (name, axis)
         # no Q/DQ inside a Conv→BN→ReLU chain, none on a residual conv path
         assert not {f.rule for f in report.findings} & {"QD001", "QD006", "QD007", "QD008", "QD009"}
+
+
+SE_MODEL = '''
+import torch
+from torch import nn
+from torchvision.ops import SqueezeExcitation
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.SiLU())
+        self.se = SqueezeExcitation(32, 8, activation=nn.SiLU)
+        self.proj = nn.Conv2d(32, 16, 1)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc(self.proj(self.se(self.stem(x))).mean((2, 3)))
+
+
+def net():
+    torch.manual_seed(0)
+    return Net()
+'''
+
+
+@pytest.mark.parametrize("placement, quantizer", [("onnxruntime", "onnx"), ("tensorrt", "onnx"), ("tensorrt", "modelopt")])
+def test_squeeze_excitation_branch_stays_float(placement, quantizer, tmp_path):
+    """NNCF's SE_BLOCK rule: the pooled 1×1 convs that compute the gate stay float in every placement, and the
+    TensorRT lint explains them instead of flagging them."""
+    model_file = tmp_path / "se.py"
+    model_file.write_text(SE_MODEL)
+    evalset = write_image_folder(tmp_path / "eval", per_class=2, size=(16, 16))
+    calib = write_image_folder(tmp_path / "calib", per_class=6, size=(16, 16), seed=3)
+    cfg = {"model": {"source": f"{model_file}:net", "preprocess": {"input_size": [16, 16]}},
+           "data": {"eval": {"root": str(evalset), "workers": 0}, "calibration": {"root": str(calib), "workers": 0}},
+           "variants": [{"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": placement,
+                         "quantizer": quantizer, "name": "v"}]}
+    summary = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")
+    info = summary["variants"]["v"]
+    assert info["status"] == "ok", info["reason"]
+    se = info["excluded_squeeze_excitation"]
+    assert len(se) >= 2 and all(("fc1" in n or "fc2" in n or "avgpool" in n or "activation" in n) for n in se), se
+    g = OnnxGraph(onnx.load(str(tmp_path / "q" / info["artifact"])))
+    se_convs = [n for n in g.nodes if n.op_type == "Conv" and ("fc1" in n.name or "fc2" in n.name)]
+    other_convs = [n for n in g.nodes if n.op_type in ("Conv", "QLinearConv") and n not in se_convs]
+    assert len(se_convs) == 2 and not any(g.is_dequantized(c.input[0]) for c in se_convs)
+    assert other_convs and all(c.op_type == "QLinearConv" or g.is_dequantized(c.input[0]) for c in other_convs)
+    if placement == "tensorrt":
+        assert info["lint"]["verdict"] == "clean", info["lint"]
+        assert any("squeeze-excitation" in f["fix"] for f in info["lint"]["findings"])

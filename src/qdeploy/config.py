@@ -104,7 +104,7 @@ class DataConfig(_Strict):
 
 
 PLACEMENTS = ("onnxruntime", "tensorrt")
-METHODS = ("max", "entropy", "percentile", "mse")
+METHODS = ("max", "entropy", "percentile", "mse", "mean-minmax")
 # Keys of earlier releases: named in the error so an old config is fixed in one step, not guessed at.
 RENAMED_KEYS = {"calibrator": "method", "target": "placement"}
 
@@ -117,7 +117,7 @@ class Int8Config(_Strict):
     The quantizer that executes it is looked up by name in ``qdeploy.quantize``'s registry.
     """
 
-    method: Literal["max", "entropy", "percentile", "mse"] = Field(
+    method: Literal["max", "entropy", "percentile", "mse", "mean-minmax"] = Field(
         "entropy", description="range method: how an activation's clipping range is chosen from its statistics")
     percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
     placement: Literal["onnxruntime", "tensorrt"] = Field(

@@ -59,10 +59,11 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
     t0 = time.perf_counter()
     memo_key = (str(onnx_path), id(batches), num_bins)
     stats = stats_memo.get(memo_key) if stats_memo is not None else None
-    if stats is None or (method != "max" and next(iter(stats.tensors.values())).hist is None):
-        # histograms only when a histogram method needs them: max alone is a plain min/max pass
+    needs_hist = method not in ("max", "mean-minmax")
+    if stats is None or (needs_hist and next(iter(stats.tensors.values())).hist is None):
+        # histograms only when a histogram method needs them: max and mean-minmax need a plain min/max pass
         stats = collect_activation_stats(onnx_path, (normalize(x, preprocess) for x, _ in batches), batches.num_samples,
-                                         num_bins, histograms=method != "max")
+                                         num_bins, histograms=needs_hist)
         if stats_memo is not None:
             stats_memo[memo_key] = stats  # one histogram pass serves every method in this run
     ranges = compute_ranges(stats, method, percentile, names=set(names) if names is not None else None)

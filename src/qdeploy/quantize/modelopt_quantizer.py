@@ -12,12 +12,14 @@ import re
 import time
 from pathlib import Path
 
+import onnx
 import torch
 
 from qdeploy.config import Int8Config
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.calibrate import calibration_key, check_qdq_export, ranges_from_qdq
+from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.atomic import write_json
@@ -72,6 +74,9 @@ class ModelOptQuantizer(Quantizer):
             raise NotApplicable("quantizer modelopt produces the TensorRT placement only (placement: tensorrt)")
         if cfg.calibration_cache:
             raise NotApplicable("quantizer modelopt calibrates itself; ranges from a TensorRT cache need quantizer: onnx")
+        if cfg.method == "mean-minmax":
+            raise NotApplicable("method mean-minmax (per-sample extremes averaged) is computed on the ONNX statistics "
+                                "path only so far; use quantizer: onnx (auto falls back to it)")
         if cfg.exclude_ops:
             raise NotApplicable("quantizer modelopt does not take exclude_ops (ONNX op types); use exclude (node-name regexes) or quantizer: onnx")
 
@@ -80,7 +85,11 @@ class ModelOptQuantizer(Quantizer):
         batches = inputs.calibration
         if batches is None:
             raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
-        exclude_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
+        user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
+        # squeeze-excitation branches stay float (quantize/patterns.py): their convs' modules
+        se_modules = sorted({module_of_node(n) for n in squeeze_excitation_nodes(onnx.load(str(inputs.fp32_onnx)))
+                             if n.endswith("/Conv")} - {""} - set(user_modules))
+        exclude_modules = set(user_modules) | set(se_modules)
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
                               ["modelopt", "trt-placement-3", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
@@ -90,6 +99,8 @@ class ModelOptQuantizer(Quantizer):
         qm, amax, details = quantize_torch_model(
             inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
             cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
+        details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
+        details["excluded_squeeze_excitation"] = se_modules
         info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,
                 "samples": batches.num_samples, "cache": str(cache) if cache else None, **details,
                 "excluded_nodes": matched_nodes, "unmatched_patterns": unmatched, "cache_hit": cached is not None,

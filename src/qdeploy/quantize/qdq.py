@@ -30,6 +30,7 @@ from qdeploy.errors import ConfigError
 from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
+from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
 from qdeploy.utils.onnx_graph import OnnxGraph
@@ -101,6 +102,9 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     OnnxGraph(model).ensure_node_names()
     user_excluded, unmatched = select_excluded(model, exclude, exclude_ops)
     excluded = list(user_excluded)
+    # squeeze-excitation branches stay float in both placements (patterns.py says why)
+    se_nodes = [n for n in squeeze_excitation_nodes(model) if n not in excluded]
+    excluded += se_nodes
     symmetric = target == "tensorrt"
     data = {}
     for name, r in ranges.items():
@@ -157,7 +161,8 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     with atomic_path(out_path) as tmp:
         onnx.save(qmodel, str(tmp))
     return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
-            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes}
+            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
+            "excluded_squeeze_excitation": se_nodes}
 
 
 # lint's safe fixes that turn ONNX Runtime's placement into TensorRT's (rule ids in qdeploy.lint.rules)

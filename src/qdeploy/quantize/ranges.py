@@ -45,7 +45,7 @@ from typing import Optional
 
 import numpy as np
 
-METHODS = ("max", "entropy", "percentile", "mse")
+METHODS = ("max", "entropy", "percentile", "mse", "mean-minmax")
 SCALE_FLOOR = 1e-8  # an all-zero tensor gets this tiny range instead of a zero scale (division by zero)
 
 
@@ -117,6 +117,10 @@ def compute_amax(stats, method: str, percentile: float = 99.99, max_candidates: 
     absmax = max(abs(stats.lo), abs(stats.hi))
     if method == "max" or absmax == 0:
         amax = absmax
+    elif method == "mean-minmax":
+        # NNCF's default for per-tensor activations (MEAN_MINMAX): each image's own max|x|, averaged over the
+        # images. Unlike the global max, one outlier image cannot stretch the range for all the others.
+        amax = stats.sample_absmax_sum / max(stats.samples, 1)
     elif method in ("entropy", "mse", "percentile"):
         hist, edges = _numpy_hist(stats.hist)
         if hist is None:
@@ -277,5 +281,9 @@ def compute_ranges(stats, method: str, percentile: float = 99.99, names=None) ->
         if st.samples == 0 or (names is not None and name not in names):
             continue
         amax = compute_amax(st, method, percentile)
+        if method == "mean-minmax":  # asymmetric placements use the mean per-sample min and max themselves
+            lo, hi = st.sample_lo_sum / st.samples, st.sample_hi_sum / st.samples
+            out[name] = TensorRange(lo=max(lo, -amax), hi=min(hi, amax), amax=amax)
+            continue
         out[name] = TensorRange(lo=max(st.lo, -amax), hi=min(st.hi, amax), amax=amax)
     return out

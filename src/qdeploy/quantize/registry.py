@@ -21,6 +21,7 @@ import numpy as np
 from qdeploy.config import Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.lint import lint_model, load_qdq_model, structure_line
+from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.trt_cache import write_trt_cache
 from qdeploy.utils.log import log, warn
 
@@ -121,6 +122,9 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
         # layers left float on purpose are explained findings, not defects
         reasons = {n: "too narrow for TensorRT's INT8 kernels (left float by the placement)"
                    for n in result.info.get("excluded_small_channel_convs") or []}
+        if result.info.get("excluded_squeeze_excitation"):
+            reasons.update({n: "squeeze-excitation branch kept float (NNCF's SE_BLOCK rule; accuracy)"
+                            for n in squeeze_excitation_nodes(load_qdq_model(out_path))})
         reasons.update({n: "excluded by the config" for n in result.info.get("excluded_by_user") or []})
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}

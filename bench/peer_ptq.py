@@ -1,0 +1,204 @@
+"""qdeploy's PTQ next to NNCF's on the same exported FP32 ONNX, calibration images and evaluation images.
+
+    pip install nncf            # a bench dependency, not a runtime one
+    python bench/peer_ptq.py efficientnet_b0_48 mobilenet_v3_large_64 --out runs/peer_ptq [--eval-count 10000]
+        [--nncf default,global-minmax,no-bias-correction] [--methods max,entropy,percentile,mse] [--accuracy-control]
+
+Models: the ../shared/models/cifar10-dev checkpoints (torchvision architectures, 10 classes). Calibration:
+512 seeded cifar10/train images; evaluation: cifar10/test (all 10,000 by default). Each row: top-1,
+agreement with FP32, wall time and peak RSS of the quantization call, ONNX Runtime CPU latency
+(batch 1, 2 threads, median of 200 after 20 warm-up). NNCF variants (its ONNX backend):
+
+  default             ``nncf.quantize`` defaults (per-tensor activations: mean over samples of the per-sample min/max)
+  global-minmax       activations' range = the global min/max over all samples (RangeEstimatorParametersSet.MINMAX)
+  no-bias-correction  defaults without bias correction
+  accuracy-control    ``nncf.quantize_with_accuracy_control`` (max drop 1 point on 1,000 held-out train images)
+
+qdeploy rows: each range method × placement (onnxruntime; tensorrt via the onnx quantizer), quantized by
+``qdeploy.api.quantize``; TensorRT-placement artifacts are evaluated with exact Q/DQ semantics.
+Prints Markdown and writes DIR/<model>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def config(name: str, eval_count: int) -> dict:
+    arch, size = name.rsplit("_", 1)
+    return {"model": {"source": f"torchvision:{arch}", "kwargs": {"num_classes": 10},
+                      "weights": str(SHARED / "models" / "cifar10-dev" / f"{name}.pt"),
+                      "preprocess": {"input_size": [int(size)] * 2, "resize": [int(size)] * 2, **NORM}},
+            "data": {"eval": {"root": str(SHARED / "data" / "cifar10" / "test"), "count": eval_count, "seed": 0, "batch_size": 500},
+                     "calibration": {"root": str(SHARED / "data" / "cifar10" / "train"), "count": 512, "seed": 0, "batch_size": 64}},
+            "bench": {"enabled": False}}
+
+
+def arrays(spec, pre, task):
+    from qdeploy.data import make_batches, normalize
+
+    xs, ys = [], []
+    for x, y in make_batches(spec, pre, task):
+        xs.append(normalize(x, pre))
+        ys.append(y)
+    return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
+
+
+def session(path, exact: bool = False, threads: int = 2):
+    import onnxruntime as ort
+
+    from qdeploy.utils.ort_options import exact_qdq
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level, opts.intra_op_num_threads = 3, threads
+    if exact:
+        exact_qdq(opts)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def predict(path, X, exact=False):
+    s = session(path, exact)
+    name = s.get_inputs()[0].name
+    return np.concatenate([s.run(None, {name: X[i:i + 500]})[0].argmax(1) for i in range(0, len(X), 500)])
+
+
+def latency_ms(path, x1, exact=False):
+    s = session(path, exact)
+    name = s.get_inputs()[0].name
+    for _ in range(20):
+        s.run(None, {name: x1})
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        s.run(None, {name: x1})
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--out", default="runs/peer_ptq")
+    ap.add_argument("--eval-count", type=int, default=10000)
+    ap.add_argument("--nncf", default="default,global-minmax,no-bias-correction")
+    ap.add_argument("--methods", default="max,entropy,percentile,mse")
+    ap.add_argument("--placements", default="onnxruntime,tensorrt,tensorrt-modelopt")
+    ap.add_argument("--accuracy-control", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    import onnx
+
+    from qdeploy import api
+    from qdeploy.utils.memory import MemoryProbe
+
+    try:
+        import nncf
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+        from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+    except ImportError:
+        raise SystemExit("this benchmark needs NNCF: pip install nncf") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.models:
+        cfg = config(name, args.eval_count)
+        rc = api.parse_config(cfg)
+        pre, task = rc.model.preprocess, rc.model.task
+        fp32 = Path(api.export(cfg, out / name / "export", cache_dir=out / "cache")["copied_to"])
+        X_cal, _ = arrays(rc.data.calibration, pre, task)
+        X, Y = arrays(rc.data.eval, pre, task)
+        ref = predict(fp32, X)
+        rows = [{"tool": "FP32 (ONNX Runtime)", "top1": float((ref == Y).mean()), "agreement": 1.0,
+                 "latency_ms": latency_ms(fp32, X[:1])}]
+        print(f"{name}: FP32 top-1 {100 * rows[0]['top1']:.2f} on {len(Y)} images", flush=True)
+
+        def record(tool, path, seconds, mem, exact=False):
+            pred = predict(path, X, exact)
+            rows.append({"tool": tool, "top1": float((pred == Y).mean()), "agreement": float((pred == ref).mean()),
+                         "time_s": round(seconds, 2), "rss_peak_mb": mem["rss_peak"], "rss_delta_mb": mem["rss_delta"],
+                         "latency_ms": latency_ms(path, X[:1], exact)})
+            r = rows[-1]
+            print(f"  {tool}: top-1 {100 * r['top1']:.2f} (agreement {100 * r['agreement']:.1f}), {r['time_s']} s, "
+                  f"+{r['rss_delta_mb']:.0f} MB, {r['latency_ms']:.3f} ms", flush=True)
+
+        calib = nncf.Dataset([X_cal[i:i + 1] for i in range(len(X_cal))], lambda x: {"input": x})
+        variants = {
+            "default": {},
+            "global-minmax": {"advanced_parameters": AdvancedQuantizationParameters(
+                activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)},
+            "no-bias-correction": {"advanced_parameters": AdvancedQuantizationParameters(disable_bias_correction=True)},
+        }
+        for v in [v for v in args.nncf.split(",") if v]:
+            model = onnx.load(str(fp32))
+            with MemoryProbe() as m:
+                t0 = time.perf_counter()
+                q = nncf.quantize(model, calib, subset_size=len(X_cal), **variants[v])
+                seconds = time.perf_counter() - t0
+            path = out / name / f"nncf-{v}.onnx"
+            onnx.save(q, str(path))
+            record(f"NNCF {v}", path, seconds, m.result())
+        if args.accuracy_control:
+            # held-out validation images for NNCF's search: train images the calibration did not use
+            val_spec = rc.data.calibration.model_copy(update={"count": 1000, "seed": 1})
+            X_val, Y_val = arrays(val_spec, pre, task)
+
+            def validate(model, items):
+                import onnxruntime as ort
+
+                s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+                return float(np.mean([s.run(None, {"input": x})[0].argmax(1)[0] == y for x, y in items]))
+            val = nncf.Dataset([(X_val[i:i + 1], Y_val[i]) for i in range(len(X_val))], lambda item: {"input": item[0]})
+            model = onnx.load(str(fp32))
+            with MemoryProbe() as m:
+                t0 = time.perf_counter()
+                q = nncf.quantize_with_accuracy_control(model, calib, val, validation_fn=lambda mdl, items: validate(mdl, items),
+                                                        max_drop=0.01, subset_size=len(X_cal))
+                seconds = time.perf_counter() - t0
+            path = out / name / "nncf-accuracy-control.onnx"
+            onnx.save(q, str(path))
+            record("NNCF accuracy-control", path, seconds, m.result())
+        for placement in [p for p in args.placements.split(",") if p]:
+            for method in [m for m in args.methods.split(",") if m]:
+                variant = {"engine": "onnxruntime", "precision": "int8", "method": method,
+                           "placement": "tensorrt" if placement.startswith("tensorrt") else placement,
+                           "threads": 2, "name": f"{placement}-{method}"}
+                if placement.startswith("tensorrt"):  # tensorrt = the ONNX route, tensorrt-modelopt = ModelOpt
+                    variant["quantizer"] = "modelopt" if placement == "tensorrt-modelopt" else "onnx"
+                run_cfg = dict(cfg, variants=[variant])
+                with MemoryProbe() as m:
+                    t0 = time.perf_counter()
+                    summary = api.quantize(run_cfg, out / name / f"qdeploy-{placement}-{method}",
+                                           cache_dir=out / "cache" / f"{placement}-{method}")
+                    seconds = time.perf_counter() - t0
+                info = summary["variants"][variant["name"]]
+                if info["status"] != "ok":
+                    rows.append({"tool": f"qdeploy {placement} {method}", "status": info["status"], "reason": info["reason"]})
+                    continue
+                record(f"qdeploy {placement} {method}", Path(summary["out"]) / info["artifact"], seconds, m.result(),
+                       exact=placement.startswith("tensorrt"))
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
+        print(f"\n{name} ({len(Y)} cifar10/test images, 512 calibration images)\n")
+        print("| tool | top-1 % | Δ vs FP32 | agreement % | quantize s | peak RSS MB (+Δ) | ORT CPU bs1 ms |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            if "top1" not in r:
+                print(f"| {r['tool']} | {r.get('status')}: {r.get('reason', '')[:60]} | | | | | |")
+                continue
+            d = 100 * (r["top1"] - rows[0]["top1"])
+            t = f"{r['time_s']:.1f}" if "time_s" in r else "–"
+            mem = f"{r['rss_peak_mb']:.0f} (+{r['rss_delta_mb']:.0f})" if "rss_peak_mb" in r else "–"
+            print(f"| {r['tool']} | {100 * r['top1']:.2f} | {d:+.2f} | {100 * r['agreement']:.1f} | {t} | {mem} | {r['latency_ms']:.3f} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
