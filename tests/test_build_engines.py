@@ -143,3 +143,22 @@ def test_capability_table_drives_probe_rows():
         rows = cls.probe()
         assert rows and all(r["engine"] == name and set(r["precisions"]) <= set(cls.precisions) for r in rows)
         assert {r["device"] for r in rows} == set(cls.devices)
+
+
+@pytest.mark.parametrize("arch", ["mobilenet_v3_small", "efficientnet_b0", "resnet18"])
+def test_every_exported_conv_maps_back_to_its_module(arch, tmp_path):
+    """ONNX scope names → PyTorch module names through nested Sequentials (``features.1.0`` / ``block`` /
+    ``block.1``): the ModelOpt quantizer turns exclude patterns and squeeze-excitation convs into modules this way."""
+    import onnx
+    import torch
+    import torchvision
+
+    from qdeploy.models.loader import SelectOutput
+
+    net = getattr(torchvision.models, arch)(num_classes=10).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(SelectOutput(net, None), (torch.randn(1, 3, 64, 64),), str(path), dynamo=False, opset_version=17)
+    modules = dict(net.named_modules())
+    convs = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
+    assert convs and all(isinstance(modules.get(module_of_node(n)), torch.nn.Conv2d) for n in convs), \
+        [(n, module_of_node(n)) for n in convs if module_of_node(n) not in modules][:3]

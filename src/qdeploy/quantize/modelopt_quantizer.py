@@ -35,9 +35,15 @@ def module_of_node(node_name: str) -> str:
     scopes = [s for s in node_name.strip("/").split("/")[:-1] if s]
     if scopes and scopes[0] == WRAPPER_SCOPE:
         scopes = scopes[1:]
-    path = ""
+    # a scope that extends the previous one ("features" → "features.1") indexes into it (Sequential children);
+    # any other scope is an attribute of the module so far ("block" under "features.1.0")
+    path, prev = "", ""
     for scope in scopes:
-        path = scope if not path or scope.startswith(path + ".") else f"{path}.{scope}"
+        if prev and scope.startswith(prev + "."):
+            path += scope[len(prev):]
+        else:
+            path = f"{path}.{scope}" if path else scope
+        prev = scope
     return path
 
 
