@@ -22,6 +22,7 @@ from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 SHAPE_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
+GATES = ("Sigmoid", "HardSigmoid")  # x·sigmoid(x) = SiLU, x·hardsigmoid(x) = hardswish; y·sigmoid(z) is an SE gate
 # Ops that TensorRT folds into a Conv's epilogue when they follow it directly (ModelOpt's fusible path types,
 # plus the activations TensorRT fuses as pointwise epilogues).
 EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
@@ -155,17 +156,22 @@ class QdqGraph(OnnxGraph):
                 if len(acts) == 1:  # bias / scale by a constant
                     node = self.producer.get(acts[0])
                     continue
-                if node.op_type == "Mul":  # SiLU / hardswish: x * sigmoid(x), both from the same tensor
-                    a, b = node.input
-                    for gate, other in ((a, b), (b, a)):
-                        g = self.producer.get(gate)
-                        if g is not None and g.op_type in ("Sigmoid", "HardSigmoid") and g.input[0] == other:
-                            node = self.producer.get(other)
-                            break
-                    else:
-                        return None
+                swish = self.swish(node) if node.op_type == "Mul" else None
+                if swish is not None:  # SiLU / hardswish: x * sigmoid(x), both from the same tensor
+                    node = self.producer.get(swish[0])
                     continue
             return None
+        return None
+
+    def swish(self, mul: onnx.NodeProto) -> Optional[tuple[str, onnx.NodeProto]]:
+        """For a Mul computing x·sigmoid(x) (SiLU) or x·hardsigmoid(x) (hardswish), with x seen through Q/DQ:
+        (the x input as the Mul reads it, the gate node); None for any other Mul (e.g. an SE gate y·sigmoid(z))."""
+        if mul.op_type != "Mul" or len(mul.input) != 2:
+            return None
+        for gate_t, x_t in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+            gate = self.producer.get(gate_t)
+            if gate is not None and gate.op_type in GATES and self._through_qdq(gate.input[0]) == self._through_qdq(x_t):
+                return x_t, gate
         return None
 
     def ancestors_depth(self, tensor: str, limit: int = 400) -> dict[str, int]:

@@ -204,26 +204,19 @@ def qdq_inside_conv_bn_relu(g: QdqGraph):
 def activation_fusion_broken(g: QdqGraph):
     """A Q/DQ pair breaks Conv→Sigmoid→Mul (SiLU) or Conv→HardSigmoid→Mul (hardswish)."""
     for mul in g.nodes:
-        if mul.op_type != "Mul" or len(mul.input) != 2:
+        swish = g.swish(mul)
+        if swish is None:
             continue
-        for gate_t, x_t in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
-            gate = g.producer.get(gate_t)
-            if gate is None or gate.op_type not in ("Sigmoid", "HardSigmoid"):
-                continue
-            xs = {g._through_qdq(x_t), g._through_qdq(gate.input[0])}
-            if len(xs) != 1:
-                continue
-            x = xs.pop()
-            conv = g.backbone(x)
-            quantized = [t for t in (x_t, gate.input[0], gate_t) if g.dq_of(t) is not None]
-            if conv is None or not quantized:
-                continue
-            kind = "SiLU" if gate.op_type == "Sigmoid" else "hardswish"
-            yield _finding("QD007", [_name(conv), _name(gate), _name(mul)],
-                           f"Q/DQ inside the {kind} after '{_name(conv)}' keeps TensorRT from fusing the activation into the "
-                           "convolution's INT8 kernel",
-                           f"remove the Q/DQ inside the {kind}; quantize its output (the next layer's input) instead")
-            break
+        x_t, gate = swish
+        conv = g.backbone(g._through_qdq(x_t))
+        quantized = [t for t in (x_t, gate.input[0], gate.output[0]) if g.dq_of(t) is not None]
+        if conv is None or not quantized:
+            continue
+        kind = "SiLU" if gate.op_type == "Sigmoid" else "hardswish"
+        yield _finding("QD007", [_name(conv), _name(gate), _name(mul)],
+                       f"Q/DQ inside the {kind} after '{_name(conv)}' keeps TensorRT from fusing the activation into the "
+                       "convolution's INT8 kernel",
+                       f"remove the Q/DQ inside the {kind}; quantize its output (the next layer's input) instead")
 
 
 @rule("QD008", "convtranspose-weight-axis", "blocks-int8")
@@ -383,19 +376,15 @@ def float_classifier_head(g: QdqGraph):
 def depthwise_conv_then_swish(g: QdqGraph):
     """A depthwise Conv is followed by Sigmoid/Mul (SiLU) or HardSigmoid/Mul."""
     for mul in g.nodes:
-        if mul.op_type != "Mul" or len(mul.input) != 2:
+        swish = g.swish(mul)
+        if swish is None:
             continue
-        for gate_t, x_t in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
-            gate = g.producer.get(gate_t)
-            if gate is None or gate.op_type not in ("Sigmoid", "HardSigmoid") or g._through_qdq(gate.input[0]) != g._through_qdq(x_t):
-                continue
-            conv = g.backbone(g._through_qdq(x_t))
-            if conv is not None and conv.op_type == "Conv" and g.is_depthwise(conv) and g.dq_of(conv.input[0]) is not None:
-                yield _finding("QD014", [_name(conv), _name(mul)],
-                               "TensorRT fuses the activation into the depthwise INT8 conv only through a pointwise "
-                               "epilogue; on some GPUs it runs the swish as a separate kernel",
-                               "nothing required; confirm with the engine inspector")
-            break
+        conv = g.backbone(g._through_qdq(swish[0]))
+        if conv is not None and conv.op_type == "Conv" and g.is_depthwise(conv) and g.dq_of(conv.input[0]) is not None:
+            yield _finding("QD014", [_name(conv), _name(mul)],
+                           "TensorRT fuses the activation into the depthwise INT8 conv only through a pointwise "
+                           "epilogue; on some GPUs it runs the swish as a separate kernel",
+                           "nothing required; confirm with the engine inspector")
 
 
 @rule("QD015", "bad-scale", "blocks-int8")

@@ -7,7 +7,7 @@ ONNX Runtime's fused operators (QLinearConv, ...) count as INT8 compute.
 """
 from __future__ import annotations
 
-from qdeploy.lint.qdq_graph import QdqGraph
+from qdeploy.lint.qdq_graph import GATES, QdqGraph
 
 FUSED_INT8 = ("QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm")
 FORMS = {
@@ -29,7 +29,7 @@ def _fusions(g: QdqGraph, node) -> tuple[list[str], bool]:
         if nxt is None:
             users = g.consumers.get(tensor, [])
             # SiLU / hardswish: x feeds both the gate and the Mul
-            gates = [u for u in users if u.op_type in ("Sigmoid", "HardSigmoid")]
+            gates = [u for u in users if u.op_type in GATES]
             muls = [u for u in users if u.op_type == "Mul"]
             if len(users) == 2 and gates and muls and gates[0].output[0] in muls[0].input:
                 fused.append("SiLU" if gates[0].op_type == "Sigmoid" else "HardSwish")

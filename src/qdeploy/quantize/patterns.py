@@ -10,31 +10,27 @@ C×1×1 vector, so keeping it float costs next to nothing in ONNX Runtime or Ten
 """
 from __future__ import annotations
 
-from qdeploy.utils.onnx_graph import OnnxGraph
+from qdeploy.lint.qdq_graph import GATES, QdqGraph
 
 POOLS = ("GlobalAveragePool", "ReduceMean")
-GATES = ("Sigmoid", "HardSigmoid")
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid", "HardSigmoid", "Mul", "Add", "Div")
 
 
-def _activation_input(g: OnnxGraph, node) -> str | None:
-    """The tensor an element-wise activation reads (x for SiLU's x·sigmoid(x), the data input otherwise)."""
-    if node.op_type == "Mul" and len(node.input) == 2:
-        a, b = node.input
-        for x, gate in ((a, b), (b, a)):
-            p = g.producer.get(gate)
-            if p is not None and p.op_type in GATES and p.input[0] == x:
-                return x
-        return None
+def _activation_input(g: QdqGraph, node) -> tuple[str | None, list[str]]:
+    """The tensor an element-wise activation reads (x for SiLU's x·sigmoid(x), the data input otherwise), and
+    the activation's other nodes (SiLU's sigmoid)."""
+    if node.op_type == "Mul":
+        swish = g.swish(node)
+        return (swish[0], [swish[1].name]) if swish is not None else (None, [])
     if node.op_type in ("Add", "Div") and len(node.input) == 2:  # hardsigmoid written out: (x + 3) / 6
         acts = [i for i in node.input if g.is_activation(i)]
-        return acts[0] if len(acts) == 1 else None
-    return node.input[0] if node.input else None
+        return (acts[0] if len(acts) == 1 else None), []
+    return (node.input[0] if node.input else None), []
 
 
 def squeeze_excitation_branches(model) -> list[dict]:
     """Each SE branch: {"mul": gate Mul, "nodes": [pool, conv, activation..., conv]} (node names)."""
-    g = OnnxGraph(model)
+    g = QdqGraph(model)
     found = []
     for mul in g.nodes:
         if mul.op_type != "Mul" or len(mul.input) != 2:
@@ -57,12 +53,10 @@ def squeeze_excitation_branches(model) -> list[dict]:
                         found.append({"mul": mul.name, "nodes": [node.name] + nodes[::-1]})
                     break
                 elif node.op_type in ACTIVATIONS and convs == 1:
-                    nodes.append(node.name)
-                    t = _activation_input(g, node)
+                    t, extra = _activation_input(g, node)
                     if t is None:
                         break
-                    if node.op_type == "Mul":  # SiLU: its sigmoid belongs to the branch too
-                        nodes.extend(u.name for u in g.consumers.get(t, []) if u.op_type in GATES and u.output[0] in node.input)
+                    nodes += [node.name, *extra]
                 else:
                     break
             break

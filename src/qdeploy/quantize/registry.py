@@ -116,7 +116,8 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
                 raise
             warn(f"quantizer {quantizer.name}: {e}; falling back to quantizer {tried[i + 1].name}")
     trt_cache = write_trt_cache(out_path.with_suffix(".trtcache"), result.ranges)
-    report = lint_model(load_qdq_model(out_path), out_path.name)
+    qdq_model = load_qdq_model(out_path)  # read once: the lint and the explanations below share it
+    report = lint_model(qdq_model, out_path.name)
     structure = report.to_dict(with_ops=True)["structure"]
     if cfg.placement == "tensorrt":
         # layers left float on purpose are explained findings, not defects
@@ -124,7 +125,7 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
                    for n in result.info.get("excluded_small_channel_convs") or []}
         if result.info.get("excluded_squeeze_excitation"):
             reasons.update({n: "squeeze-excitation branch kept float (NNCF's SE_BLOCK rule; accuracy)"
-                            for n in squeeze_excitation_nodes(load_qdq_model(out_path))})
+                            for n in squeeze_excitation_nodes(qdq_model)})
         reasons.update({n: "excluded by the config" for n in result.info.get("excluded_by_user") or []})
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
