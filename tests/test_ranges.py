@@ -208,11 +208,25 @@ def test_mean_minmax_averages_each_images_extremes(tmp_path):
     assert compute_ranges(stats, "max")["y"].amax == pytest.approx(10)
 
 
-def test_mean_minmax_is_served_by_the_onnx_quantizer_only():
+def test_mean_minmax_on_the_modelopt_path_averages_each_images_own_extreme():
+    """ModelOpt path: the first conv's input quantizer reads the network input itself, so its mean-minmax amax must
+    be the mean over the images of each image's max|x| (not the global max, which one bright image sets)."""
+    import torch
+    from torch import nn
+
     from qdeploy.config import Int8Config
-    from qdeploy.quantize import NotApplicable, candidates, get_quantizer
+    from qdeploy.quantize import candidates, get_quantizer
+    from qdeploy.quantize.modelopt_torch import quantize_torch_model
 
     cfg = Int8Config(method="mean-minmax", placement="tensorrt")
-    assert [q.name for q in candidates(cfg, has_torch=True)] == ["onnx"]  # auto falls back from ModelOpt
-    with pytest.raises(NotApplicable, match="mean-minmax"):
-        get_quantizer("modelopt").check(cfg, True)
+    get_quantizer("modelopt").check(cfg, True)  # served by both quantizers now
+    assert "modelopt" in [q.name for q in candidates(cfg, has_torch=True)]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3, 8, 8)).astype(np.float32)
+    x[5] *= 20  # one outlier image: the global max is ~20x the typical one
+    net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3)).eval()
+    _, amax, _ = quantize_torch_model(net, (x[i:i + 16] for i in range(0, 64, 16)), 64, "mean-minmax")
+    first = next(k for k in amax if k.endswith("input_quantizer"))
+    expected = float(np.abs(x).reshape(64, -1).max(axis=1).mean())
+    assert float(np.asarray(amax[first]).reshape(-1)[0]) == pytest.approx(expected, rel=1e-5)
+    assert expected < 0.5 * float(np.abs(x).max())

@@ -5,7 +5,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import onnxruntime as ort
@@ -25,7 +25,8 @@ from qdeploy.utils.log import log
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 
-def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentile: float, num_bins: int, names=None) -> str:
+def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentile: float, num_bins: int, names=None,
+                    channel_names=()) -> str:
     """Identity of a set of ranges: model bytes, the exact calibration images, preprocessing, method, options."""
     samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
     payload = {
@@ -34,20 +35,22 @@ def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentil
         "preprocess": preprocess.model_dump(mode="json"),
         "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
         "tensors": hashlib.sha256("\n".join(names).encode()).hexdigest() if names is not None else "all",
-        "version": 3,  # 3: bounded histograms + strided search, entropy keeps the majority
+        "channels": hashlib.sha256("\n".join(sorted(channel_names)).encode()).hexdigest(),
+        "version": 4,  # 3: bounded histograms + strided search, entropy keeps the majority; 4: per-channel extremes
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: float = 99.99,
               cache_dir: Optional[Path] = None, stats_memo: Optional[dict] = None, num_bins: int = 2048,
-              names: Optional[list] = None) -> tuple[dict, dict]:
+              names: Optional[list] = None, channel_names: Iterable[str] = ()) -> tuple[dict, dict]:
     """Ranges for the float activations ``names`` (default: all) of ``onnx_path``; returns (ranges, info).
 
     One ONNX Runtime pass collects statistics of every activation; ``stats_memo`` keeps them for the
     other methods of the same run. Ranges are cached on disk by ``calibration_key``.
     """
-    key = calibration_key(onnx_path, batches, preprocess, method, percentile, num_bins, names)
+    channel_names = sorted(channel_names)
+    key = calibration_key(onnx_path, batches, preprocess, method, percentile, num_bins, names, channel_names)
     path = Path(cache_dir) / "calibration" / f"{key}.json" if cache_dir else None
     info = {"method": method, "percentile": percentile if method == "percentile" else None,
             "samples": batches.num_samples, "cache": str(path) if path else None}
@@ -57,13 +60,13 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
         info.update(cache_hit=True, time_s=0.0)
         return {k: TensorRange(*v) for k, v in data["ranges"].items()}, info
     t0 = time.perf_counter()
-    memo_key = (str(onnx_path), id(batches), num_bins)
+    memo_key = (str(onnx_path), id(batches), num_bins, tuple(channel_names))
     stats = stats_memo.get(memo_key) if stats_memo is not None else None
     needs_hist = method not in ("max", "mean-minmax")
     if stats is None or (needs_hist and next(iter(stats.tensors.values())).hist is None):
         # histograms only when a histogram method needs them: max and mean-minmax need a plain min/max pass
         stats = collect_activation_stats(onnx_path, (normalize(x, preprocess) for x, _ in batches), batches.num_samples,
-                                         num_bins, histograms=needs_hist)
+                                         num_bins, histograms=needs_hist, channel_names=channel_names)
         if stats_memo is not None:
             stats_memo[memo_key] = stats  # one histogram pass serves every method in this run
     ranges = compute_ranges(stats, method, percentile, names=set(names) if names is not None else None)
@@ -71,7 +74,7 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
     log(f"calibrate: {method} ranges for {len(ranges)} tensors from {batches.num_samples} images in {info['time_s']:.1f} s")
     if path is not None:
         write_json(path, {"key": key, **{k: v for k, v in info.items() if k != "cache"},
-                          "ranges": {k: [r.lo, r.hi, r.amax] for k, r in ranges.items()}})
+                          "ranges": {k: r.to_json() for k, r in ranges.items()}})
     return ranges, info
 
 
@@ -107,9 +110,10 @@ def check_qdq_export(qm, onnx_path: Path, inputs, min_cosine: float = 0.99, floo
 
     Some quantized networks are ill-conditioned: a one-step rounding flip early on cascades (EfficientNet-B0
     with its depthwise convs and squeeze-excitation gates). There the fake-quantized model does not even
-    agree with itself run in float64 (min cosine 0.82-0.96 on 256 CIFAR-10 images), so no faithful export
-    can reach 0.99 everywhere. Then the export passes when it is as close to the fake-quant model as that
-    float64 rerun is: mean cosine within ``floor_margin`` of the float64 rerun's. A real export fault (a
+    agree with itself run in float64 (min cosine 0.82-0.99 on 64-256 CIFAR-10 images, against ≈ 1 - 1e-6 for
+    a well-conditioned network), so no faithful export can be held to 0.99 everywhere. When the float64 rerun
+    is below 0.999, the export passes when it is as close to the fake-quant model as that rerun is: mean
+    cosine within ``floor_margin`` of the float64 rerun's. A real export fault (a
     wrong scale, axis or missing quantizer) moves the output far beyond that noise floor.
     """
     x = np.ascontiguousarray(inputs, dtype=np.float32)
@@ -127,7 +131,8 @@ def check_qdq_export(qm, onnx_path: Path, inputs, min_cosine: float = 0.99, floo
         qm.float()
         floor = compare_outputs(ref64, ref)
         result["float64_rerun"] = floor
-        if not (floor["min_cosine"] < min_cosine and result["mean_cosine"] >= floor["mean_cosine"] - floor_margin):
+        # a well-conditioned network reruns in float64 at cosine ≈ 1 - 1e-6; below 0.999 rounding flips cascade in it
+        if not (floor["min_cosine"] < 0.999 and result["mean_cosine"] >= floor["mean_cosine"] - floor_margin):
             raise QDeployError(
                 f"Q/DQ export {onnx_path.name} does not match ModelOpt's fake-quantized model: min cosine {cos:.4f} < "
                 f"{min_cosine}, mean {result['mean_cosine']:.4f} on {len(x)} real images (the fake-quant model rerun in "

@@ -100,6 +100,9 @@ class TensorStats:
     sample_lo_sum: float = 0.0
     sample_hi_sum: float = 0.0
     sample_absmax_sum: float = 0.0
+    # per-channel (axis 1) extremes over all samples, only for tensors asked for by name (depthwise conv inputs)
+    channel_lo: Optional[np.ndarray] = None
+    channel_hi: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -116,9 +119,9 @@ def float_activations(model) -> tuple[list[str], dict[str, str]]:
 
 def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], total: Optional[int] = None,
                              num_bins: int = 2048, threads: Optional[int] = None, names: Optional[Iterable[str]] = None,
-                             histograms: bool = True) -> ActivationStats:
+                             histograms: bool = True, channel_names: Iterable[str] = ()) -> ActivationStats:
     """Per-tensor min/max (and |x| histograms unless ``histograms=False``, enough for ``max``) of ``names``
-    (default: every float activation)."""
+    (default: every float activation); per-channel (axis 1) min/max too for ``channel_names``."""
     import onnx
     import onnxruntime as ort
 
@@ -126,6 +129,7 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
     all_names, producer = float_activations(model)
     wanted = set(names) if names is not None else None
     names = [n for n in all_names if wanted is None or n in wanted]
+    channel_names = set(channel_names) & set(names)
     existing = {o.name for o in model.graph.output}
     for name in names:
         if name not in existing:
@@ -167,6 +171,11 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
                     st.sample_hi_sum += n * hi
                     st.sample_absmax_sum += n * max(-lo, hi)
                 st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
+                if name in channel_names and value.ndim >= 2:
+                    per = np.moveaxis(value, 1, 0).reshape(value.shape[1], -1)
+                    c_lo, c_hi = per.min(axis=1).astype(np.float64), per.max(axis=1).astype(np.float64)
+                    st.channel_lo = c_lo if st.channel_lo is None else np.minimum(st.channel_lo, c_lo)
+                    st.channel_hi = c_hi if st.channel_hi is None else np.maximum(st.channel_hi, c_hi)
                 if st.hist is not None:
                     st.hist.collect(value, absmax=max(-lo, hi))
                 st.samples += len(x)

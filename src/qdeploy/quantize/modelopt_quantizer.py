@@ -80,9 +80,6 @@ class ModelOptQuantizer(Quantizer):
             raise NotApplicable("quantizer modelopt produces the TensorRT placement only (placement: tensorrt)")
         if cfg.calibration_cache:
             raise NotApplicable("quantizer modelopt calibrates itself; ranges from a TensorRT cache need quantizer: onnx")
-        if cfg.method == "mean-minmax":
-            raise NotApplicable("method mean-minmax (per-sample extremes averaged) is computed on the ONNX statistics "
-                                "path only so far; use quantizer: onnx (auto falls back to it)")
         if cfg.exclude_ops:
             raise NotApplicable("quantizer modelopt does not take exclude_ops (ONNX op types); use exclude (node-name regexes) or quantizer: onnx")
 
@@ -97,7 +94,7 @@ class ModelOptQuantizer(Quantizer):
                              if n.endswith("/Conv")} - {""} - set(user_modules))
         exclude_modules = set(user_modules) | set(se_modules)
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                              ["modelopt", "trt-placement-3", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized
+                              ["modelopt", "trt-placement-4", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
         cached = json.loads(cache.read_text())["amax"] if cache is not None and cache.is_file() else None
         if cached is not None:

@@ -42,7 +42,8 @@ from qdeploy.export.onnx import INPUT_NAME, OUTPUT_NAME
 from qdeploy.models.loader import SelectOutput
 from qdeploy.quantize.collect import TensorStats
 from qdeploy.quantize.modelopt_import import import_modelopt
-from qdeploy.quantize.ranges import compute_amax
+from qdeploy.quantize.equalize import channel_gains
+from qdeploy.quantize.ranges import TensorRange, compute_amax
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import progress
 
@@ -562,6 +563,61 @@ def apply_shared_scales(quantizers: dict, groups: list) -> list:
     return sorted(out)
 
 
+class _SampleExtremes:
+    """Forward pre-hooks on the enabled input quantizers during the statistics pass: per image, max|x| summed over
+    the images (method mean-minmax), and per channel the min/max over all images for depthwise convs' inputs."""
+
+    def __init__(self, qm: nn.Module, quantizers: dict):
+        self.sample_absmax: dict[str, float] = {}
+        self.samples: dict[str, int] = {}
+        self.channels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        modules = dict(qm.named_modules())
+        self.handles = []
+        for name, q in quantizers.items():
+            if name.endswith("input_quantizer"):
+                owner = name[: -len(".input_quantizer")]
+                conv = modules.get(owner)
+                depthwise = isinstance(conv, nn.Conv2d) and conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
+                self.handles.append(q.register_forward_pre_hook(self._hook(name, owner if depthwise else None)))
+
+    def _hook(self, name: str, depthwise_owner: Optional[str]):
+        def hook(module, args):
+            x = args[0].detach()
+            if x.dim() < 1 or x.shape[0] == 0:
+                return
+            flat = x.reshape(x.shape[0], -1).float()
+            self.sample_absmax[name] = self.sample_absmax.get(name, 0.0) + float(flat.abs().amax(dim=1).sum())
+            self.samples[name] = self.samples.get(name, 0) + int(x.shape[0])
+            if depthwise_owner is not None and x.dim() >= 2:
+                per = x.transpose(0, 1).reshape(x.shape[1], -1).float()
+                lo, hi = per.amin(dim=1).cpu(), per.amax(dim=1).cpu()
+                old = self.channels.get(depthwise_owner)
+                self.channels[depthwise_owner] = (lo, hi) if old is None else (torch.minimum(old[0], lo), torch.maximum(old[1], hi))
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _apply_equalization(qm: nn.Module, quantizers: dict, amax: dict, scale_weight_amax: bool) -> None:
+    """``dwconv(x, W) = dwconv(x·g, W/g)``: the input quantizer's ``pre_quant_scale`` (ModelOpt's SmoothQuant hook,
+    exported as a Mul before the QuantizeLinear) multiplies by g, the conv's weights are divided by g."""
+    modules = dict(qm.named_modules())
+    for key, gain in amax.items():
+        if not key.endswith(".equalize_gain"):
+            continue
+        owner = key[: -len(".equalize_gain")]
+        conv, g = modules[owner], torch.tensor(gain, dtype=torch.float32)
+        with torch.no_grad():
+            conv.weight.div_(g.view(-1, *([1] * (conv.weight.dim() - 1))).to(conv.weight.device))
+        quantizers[f"{owner}.input_quantizer"].pre_quant_scale = g.view(1, -1, *([1] * (conv.weight.dim() - 2)))
+        if scale_weight_amax:  # per-channel (axis 0) weight amax scale exactly with the weights: same INT8 values
+            wq = quantizers[f"{owner}.weight_quantizer"]
+            wq.amax = torch.clamp(wq.amax / g.view(wq.amax.shape), min=AMAX_FLOOR)
+            amax[f"{owner}.weight_quantizer"] = wq.amax.tolist()
+
+
 def _quant_config(method: str) -> dict:
     act = {"num_bits": 8, "axis": None, "calibrator": "max" if method == "max" else "histogram"}
     return {"quant_cfg": [
@@ -614,12 +670,15 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
             device = "cuda" if torch.cuda.is_available() else "cpu"
             qm.to(device)
+            extremes = _SampleExtremes(qm, quantizers)
             with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
                 for x in batches:
                     qm(torch.from_numpy(x).to(device, non_blocking=True))
                     advance(len(x))
+            extremes.remove()
             qm.to("cpu")
-            stats = {"weights": {}, "inputs": {}}
+            stats = {"weights": {}, "inputs": {}, "sample_absmax": extremes.sample_absmax, "samples": extremes.samples,
+                     "channels": extremes.channels}
             for name, q in quantizers.items():
                 if name.endswith("weight_quantizer") or method == "max":
                     q.load_calib_amax()
@@ -634,7 +693,10 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             if name not in source:
                 raise QDeployError(f"quantizer {name} saw no data during calibration")
             entry = source[name]
-            if isinstance(entry, torch.Tensor):
+            if method == "mean-minmax" and not name.endswith("weight_quantizer"):
+                # NNCF's per-tensor default: each image's own max|x|, averaged over the images (ranges.compute_amax)
+                value = torch.tensor(stats["sample_absmax"][name] / max(stats["samples"][name], 1))
+            elif isinstance(entry, torch.Tensor):
                 value = entry
             else:  # a histogram calibrator
                 if entry._calib_hist is None:
@@ -649,6 +711,16 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             amax[name] = q.amax.tolist()
             q.disable_calib()
             q.enable_quant()
+        # depthwise conv inputs: per-channel precision through a gain folded into the weights (quantize/equalize.py)
+        for module_name, (c_lo, c_hi) in stats["channels"].items():
+            q = quantizers.get(f"{module_name}.input_quantizer")
+            if q is None or f"{module_name}.weight_quantizer" not in quantizers:
+                continue
+            a = float(q.amax)
+            gain = channel_gains(TensorRange(-a, a, a, c_lo.tolist(), c_hi.tolist()), symmetric=True)
+            if gain is not None and np.any(gain > 1.0 + 1e-6):
+                amax[f"{module_name}.equalize_gain"] = gain.tolist()
+        _apply_equalization(qm, quantizers, amax, scale_weight_amax=True)
     else:
         shared = False
         for name, q in quantizers.items():
@@ -657,10 +729,17 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.amax = torch.clamp(torch.tensor(amax[name]), min=AMAX_FLOOR)
             q.disable_calib()
             q.enable_quant()
+        _apply_equalization(qm, quantizers, amax, scale_weight_amax=False)  # cached weight amax are already scaled
     shared_groups = apply_shared_scales(quantizers, groups)
+    gains = {k: v for k, v in amax.items() if k.endswith(".equalize_gain")}
     amax = {name: q.amax.tolist() for name, q in quantizers.items()}
+    amax.update(gains)
     qm = SelectOutput(qm, select).eval()
+    all_gains = np.concatenate([np.asarray(v) for v in gains.values()]) if gains else np.ones(1)
+    equalized = {"convs": sorted(k[:-len(".equalize_gain")] for k in gains), "max_gain": round(float(all_gains.max()), 2),
+                 "median_gain": round(float(np.median(all_gains)), 2)}
     return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers),
+                      "equalized_depthwise_inputs": equalized,
                       "excluded_by_user": excluded, **placement, "shared_scale_groups": shared_groups}
 
 

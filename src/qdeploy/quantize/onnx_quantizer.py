@@ -10,6 +10,7 @@ from pathlib import Path
 from qdeploy.config import Int8Config
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.calibrate import calibrate, ort_preprocessed, ranges_from_trt_cache
+from qdeploy.quantize.equalize import depthwise_inputs
 from qdeploy.quantize.qdq import quantize_onnx, tensors_to_calibrate
 from qdeploy.quantize.registry import QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.log import log
@@ -33,8 +34,10 @@ class OnnxQdqQuantizer(Quantizer):
         else:
             if inputs.calibration is None:
                 raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
-            names = tensors_to_calibrate(OnnxGraph.load(source).model, cfg.placement)
+            model = OnnxGraph.load(source).model
+            names = tensors_to_calibrate(model, cfg.placement)
             ranges, info = calibrate(source, inputs.calibration, inputs.preprocess, cfg.method, cfg.percentile,
-                                     inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names)
+                                     inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names,
+                                     channel_names=depthwise_inputs(model))
         info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops))
         return QuantResult(out_path, ranges, info)

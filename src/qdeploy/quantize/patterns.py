@@ -29,7 +29,7 @@ def _activation_input(g: QdqGraph, node) -> tuple[str | None, list[str]]:
 
 
 def squeeze_excitation_branches(model) -> list[dict]:
-    """Each SE branch: {"mul": gate Mul, "nodes": [pool, conv, activation..., conv]} (node names)."""
+    """Each SE branch: {"mul": gate Mul, "nodes": [pool, conv, activation..., conv, gate]} (node names)."""
     g = QdqGraph(model)
     found = []
     for mul in g.nodes:
@@ -49,8 +49,8 @@ def squeeze_excitation_branches(model) -> list[dict]:
                     nodes.append(node.name)
                     t = node.input[0]
                 elif node.op_type in POOLS:
-                    if convs == 2 and g.source(node.input[0]) == g.source(x_t):
-                        found.append({"mul": mul.name, "nodes": [node.name] + nodes[::-1]})
+                    if convs == 2 and g.source(node.input[0]) == g.source(x_t):  # the gate itself too: its input stays float
+                        found.append({"mul": mul.name, "nodes": [node.name] + nodes[::-1] + [gate.name]})
                     break
                 elif node.op_type in ACTIVATIONS and convs == 1:
                     t, extra = _activation_input(g, node)

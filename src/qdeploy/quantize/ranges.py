@@ -54,6 +54,14 @@ class TensorRange:
     lo: float  # observed minimum clipped to [-amax, amax]
     hi: float  # observed maximum clipped to [-amax, amax]
     amax: float  # symmetric range: scale = amax / 127
+    # per-channel (axis 1) observed min/max over the calibration set, for depthwise conv inputs (equalize.py)
+    channel_lo: Optional[list] = None
+    channel_hi: Optional[list] = None
+
+    def to_json(self) -> list:
+        if self.channel_lo is None:
+            return [self.lo, self.hi, self.amax]
+        return [self.lo, self.hi, self.amax, list(self.channel_lo), list(self.channel_hi)]
 
 
 @contextlib.contextmanager
@@ -281,9 +289,11 @@ def compute_ranges(stats, method: str, percentile: float = 99.99, names=None) ->
         if st.samples == 0 or (names is not None and name not in names):
             continue
         amax = compute_amax(st, method, percentile)
+        lo, hi = st.lo, st.hi
         if method == "mean-minmax":  # asymmetric placements use the mean per-sample min and max themselves
             lo, hi = st.sample_lo_sum / st.samples, st.sample_hi_sum / st.samples
-            out[name] = TensorRange(lo=max(lo, -amax), hi=min(hi, amax), amax=amax)
-            continue
-        out[name] = TensorRange(lo=max(st.lo, -amax), hi=min(st.hi, amax), amax=amax)
+        channels = {}
+        if st.channel_lo is not None:
+            channels = {"channel_lo": [float(v) for v in st.channel_lo], "channel_hi": [float(v) for v in st.channel_hi]}
+        out[name] = TensorRange(lo=max(lo, -amax), hi=min(hi, amax), amax=amax, **channels)
     return out

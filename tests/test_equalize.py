@@ -1,0 +1,137 @@
+"""Depthwise-input equalization (quantize/equalize.py): exact in float, finer INT8 on per-tensor hardware."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from qdeploy.quantize.collect import collect_activation_stats
+from qdeploy.quantize.equalize import MAX_GAIN, depthwise_inputs, equalize_depthwise_inputs
+from qdeploy.quantize.qdq import quantize_onnx
+from qdeploy.quantize.ranges import compute_ranges
+from qdeploy.utils.ort_options import exact_qdq
+
+
+class ExpandDepthwise(nn.Module):
+    """MBConv-like: 1x1 expand, SiLU, 3x3 depthwise, 1x1 project. The expand conv's output channels span 1x-100x."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.expand = nn.Conv2d(3, 32, 1)
+        self.act = nn.SiLU()
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.project = nn.Conv2d(32, 16, 1)
+        with torch.no_grad():
+            self.expand.weight.mul_(torch.logspace(0, 2, 32).view(-1, 1, 1, 1) / 10)
+
+    def forward(self, x):
+        return self.project(self.dw(self.act(self.expand(x))))
+
+
+@pytest.fixture(scope="module")
+def model_and_data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eq") / "m.onnx"
+    torch.onnx.export(ExpandDepthwise().eval(), (torch.randn(1, 3, 16, 16),), str(path), input_names=["input"],
+                      output_names=["output"], opset_version=17, dynamic_axes={"input": {0: "n"}}, dynamo=False)
+    x = np.random.default_rng(0).normal(size=(64, 3, 16, 16)).astype(np.float32)
+    return path, x
+
+
+def _run(model_or_path, x, exact=False):
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if exact:
+        exact_qdq(opts)
+    src = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
+    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+
+
+def _ranges(path, x):
+    model = onnx.load(str(path))
+    stats = collect_activation_stats(path, [x[i:i + 16] for i in range(0, len(x), 16)], len(x), histograms=False,
+                                     channel_names=depthwise_inputs(model))
+    return compute_ranges(stats, "max")
+
+
+def test_equalization_is_exact_in_float_and_stretches_every_channel(model_and_data):
+    path, x = model_and_data
+    ranges = _ranges(path, x)
+    model = onnx.load(str(path))
+    (dw_input,) = depthwise_inputs(model)
+    assert len(ranges[dw_input].channel_hi) == 32
+    info = equalize_depthwise_inputs(model, ranges, symmetric=True)
+    assert len(info["mul_nodes"]) == 1 and info["convs"] == ["/dw/Conv"]
+    assert 1.0 <= info["median_gain"] <= info["max_gain"] <= MAX_GAIN
+    assert info["max_gain"] > 10  # the narrow channels were stretched
+    onnx.checker.check_model(model)
+    np.testing.assert_allclose(_run(model, x), _run(path, x), rtol=1e-4, atol=1e-4)
+    # the equalized tensor keeps the per-tensor range; every channel now reaches at most that range
+    eq = next(n for n in model.graph.node if n.op_type == "Mul" and n.name.endswith("/equalize"))
+    r = ranges[eq.output[0]]
+    assert r.amax == ranges[dw_input].amax
+
+
+def test_equalized_int8_is_closer_to_fp32_on_both_placements(model_and_data):
+    """Same per-tensor ranges, with and without the per-channel extremes: the equalized INT8 model is closer to FP32."""
+    path, x = model_and_data
+    ranges = _ranges(path, x)
+    ref = _run(path, x)
+    flat = {k: type(r)(r.lo, r.hi, r.amax) for k, r in ranges.items()}  # no per-channel data: no equalization
+    for target in ("tensorrt", "onnxruntime"):
+        errors = {}
+        for label, rs in (("equalized", ranges), ("per-tensor", flat)):
+            out = path.with_name(f"{target}-{label}.onnx")
+            info = quantize_onnx(path, rs, target, out)
+            assert bool(info["equalized_depthwise_inputs"]["mul_nodes"]) == (label == "equalized")
+            got = _run(out, x, exact=(target == "tensorrt"))
+            errors[label] = float(np.sqrt(np.mean((got - ref) ** 2)))
+        # ONNX Runtime's placement also quantizes the model's output (QLinearConv), an error the equalization does
+        # not touch, so the gain shows less there
+        assert errors["equalized"] < (0.7 if target == "tensorrt" else 0.99) * errors["per-tensor"], (target, errors)
+        # the equalized artifact: the Mul is float, the depthwise conv reads a per-tensor Q/DQ
+        m = onnx.load(str(path.with_name(f"{target}-equalized.onnx")))
+        producers = {o: n for n in m.graph.node for o in n.output}
+        dw = next(n for n in m.graph.node if n.op_type == "Conv" and n.name == "/dw/Conv")
+        dq = producers[dw.input[0]]
+        assert dq.op_type == "DequantizeLinear"
+        q = producers[dq.input[0]]
+        assert q.op_type == "QuantizeLinear" and producers[q.input[0]].op_type == "Mul"
+        scale = next(i for i in m.graph.initializer if i.name == q.input[1])
+        assert onnx.numpy_helper.to_array(scale).size == 1
+
+
+def test_modelopt_path_equalizes_through_pre_quant_scale(model_and_data, tmp_path):
+    """ModelOpt path: the gain lives in the input quantizer's pre_quant_scale and is exported as a Mul before the Q;
+    the export matches the fake-quantized model."""
+    from qdeploy.quantize.calibrate import check_qdq_export
+    from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
+
+    _, x = model_and_data
+    net = ExpandDepthwise().eval()
+    ref = net(torch.from_numpy(x)).detach().numpy()
+    errors = {}
+    for label in ("equalized", "per-tensor"):
+        qm, amax, details = quantize_torch_model(ExpandDepthwise().eval(), (x[i:i + 16] for i in range(0, 64, 16)), 64, "max")
+        gains = [k for k in amax if k.endswith(".equalize_gain")]
+        assert gains == ["dw.equalize_gain"] and details["equalized_depthwise_inputs"]["convs"] == ["dw"]
+        if label == "equalized":
+            path = tmp_path / "mo.onnx"
+            export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
+            assert check_qdq_export(qm, path, x)["min_cosine"] >= 0.99
+            m = onnx.load(str(path))
+            assert any(n.op_type == "Mul" for n in m.graph.node)
+        else:  # undo: ranges as they would be without the per-channel gain (pre_quant_scale off, weights restored)
+            inner = qm.model
+            q = inner.dw.input_quantizer
+            g = q.pre_quant_scale.view(-1)
+            with torch.no_grad():
+                inner.dw.weight.mul_(g.view(-1, 1, 1, 1))
+                inner.dw.weight_quantizer.amax = inner.dw.weight_quantizer.amax * g.view(inner.dw.weight_quantizer.amax.shape)
+            q._enable_pre_quant_scale = False
+        with torch.no_grad():
+            errors[label] = float(torch.sqrt(torch.mean((qm(torch.from_numpy(x)) - torch.from_numpy(ref)) ** 2)))
+    assert errors["equalized"] < 0.7 * errors["per-tensor"], errors
