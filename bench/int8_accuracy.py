@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CALIBRATORS = ("max", "entropy", "percentile", "mse")
+CALIBRATORS = ("max", "entropy", "percentile", "mse", "mean-minmax")
 
 
 def config_for(name: str):
@@ -26,6 +26,8 @@ def config_for(name: str):
         cfg = load_config(REPO / "examples" / "cifar10_resnet20.yaml")
         cfg.model.source = cfg.model.source.replace("resnet20", name)
         cfg.model.weights = cfg.model.weights.replace("resnet20", name)
+    elif name == "lite0":  # 300 seeded calibration images of the ImageNet subset, the other 1,000 evaluated
+        cfg = load_config(REPO / "examples" / "imagenet_efficientnet_lite0_int8.yaml")
     elif name == "camvid":
         cfg = load_config(REPO / "examples" / "camvid_deeplabv3.yaml")
         calib = cfg.data.eval.model_copy(update={"split": "train", "count": 512, "seed": 0, "batch_size": 4})
@@ -42,7 +44,9 @@ def main() -> None:
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--groups", default="onnxruntime,tensorrt-modelopt,tensorrt-onnx",
                     help="INT8 artifact kinds: onnxruntime (ORT-targeted), tensorrt-modelopt, tensorrt-onnx")
+    ap.add_argument("--methods", default=",".join(CALIBRATORS))
     args = ap.parse_args()
+    methods = args.methods.split(",")
     from qdeploy import api
     from qdeploy.config import VariantSpec
 
@@ -54,7 +58,7 @@ def main() -> None:
                  "tensorrt-onnx": {"placement": "tensorrt", "quantizer": "onnx"}}
         cfg.variants = [VariantSpec(engine="onnxruntime", precision="fp32", threads=2)] + [
             VariantSpec(engine="onnxruntime", precision="int8", method=c, threads=2, **kinds[g])
-            for g in groups for c in CALIBRATORS]
+            for g in groups for c in methods]
         cfg.bench.enabled = False
         results = api.run(cfg, Path(args.out) / name)
         speed = {}
@@ -76,12 +80,12 @@ def main() -> None:
                                           "structure": q.get("structure")}
         rows.append(row)
         (Path(args.out) / f"{name}-summary.json").write_text(json.dumps(row, indent=2))
-    print("| model | FP32 | target | max | entropy | percentile | mse | CPU INT8 speed-up bs1 / bs8 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | FP32 | target | " + " | ".join(methods) + " | CPU INT8 speed-up bs1 / bs8 |")
+    print("|---|---|---|" + "---|" * len(methods) + "---|")
     for row in rows:
         for t in args.groups.split(","):
             cells = []
-            for c in CALIBRATORS:
+            for c in methods:
                 key = {"onnxruntime": f"onnxruntime-int8-{c}", "tensorrt-modelopt": f"onnxruntime-int8-trt-modelopt-{c}",
                        "tensorrt-onnx": f"onnxruntime-int8-trt-onnx-{c}"}[t]
                 v = row["variants"].get(key, {})

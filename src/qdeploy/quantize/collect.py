@@ -100,6 +100,8 @@ class TensorStats:
     sample_lo_sum: float = 0.0
     sample_hi_sum: float = 0.0
     sample_absmax_sum: float = 0.0
+    sample_absmax_sq_sum: float = 0.0  # for the spread of the per-sample max|x| (too-few-images check)
+    elements: int = 0  # values per sample
     # per-channel (axis 1) extremes over all samples, only for tensors asked for by name (depthwise conv inputs)
     channel_lo: Optional[np.ndarray] = None
     channel_hi: Optional[np.ndarray] = None
@@ -164,12 +166,17 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
                     lo, hi = float(mins.min()), float(maxs.max())
                     st.sample_lo_sum += float(mins.sum())
                     st.sample_hi_sum += float(maxs.sum())
-                    st.sample_absmax_sum += float(np.maximum(-mins, maxs).sum())
+                    absmax = np.maximum(-mins, maxs)
+                    st.sample_absmax_sum += float(absmax.sum())
+                    st.sample_absmax_sq_sum += float((absmax * absmax).sum())
+                    st.elements = rows.shape[1]
                 else:  # a tensor without the batch axis: the batch's extremes stand for each of its samples
                     lo, hi = float(value.min()), float(value.max())
                     st.sample_lo_sum += n * lo
                     st.sample_hi_sum += n * hi
                     st.sample_absmax_sum += n * max(-lo, hi)
+                    st.sample_absmax_sq_sum += n * max(-lo, hi) ** 2
+                    st.elements = max(int(value.size) // max(n, 1), 1)
                 st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
                 if name in channel_names and value.ndim >= 2:
                     per = np.moveaxis(value, 1, 0).reshape(value.shape[1], -1)

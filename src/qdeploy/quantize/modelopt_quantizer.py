@@ -96,7 +96,8 @@ class ModelOptQuantizer(Quantizer):
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
                               ["modelopt", "trt-placement-4", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
-        cached = json.loads(cache.read_text())["amax"] if cache is not None and cache.is_file() else None
+        cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
+        cached = cached_file.get("amax")
         if cached is not None:
             log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
         qm, amax, details = quantize_torch_model(
@@ -104,13 +105,15 @@ class ModelOptQuantizer(Quantizer):
             cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
         details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
         details["excluded_squeeze_excitation"] = se_modules
+        if details.get("warnings") is None:
+            details["warnings"] = cached_file.get("warnings", [])
         info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,
                 "samples": batches.num_samples, "cache": str(cache) if cache else None, **details,
                 "excluded_nodes": matched_nodes, "unmatched_patterns": unmatched, "cache_hit": cached is not None,
                 "time_s": 0.0 if cached is not None else round(time.perf_counter() - t0, 3)}
         if cached is None:
             if cache is not None:
-                write_json(cache, {"key": key, "method": cfg.method, "amax": amax})
+                write_json(cache, {"key": key, "method": cfg.method, "amax": amax, "warnings": info.get("warnings", [])})
             log(f"calibrate: ModelOpt {cfg.method} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
         h, w = inputs.preprocess.input_size
         fixes = export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)

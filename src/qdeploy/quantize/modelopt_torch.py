@@ -43,9 +43,9 @@ from qdeploy.models.loader import SelectOutput
 from qdeploy.quantize.collect import TensorStats
 from qdeploy.quantize.modelopt_import import import_modelopt
 from qdeploy.quantize.equalize import channel_gains
-from qdeploy.quantize.ranges import TensorRange, compute_amax
+from qdeploy.quantize.ranges import TensorRange, calibration_warnings, compute_amax
 from qdeploy.utils.atomic import atomic_path
-from qdeploy.utils.log import progress
+from qdeploy.utils.log import progress, warn
 
 
 # Smallest amax a quantizer gets. ModelOpt's fake quantization treats amax ≤ 2**-24 as "zero amax" and outputs
@@ -569,7 +569,11 @@ class _SampleExtremes:
 
     def __init__(self, qm: nn.Module, quantizers: dict):
         self.sample_absmax: dict[str, float] = {}
+        self.sample_absmax_sq: dict[str, float] = {}
         self.samples: dict[str, int] = {}
+        self.elements: dict[str, int] = {}
+        self.lo: dict[str, float] = {}
+        self.hi: dict[str, float] = {}
         self.channels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         modules = dict(qm.named_modules())
         self.handles = []
@@ -586,8 +590,13 @@ class _SampleExtremes:
             if x.dim() < 1 or x.shape[0] == 0:
                 return
             flat = x.reshape(x.shape[0], -1).float()
-            self.sample_absmax[name] = self.sample_absmax.get(name, 0.0) + float(flat.abs().amax(dim=1).sum())
+            absmax = flat.abs().amax(dim=1)
+            self.sample_absmax[name] = self.sample_absmax.get(name, 0.0) + float(absmax.sum())
+            self.sample_absmax_sq[name] = self.sample_absmax_sq.get(name, 0.0) + float((absmax * absmax).sum())
             self.samples[name] = self.samples.get(name, 0) + int(x.shape[0])
+            self.elements[name] = flat.shape[1]
+            self.lo[name] = min(self.lo.get(name, float("inf")), float(flat.min()))
+            self.hi[name] = max(self.hi.get(name, float("-inf")), float(flat.max()))
             if depthwise_owner is not None and x.dim() >= 2:
                 per = x.transpose(0, 1).reshape(x.shape[1], -1).float()
                 lo, hi = per.amin(dim=1).cpu(), per.amax(dim=1).cpu()
@@ -598,6 +607,16 @@ class _SampleExtremes:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+    def activation_stats(self):
+        """The input quantizers' statistics as collect.ActivationStats (for ranges.calibration_warnings)."""
+        from qdeploy.quantize.collect import ActivationStats
+
+        tensors = {n: TensorStats(n, lo=self.lo[n], hi=self.hi[n], samples=self.samples[n],
+                                  sample_absmax_sum=self.sample_absmax[n], sample_absmax_sq_sum=self.sample_absmax_sq[n],
+                                  elements=self.elements[n]) for n in self.samples}
+        return ActivationStats(tensors, max(self.samples.values(), default=0),
+                               {n: n[: -len(".input_quantizer")] for n in tensors})
 
 
 def _apply_equalization(qm: nn.Module, quantizers: dict, amax: dict, scale_weight_amax: bool) -> None:
@@ -678,7 +697,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             extremes.remove()
             qm.to("cpu")
             stats = {"weights": {}, "inputs": {}, "sample_absmax": extremes.sample_absmax, "samples": extremes.samples,
-                     "channels": extremes.channels}
+                     "channels": extremes.channels, "activation_stats": extremes.activation_stats()}
             for name, q in quantizers.items():
                 if name.endswith("weight_quantizer") or method == "max":
                     q.load_calib_amax()
@@ -711,6 +730,9 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             amax[name] = q.amax.tolist()
             q.disable_calib()
             q.enable_quant()
+        warnings_found = calibration_warnings(stats["activation_stats"], method, percentile)
+        for w in warnings_found:
+            warn(f"calibrate: {w['message']}")
         # depthwise conv inputs: per-channel precision through a gain folded into the weights (quantize/equalize.py)
         for module_name, (c_lo, c_hi) in stats["channels"].items():
             q = quantizers.get(f"{module_name}.input_quantizer")
@@ -730,6 +752,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             q.disable_calib()
             q.enable_quant()
         _apply_equalization(qm, quantizers, amax, scale_weight_amax=False)  # cached weight amax are already scaled
+        warnings_found = None  # the calibration cache keeps them (modelopt_quantizer.py)
     shared_groups = apply_shared_scales(quantizers, groups)
     gains = {k: v for k, v in amax.items() if k.endswith(".equalize_gain")}
     amax = {name: q.amax.tolist() for name, q in quantizers.items()}
@@ -739,7 +762,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     equalized = {"convs": sorted(k[:-len(".equalize_gain")] for k in gains), "max_gain": round(float(all_gains.max()), 2),
                  "median_gain": round(float(np.median(all_gains)), 2)}
     return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers),
-                      "equalized_depthwise_inputs": equalized,
+                      "equalized_depthwise_inputs": equalized, "warnings": warnings_found,
                       "excluded_by_user": excluded, **placement, "shared_scale_groups": shared_groups}
 
 

@@ -297,3 +297,62 @@ def compute_ranges(stats, method: str, percentile: float = 99.99, names=None) ->
             channels = {"channel_lo": [float(v) for v in st.channel_lo], "channel_hi": [float(v) for v in st.channel_hi]}
         out[name] = TensorRange(lo=max(lo, -amax), hi=min(hi, amax), amax=amax, **channels)
     return out
+
+
+# mean-minmax averages each image's own max|x|: with N images its standard error is std/sqrt(N). Below this
+# relative standard error the range would move by more than 5 % between two calibration sets of the same size.
+MEAN_MINMAX_RELATIVE_ERROR = 0.05
+
+
+def images_needed(method: str, percentile: float, tensors: dict) -> tuple[int, str] | None:
+    """The fewest calibration images the estimator needs, and the tensor that needs them; None when the method
+    derives no minimum. ``tensors``: name → (samples, sum of per-sample max|x|, sum of squares, values per sample).
+
+    mean-minmax: its range is a mean over images; N ≥ (cv / 0.05)² keeps its standard error within 5 % of the
+    range (cv: the spread of the per-image max|x| over its mean, on the calibration images).
+    percentile: the top (100 - p) % of a tensor's values must hold at least one value, or the percentile is
+    just the maximum: N ≥ 1 / ((1 - p/100) · values per image).
+    max / entropy / mse take the extreme or a histogram of all values: no minimum follows from the estimator."""
+    worst = (0, "")
+    for name, (n, s1, s2, elements) in tensors.items():
+        if n <= 1:
+            continue
+        if method == "mean-minmax":
+            mean = s1 / n
+            if mean <= 0:
+                continue
+            var = max(s2 / n - mean * mean, 0.0) * n / (n - 1)
+            need = int(np.ceil((np.sqrt(var) / mean / MEAN_MINMAX_RELATIVE_ERROR) ** 2))
+        elif method == "percentile" and percentile < 100 and elements > 0:
+            need = int(np.ceil(1.0 / ((1 - percentile / 100) * elements)))
+        else:
+            return None
+        worst = max(worst, (need, name))
+    return worst if worst[0] > 0 else None
+
+
+def calibration_warnings(stats, method: str, percentile: float = 99.99, names=None) -> list[dict]:
+    """What a user must know about the calibration set (collect.ActivationStats): too few images for the
+    estimator (with the number needed), and activations that are constant or all zero over every image
+    (they get the scale floor; the layer is named)."""
+    out = []
+    tensors = {n: st for n, st in stats.tensors.items() if st.samples and (names is None or n in names)}
+    for name, st in tensors.items():
+        if st.hi - st.lo <= 0:
+            kind = "all-zero" if st.lo == 0 else "constant"
+            layer = stats.producer.get(name, "?")
+            out.append({"kind": kind, "tensor": name, "layer": layer, "value": float(st.lo),
+                        "message": f"activation '{name}' (output of layer '{layer}') is {'0' if kind == 'all-zero' else f'constant {st.lo:g}'} "
+                                   f"on all {st.samples} calibration images: its quantizer gets the scale floor"
+                                   + (" (a dead layer, or images that never exercise it)" if kind == "all-zero" else "")})
+    need = images_needed(method, percentile, {n: (st.samples, st.sample_absmax_sum, st.sample_absmax_sq_sum, st.elements)
+                                              for n, st in tensors.items()})
+    n = stats.samples
+    if need is not None and n < need[0]:
+        what = ("its ranges are means of each image's max|x|; at this size they vary by more than "
+                f"{int(MEAN_MINMAX_RELATIVE_ERROR * 100)} % between calibration sets" if method == "mean-minmax"
+                else f"the top {100 - percentile:g} % of a tensor's values holds less than one value, so the percentile is the maximum")
+        out.append({"kind": "too-few-images", "tensor": need[1], "layer": stats.producer.get(need[1], "?"), "needed": need[0],
+                    "message": f"{n} calibration images are too few for method {method}: {what} (tensor '{need[1]}'); "
+                               f"use at least {need[0]} images"})
+    return out

@@ -429,10 +429,24 @@ def lint_table(results: Mapping) -> Table | None:
     return t
 
 
+def calibration_table(results: Mapping) -> Table | None:
+    """What the calibration set could not tell: activations constant or all zero over every image (scale floor),
+    and a set too small for the chosen estimator (with the number of images needed)."""
+    rows = [(v, w) for v in variants(results) for w in (section(v, "quantization").get("warnings") or [])]
+    if not rows:
+        return None
+    t = Table("calibration-warnings", "Calibration warnings", ["Variant", "Kind", "Layer", "What it means"], [False] * 4,
+              caption="Layers whose activation never varied on the calibration images get the smallest scale (they "
+                      "quantize to 0); 'too-few-images' gives the count the range method needs.")
+    for v, w in rows:
+        t.add([label(v), str(w.get("kind")), str(w.get("layer") or w.get("tensor") or DASH), str(w.get("message"))], row_style(v))
+    return t
+
+
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
               skipped_files_table(results)]
     return [t for t in tables if t is not None]
 
