@@ -701,7 +701,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             for name, q in quantizers.items():
                 if name.endswith("weight_quantizer") or method == "max":
                     q.load_calib_amax()
-                    stats["weights" if name.endswith("weight_quantizer") else "inputs"][name] = q.amax.detach().float().cpu()
+                    # a copy: ModelOpt's amax setter writes into this buffer in place (equalization divides it later)
+                    stats["weights" if name.endswith("weight_quantizer") else "inputs"][name] = q.amax.detach().float().cpu().clone()
                 else:
                     stats["inputs"][name] = q._calibrator
             if stats_memo is not None and method != "max":
