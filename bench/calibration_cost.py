@@ -97,6 +97,13 @@ def worker(kind: str, onnx_path: str, data_path: str, batch: int) -> dict:
     elif kind == "qdeploy-max":
         collect_activation_stats(Path(onnx_path), (data[i:i + batch] for i in range(0, len(data), batch)), len(data), histograms=False)
         extra = {}
+    elif kind == "qdeploy-mean-minmax":  # the same min/max pass + per-image extremes + depthwise inputs' per-channel extremes
+        from qdeploy.quantize.equalize import depthwise_inputs
+
+        stats = collect_activation_stats(Path(onnx_path), (data[i:i + batch] for i in range(0, len(data), batch)), len(data),
+                                         histograms=False, channel_names=depthwise_inputs(onnx.load(onnx_path)))
+        compute_ranges(stats, "mean-minmax")
+        extra = {}
     else:
         target = kind.rpartition("-")[2]  # qdeploy-hist-tensorrt | qdeploy-hist-onnxruntime
         names = tensors_to_calibrate(onnx.load(onnx_path), target)
@@ -148,7 +155,7 @@ def main() -> None:
     data = np.concatenate([normalize(x, cfg.model.preprocess) for x, _ in batches])
     rows = []
     kinds = args.kinds.split(",") if args.kinds else ["ort-minmax", "ort-entropy", "ort-percentile", "qdeploy-max",
-                                                       "qdeploy-hist-tensorrt", "qdeploy-hist-onnxruntime"]
+                                                       "qdeploy-mean-minmax", "qdeploy-hist-tensorrt", "qdeploy-hist-onnxruntime"]
     onnx_path = Builder(cfg).build(ArtifactRequest(ArtifactKind.ONNX_FP32)).path
     with tempfile.TemporaryDirectory() as d:
         np.save(f"{d}/calib.npy", data)

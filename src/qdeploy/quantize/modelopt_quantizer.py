@@ -94,7 +94,7 @@ class ModelOptQuantizer(Quantizer):
                              if n.endswith("/Conv")} - {""} - set(user_modules))
         exclude_modules = set(user_modules) | set(se_modules)
         key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                              ["modelopt", "trt-placement-4", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized
+                              ["modelopt", "trt-placement-5", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
         cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
         cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
         cached = cached_file.get("amax")
