@@ -120,7 +120,7 @@ def test_int8_settings_are_one_object_and_labels_tell_settings_apart():
     assert cfg.variants[0].int8 == Int8Config()  # defaults in one place
     assert cfg.variants[4].int8.quantizer == "onnx" and cfg.variants[4].int8.percentile == 99.9
     labels = [v.label for v in resolve_variants(cfg)]
-    assert labels == ["onnxruntime-int8-entropy", "onnxruntime-int8-trt-mse", "onnxruntime-int8-trt-mse-excl-fc",
+    assert labels == ["onnxruntime-int8-mean-minmax", "onnxruntime-int8-trt-mse", "onnxruntime-int8-trt-mse-excl-fc",
                       "onnxruntime-int8-trt-mse-excl-conv1", "onnxruntime-int8-onnx-percentile99.9"]
 
 

@@ -112,13 +112,14 @@ RENAMED_KEYS = {"calibrator": "method", "target": "placement"}
 class Int8Config(_Strict):
     """How to make an INT8 artifact: the quantization settings of one int8 variant, as one object.
 
-    Written flat in a variant (``{engine: onnxruntime, precision: int8, method: entropy}``) or as
+    Written flat in a variant (``{engine: onnxruntime, precision: int8, method: mse}``) or as
     ``int8: {...}``; the Python API takes it directly (``Int8Config(method="mse", placement="tensorrt")``).
     The quantizer that executes it is looked up by name in ``qdeploy.quantize``'s registry.
     """
 
     method: Literal["max", "entropy", "percentile", "mse", "mean-minmax"] = Field(
-        "entropy", description="range method: how an activation's clipping range is chosen from its statistics")
+        "mean-minmax", description="range method: how an activation's clipping range is chosen from its statistics; "
+                                   "default mean-minmax, the one method that collapsed on no model measured (README)")
     percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
     placement: Literal["onnxruntime", "tensorrt"] = Field(
         "onnxruntime", description="Q/DQ placement style: onnxruntime = ORT's fast CPU placement (uint8 activations); "

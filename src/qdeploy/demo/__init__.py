@@ -101,7 +101,7 @@ def demo_config(data_root: Path, weights: Path) -> dict:
             {"engine": "torch", "precision": "fp32"},
             {"engine": "torch", "precision": "fp32", "channels_last": True},
             {"engine": "onnxruntime", "precision": "fp32"},
-            {"engine": "onnxruntime", "precision": "int8", "method": "entropy"},                      # ONNX Runtime INT8 kernels
+            {"engine": "onnxruntime", "precision": "int8"},                                # ONNX Runtime INT8 kernels (mean-minmax)
             {"engine": "onnxruntime", "precision": "int8", "method": "percentile", "placement": "tensorrt"},  # TensorRT Q/DQ
             {"engine": "torch", "precision": "fp16"},
             {"engine": "onnxruntime", "precision": "fp16"},
