@@ -3,7 +3,7 @@
     pip install nncf            # a bench dependency, not a runtime one
     python bench/peer_ptq.py efficientnet_b0_48 mobilenet_v3_large_64 --out runs/peer_ptq [--eval-count 10000]
         [--nncf default[,global-minmax,no-bias-correction]] [--methods mean-minmax,max,entropy,percentile,mse]
-        [--placements onnxruntime,tensorrt,tensorrt-modelopt] [--accuracy-control]
+        [--placements onnxruntime,onnxruntime-split,tensorrt,tensorrt-modelopt] [--accuracy-control]
 
 Models: the ../shared/models/cifar10-dev checkpoints (torchvision architectures, 10 classes). Calibration:
 512 seeded cifar10/train images; evaluation: cifar10/test (all 10,000 by default). Each row: top-1,
@@ -16,7 +16,8 @@ an exact Q/DQ simulation). NNCF variants (its ONNX backend):
   no-bias-correction  defaults without bias correction
   accuracy-control    ``nncf.quantize_with_accuracy_control`` (max drop 1 point on 1,000 held-out train images)
 
-qdeploy rows: each range method × placement (onnxruntime; tensorrt via the onnx quantizer), quantized by
+qdeploy rows: each range method × placement (onnxruntime; onnxruntime-split = split_activations: true; tensorrt via
+the onnx quantizer; tensorrt-modelopt via ModelOpt), quantized by
 ``qdeploy.api.quantize``; TensorRT-placement artifacts are evaluated with exact Q/DQ semantics.
 Prints Markdown and writes DIR/<model>.json.
 """
@@ -176,8 +177,10 @@ def main() -> None:
         for placement in [p for p in args.placements.split(",") if p]:
             for method in [m for m in args.methods.split(",") if m]:
                 variant = {"engine": "onnxruntime", "precision": "int8", "method": method,
-                           "placement": "tensorrt" if placement.startswith("tensorrt") else placement,
+                           "placement": "tensorrt" if placement.startswith("tensorrt") else "onnxruntime",
                            "threads": 2, "name": f"{placement}-{method}"}
+                if placement == "onnxruntime-split":  # SiLU/hardswish quantized piecewise, for ONNX Runtime's int8 kernels
+                    variant["split_activations"] = True
                 if placement.startswith("tensorrt"):  # tensorrt = the ONNX route, tensorrt-modelopt = ModelOpt
                     variant["quantizer"] = "modelopt" if placement == "tensorrt-modelopt" else "onnx"
                 run_cfg = dict(cfg, variants=[variant])

@@ -153,3 +153,32 @@ def test_methods_sharing_one_modelopt_statistics_pass_get_the_ranges_of_a_fresh_
     assert shared.keys() == fresh.keys()
     for k in fresh:
         np.testing.assert_allclose(np.asarray(shared[k]), np.asarray(fresh[k]), rtol=1e-6, err_msg=k)
+
+
+def test_onnxruntime_placement_keeps_silu_whole_unless_split_is_asked(model_and_data):
+    """SiLU = x·sigmoid(x): by default no Q/DQ on x, on sigmoid(x) or between them (as NNCF and TensorRT); with
+    split_activations ONNX Runtime's own placement (QLinearSigmoid / QLinearMul inputs) is kept, for speed."""
+    from pydantic import ValidationError
+
+    from qdeploy.config import Int8Config
+
+    path, x = model_and_data
+    ranges = _ranges(path, x)
+
+    def dq_fed(split):
+        out = path.with_name(f"silu-{split}.onnx")
+        info = quantize_onnx(path, ranges, "onnxruntime", out, split_activations=split)
+        m = onnx.load(str(out))
+        producers = {o: n for n in m.graph.node for o in n.output}
+        sig = next(n for n in m.graph.node if n.op_type == "Sigmoid")
+        (mul,) = [n for n in m.graph.node if n.op_type == "Mul" and not n.name.endswith("/equalize")]  # SiLU's product
+        fed = [producers[i].op_type == "DequantizeLinear" for i in [sig.input[0], *mul.input] if i in producers]
+        return info, fed
+
+    info, fed = dq_fed(False)
+    assert len(info["activations_kept_whole"]) == 2 and not any(fed)
+    info, fed = dq_fed(True)
+    assert info["activations_kept_whole"] == [] and all(fed)
+    with pytest.raises(ValidationError, match="split_activations applies to placement onnxruntime only"):
+        Int8Config(placement="tensorrt", split_activations=True)
+    assert Int8Config(split_activations=True).label_parts()[-1] == "split"

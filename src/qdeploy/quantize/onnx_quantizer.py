@@ -39,5 +39,5 @@ class OnnxQdqQuantizer(Quantizer):
             ranges, info = calibrate(source, inputs.calibration, inputs.preprocess, cfg.method, cfg.percentile,
                                      inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names,
                                      channel_names=depthwise_inputs(model))
-        info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops))
+        info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops, cfg.split_activations))
         return QuantResult(out_path, ranges, info)

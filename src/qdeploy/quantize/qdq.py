@@ -90,7 +90,7 @@ def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -
 
 
 def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
-                  exclude: Iterable[str] = (), exclude_ops: Iterable[str] = ()) -> dict:
+                  exclude: Iterable[str] = (), exclude_ops: Iterable[str] = (), split_activations: bool = False) -> dict:
     """Write the INT8 ONNX to ``out_path`` (atomically). Returns what was excluded and why."""
     import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -114,9 +114,10 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     if equalized["mul_nodes"]:
         model = onnx.shape_inference.infer_shapes(model)  # the new tensors need their types for the quantizer
     swish_nodes = []
-    if target == "onnxruntime":
+    if target == "onnxruntime" and not split_activations:
         # activation functions stay whole, as in NNCF and TensorRT: ONNX Runtime would quantize SiLU's x, sigmoid(x)
-        # and product separately (QLinearSigmoid/QLinearMul), which cost 0.9 point on EfficientNet-B0 (issue #8)
+        # and product separately (QLinearSigmoid/QLinearMul), which cost 0.9 point on EfficientNet-B0 (issue #8), but
+        # runs them in int8: Int8Config.split_activations chooses that speed (about 2x on MobileNetV3 / EfficientNet-B0)
         g = QdqGraph(model)
         for node in g.nodes:
             pair = g.swish(node)
