@@ -10,7 +10,7 @@ import torch
 from conftest import write_image_folder
 from qdeploy import api
 from qdeploy.quantize.collect import collect_activation_stats
-from qdeploy.quantize.ranges import MEAN_MINMAX_RELATIVE_ERROR, calibration_warnings, images_needed
+from qdeploy.quantize.ranges import MEAN_MINMAX_RELATIVE_ERROR, calibration_facts, calibration_warnings, images_needed
 
 DEAD_MODEL = '''
 import torch
@@ -54,19 +54,22 @@ def test_mean_minmax_warns_below_the_images_its_mean_needs(tmp_path):
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(400, 3, 8, 8)) * rng.uniform(0.5, 1.5, size=(400, 1, 1, 1))).astype(np.float32)
     big = collect_activation_stats(path, [x[i:i + 50] for i in range(0, 400, 50)], 400, histograms=False)
-    need, tensor = images_needed("mean-minmax", 99.99, {n: (s.samples, s.sample_absmax_sum, s.sample_absmax_sq_sum, s.elements)
-                                                         for n, s in big.tensors.items()})
+    needs = {n: images_needed("mean-minmax", 99.99, s.samples, s.sample_absmax_sum, s.sample_absmax_sq_sum, s.elements)
+             for n, s in big.tensors.items()}
     # the spread measured on 400 images: cv ≈ 0.3 → (0.3 / 0.05)² ≈ 36 images
-    assert 10 < need < 400, need
-    assert not [w for w in calibration_warnings(big, "mean-minmax") if w["kind"] == "too-few-images"]
+    assert 10 < max(needs.values()) < 400, needs
+    assert not [w for w in calibration_warnings(calibration_facts(big, "mean-minmax"), "mean-minmax") if w["kind"] == "too-few-images"]
     small = collect_activation_stats(path, [x[:8]], 8, histograms=False)
-    (w,) = [w for w in calibration_warnings(small, "mean-minmax") if w["kind"] == "too-few-images"]
+    facts = calibration_facts(small, "mean-minmax")
+    (w,) = [w for w in calibration_warnings(facts, "mean-minmax") if w["kind"] == "too-few-images"]
     assert w["needed"] > 8 and f"use at least {w['needed']} images" in w["message"]
     assert f"{int(MEAN_MINMAX_RELATIVE_ERROR * 100)} %" in w["message"]
+    # only tensors that carry a quantizer count: none quantized, no warning
+    assert not calibration_warnings(facts, "mean-minmax", quantized=set())
     # max takes the extreme of whatever it saw: no minimum follows from the estimator
-    assert not [w for w in calibration_warnings(small, "max") if w["kind"] == "too-few-images"]
+    assert not [w for w in calibration_warnings(calibration_facts(small, "max"), "max") if w["kind"] == "too-few-images"]
     # percentile 99.99 on a tensor of 3·8·8 values per image needs 1 / (1e-4 · 192) = 53 images for its tail to hold a value
-    assert images_needed("percentile", 99.99, {"input": (8, 1.0, 1.0, 192)}) == (53, "input")
+    assert images_needed("percentile", 99.99, 8, 1.0, 1.0, 192) == 53
 
 
 @pytest.mark.parametrize("quantizer", ["onnx", "modelopt"])

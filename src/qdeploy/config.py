@@ -122,7 +122,8 @@ class Int8Config(_Strict):
                                    "default mean-minmax, the one method that collapsed on no model measured (README)")
     percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
     placement: Literal["onnxruntime", "tensorrt"] = Field(
-        "onnxruntime", description="Q/DQ placement style: onnxruntime = ORT's fast CPU placement (uint8 activations); "
+        "onnxruntime", description="Q/DQ placement style: onnxruntime = ONNX Runtime's QDQ placement for its CPU kernels (uint8 "
+                                   "activations; SiLU/hardswish kept whole unless split_activations); "
                                    "tensorrt = TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT)")
     exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
     exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
@@ -130,8 +131,9 @@ class Int8Config(_Strict):
     quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx (see qdeploy doctor)")
     split_activations: bool = Field(
         False, description="placement onnxruntime only: quantize SiLU/hardswish as x, gate and product separately, so that "
-                           "ONNX Runtime runs them in int8 (about 2x faster on the MobileNet-class models measured, but "
-                           "0.9 point less accurate on EfficientNet-B0); by default they stay whole, as in NNCF and TensorRT")
+                           "ONNX Runtime runs the convs around them in int8 (2-3x faster on the MobileNet-class models "
+                           "measured, but 1.4 points less accurate on EfficientNet-B0); by default they stay whole, as in "
+                           "NNCF and TensorRT")
 
     @model_validator(mode="after")
     def _split_needs_ort_placement(self):

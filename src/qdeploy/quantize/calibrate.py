@@ -15,13 +15,13 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.collect import collect_activation_stats
-from qdeploy.quantize.ranges import TensorRange, calibration_warnings, compute_ranges
+from qdeploy.quantize.ranges import TensorRange, calibration_facts, compute_ranges
 from qdeploy.quantize.trt_cache import read_trt_cache
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.compare import compare_outputs
 from qdeploy.utils.ort_options import exact_qdq
 from qdeploy.utils.hashing import sha256_file
-from qdeploy.utils.log import log, warn
+from qdeploy.utils.log import log
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 
@@ -36,7 +36,7 @@ def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentil
         "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
         "tensors": hashlib.sha256("\n".join(names).encode()).hexdigest() if names is not None else "all",
         "channels": hashlib.sha256("\n".join(sorted(channel_names)).encode()).hexdigest(),
-        "version": 4,  # 3: bounded histograms + strided search, entropy keeps the majority; 4: per-channel extremes
+        "version": 5,  # 3: bounded histograms + strided search, entropy keeps the majority; 4: per-channel extremes; 5: facts
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -57,7 +57,7 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
     if path is not None and path.is_file():
         data = json.loads(path.read_text())
         log(f"calibrate: cache hit {path} ({method})")
-        info.update(cache_hit=True, time_s=0.0, warnings=data.get("warnings", []))
+        info.update(cache_hit=True, time_s=0.0, calibration_facts=data.get("calibration_facts", {}))
         return {k: TensorRange(*v) for k, v in data["ranges"].items()}, info
     t0 = time.perf_counter()
     memo_key = (str(onnx_path), id(batches), num_bins, tuple(channel_names))
@@ -70,10 +70,9 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
         if stats_memo is not None:
             stats_memo[memo_key] = stats  # one histogram pass serves every method in this run
     ranges = compute_ranges(stats, method, percentile, names=set(names) if names is not None else None)
-    warnings = calibration_warnings(stats, method, percentile, names=set(names) if names is not None else None)
-    for w in warnings:
-        warn(f"calibrate: {w['message']}")
-    info.update(cache_hit=False, time_s=round(time.perf_counter() - t0, 3), tensors=len(ranges), warnings=warnings)
+    # what the calibration set could not tell; turned into warnings once the quantizer knows which tensors it quantized
+    info.update(cache_hit=False, time_s=round(time.perf_counter() - t0, 3), tensors=len(ranges),
+                calibration_facts=calibration_facts(stats, method, percentile))
     log(f"calibrate: {method} ranges for {len(ranges)} tensors from {batches.num_samples} images in {info['time_s']:.1f} s")
     if path is not None:
         write_json(path, {"key": key, **{k: v for k, v in info.items() if k != "cache"},

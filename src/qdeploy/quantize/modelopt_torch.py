@@ -43,7 +43,7 @@ from qdeploy.models.loader import SelectOutput
 from qdeploy.quantize.collect import TensorStats
 from qdeploy.quantize.modelopt_import import import_modelopt
 from qdeploy.quantize.equalize import channel_gains
-from qdeploy.quantize.ranges import TensorRange, calibration_warnings, compute_amax
+from qdeploy.quantize.ranges import TensorRange, calibration_facts, calibration_warnings, compute_amax
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import progress, warn
 
@@ -731,7 +731,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             amax[name] = q.amax.tolist()
             q.disable_calib()
             q.enable_quant()
-        warnings_found = calibration_warnings(stats["activation_stats"], method, percentile)
+        # the hooked quantizers are exactly the enabled (placed) ones: every tensor here carries a quantizer
+        warnings_found = calibration_warnings(calibration_facts(stats["activation_stats"], method, percentile), method, percentile)
         for w in warnings_found:
             warn(f"calibrate: {w['message']}")
         # depthwise conv inputs: per-channel precision through a gain folded into the weights (quantize/equalize.py)

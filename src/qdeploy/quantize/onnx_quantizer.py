@@ -9,11 +9,12 @@ from pathlib import Path
 
 from qdeploy.config import Int8Config
 from qdeploy.errors import QDeployError
-from qdeploy.quantize.calibrate import calibrate, ort_preprocessed, ranges_from_trt_cache
+from qdeploy.quantize.calibrate import calibrate, ort_preprocessed, ranges_from_qdq, ranges_from_trt_cache
 from qdeploy.quantize.equalize import depthwise_inputs
 from qdeploy.quantize.qdq import quantize_onnx, tensors_to_calibrate
+from qdeploy.quantize.ranges import calibration_warnings
 from qdeploy.quantize.registry import QuantizeInputs, Quantizer, QuantResult, register_quantizer
-from qdeploy.utils.log import log
+from qdeploy.utils.log import log, warn
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 
@@ -40,4 +41,11 @@ class OnnxQdqQuantizer(Quantizer):
                                      inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names,
                                      channel_names=depthwise_inputs(model))
         info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops, cfg.split_activations))
+        facts = info.pop("calibration_facts", None)
+        if facts:  # only the tensors that got a quantizer count (an equalized input stands for its source tensor)
+            equalizers = set(info["equalized_depthwise_inputs"]["mul_nodes"])
+            quantized = set(ranges_from_qdq(out_path)) | {n.input[0] for n in OnnxGraph.load(out_path).nodes if n.name in equalizers}
+            info["warnings"] = calibration_warnings(facts, cfg.method, cfg.percentile, quantized)
+            for w in info["warnings"]:
+                warn(f"calibrate: {w['message']}")
         return QuantResult(out_path, ranges, info)
