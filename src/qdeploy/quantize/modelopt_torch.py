@@ -633,7 +633,8 @@ def _apply_equalization(qm: nn.Module, quantizers: dict, amax: dict, scale_weigh
         quantizers[f"{owner}.input_quantizer"].pre_quant_scale = g.view(1, -1, *([1] * (conv.weight.dim() - 2)))
         if scale_weight_amax:  # per-channel (axis 0) weight amax scale exactly with the weights: same INT8 values
             wq = quantizers[f"{owner}.weight_quantizer"]
-            wq.amax = torch.clamp(wq.amax / g.view(wq.amax.shape), min=AMAX_FLOOR)
+            # amax may live on the GPU (load_calib_amax after the statistics pass there)
+            wq.amax = torch.clamp(wq.amax / g.view(wq.amax.shape).to(wq.amax.device), min=AMAX_FLOOR)
             amax[f"{owner}.weight_quantizer"] = wq.amax.tolist()
 
 
@@ -757,6 +758,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         warnings_found = None  # the calibration cache keeps them (modelopt_quantizer.py)
     shared_groups = apply_shared_scales(quantizers, groups)
     gains = {k: v for k, v in amax.items() if k.endswith(".equalize_gain")}
+    qm.to("cpu")  # every buffer (amax, pre_quant_scale) with the weights: the export and its check run on the CPU
     amax = {name: q.amax.tolist() for name, q in quantizers.items()}
     amax.update(gains)
     qm = SelectOutput(qm, select).eval()
