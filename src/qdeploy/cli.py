@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
     _add_common(p)
+    p = sub.add_parser("qat", help="quantization-aware training from the PTQ model (qat: section); writes qat.onnx and qat.json")
+    p.add_argument("config")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true", help="continue from DIR/qat-checkpoint.pt (same model, data and qat: config)")
+    p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("lint", help="why a Q/DQ ONNX will or won't run fast in TensorRT (rules, fixes)",
                        description="Lint a Q/DQ ONNX for TensorRT's explicit quantization. Exit 0: clean (or only 'fine' "
                                    "findings); 1: findings that block INT8 or cost reformats; 2: the file cannot be linted.")
@@ -166,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {summary['out']}/{info['artifact']} — {structure_line(info['structure'])}"
                       + (f"; TensorRT lint: {lint['verdict']}" if "verdict" in lint else ""))
             return 1 if failed == len(summary["variants"]) else 0
+        if args.command == "qat":
+            from qdeploy import api
+
+            summary = api.qat(args.config, args.out, resume=args.resume, cache_dir=args.cache_dir)
+            print(f"{summary['metric']}: FP32 {summary['fp32']:.4f}, PTQ {summary['before']:.4f}, QAT {summary['after']:.4f}; "
+                  f"wrote {Path(args.out) / summary['artifact']} and {Path(args.out) / 'qat.json'}")
+            return 0
         if args.command == "lint":
             return _cmd_lint(args)
         if args.command == "doctor":

@@ -101,6 +101,7 @@ class DatasetSpec(_Strict):
 class DataConfig(_Strict):
     eval: DatasetSpec
     calibration: Optional[DatasetSpec] = None
+    train: Optional[DatasetSpec] = Field(None, description="labelled training images (supervised QAT)")
 
 
 PLACEMENTS = ("onnxruntime", "tensorrt")
@@ -265,6 +266,45 @@ class ReportSpec(_Strict):
     batch_size: Optional[int] = Field(None, gt=0, description="recommendation: rank by p50 latency at this batch size (default: the smallest measured)")
 
 
+class QatConfig(_Strict):
+    """Quantization-aware training (``qdeploy qat``): fine-tune the PTQ-calibrated ModelOpt model (TensorRT placement).
+
+    Defaults and where they come from (docs/benchmarks.md repeats this):
+    - ``lr`` 1e-4, cosine schedule, ranges frozen, a few epochs: ModelOpt's ``cnn_qat`` example;
+    - "about 1 % of the original LR for about 10 % of the original schedule": pytorch-quantization's guide
+      (1e-4 is ~1 % of the 0.01-0.1 SGD rates CNNs are trained with);
+    - BN statistics frozen after some epochs: torchvision's quantization reference scripts
+      (``--num-observer-update-epochs`` / freeze BN after a few epochs); here from the start of QAT (0), since
+      QAT starts from a trained, BN-folded model whose statistics are final;
+    - ``optimizer`` sgd with momentum 0.9 and weight decay 1e-4 (the CIFAR/ImageNet recipes the models come from).
+    """
+
+    objective: Literal["supervised", "distill", "both"] = Field(
+        "distill", description="supervised = cross entropy on data.train labels; distill = KL to the frozen FP32 model's "
+                               "logits (no labels: any image folder); both = their sum with distill_weight on the KL")
+    data: Optional[DatasetSpec] = Field(None, description="training images (default: data.train for supervised/both, "
+                                                          "data.calibration for distill)")
+    method: Literal["max", "entropy", "percentile", "mse", "mean-minmax"] = Field(
+        "mean-minmax", description="PTQ range method the QAT starts from")
+    epochs: float = Field(1.0, gt=0, description="passes over the training data (fractional allowed)")
+    lr: float = Field(1e-4, gt=0)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(1e-4, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0, description="linear LR warm-up, then cosine decay to 0")
+    batch_size: int = Field(64, gt=0)
+    augment: bool = Field(True, description="seeded flip + padded crop (classification), flip + crop (segmentation)")
+    freeze_bn_after: Optional[float] = Field(0.0, ge=0, description="epochs after which BatchNorm statistics stop updating "
+                                                                   "(BN is folded into convs for ModelOpt; this covers any left)")
+    grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradients' global norm")
+    amp: bool = Field(True, description="bf16 autocast on a CUDA GPU (ignored on the CPU)")
+    ranges: Literal["frozen"] = Field("frozen", description="quantizer ranges stay at their PTQ values (ModelOpt cnn_qat)")
+    temperature: float = Field(1.0, gt=0, description="distillation temperature")
+    distill_weight: float = Field(1.0, ge=0, description="objective both: weight of the KL term")
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
 class RunConfig(_Strict):
     model: ModelSpec
     data: DataConfig
@@ -273,6 +313,7 @@ class RunConfig(_Strict):
     bench: BenchSpec = Field(default_factory=BenchSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     report: ReportSpec = Field(default_factory=ReportSpec)
+    qat: Optional[QatConfig] = None
 
 
 # ---------------------------------------------------------------------------------------------

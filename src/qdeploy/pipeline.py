@@ -432,3 +432,128 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     finally:
         ctx.output.abort()
     return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization-aware training (``qdeploy qat``)
+
+def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int) -> float:
+    """Top-1 (classification) or mIoU (segmentation) of a PyTorch model on ``batches`` (the data.eval split)."""
+    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
+
+    metrics = None
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        for x, y in batches:
+            out = model(torch.from_numpy(normalize(x, preprocess)).to(device)).float().cpu().numpy()
+            if metrics is None:
+                metrics = ClassificationMetrics((1,)) if task == "classification" else \
+                    SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
+            metrics.update(out, y)
+    model.train(was_training)
+    r = metrics.result()
+    return float(r["top1"] if task == "classification" else r["miou"])
+
+
+def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], resume: bool = False,
+        cache_dir: Optional[Path] = None) -> dict:
+    """``qdeploy qat``: PTQ (ModelOpt, TensorRT placement, ``qat.method``) → fine-tune → TensorRT-placement Q/DQ ONNX.
+
+    Writes into ``out_dir``, each file atomically: ``qat.onnx`` (+ ``qat.trtcache``), ``qat.json`` (fp32 / before /
+    after on data.eval, epochs, images_per_s, artifact, the training log), ``qat-checkpoint.pt`` (every epoch) and
+    ``qat-log.json``. ``resume`` continues from the checkpoint of the same model, data and QAT config.
+    """
+    import copy
+
+    from qdeploy.config import Int8Config, QatConfig
+    from qdeploy.errors import ConfigError
+    from qdeploy.quantize.modelopt_quantizer import calibrated_model, export_checked
+    from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet, fingerprint
+    from qdeploy.quantize.registry import QuantizeInputs, finish
+    from qdeploy.build.builder import dataset_identity
+    from qdeploy.utils.atomic import atomic_path
+
+    t_start = time.perf_counter()
+    cfg = as_config(config)
+    q = cfg.qat or QatConfig()
+    task, pre = cfg.model.task, cfg.model.preprocess
+    supervised = q.objective in ("supervised", "both")
+    # ---- validate before anything expensive
+    if supervised:
+        spec = q.data or cfg.data.train
+        if spec is None:
+            raise ConfigError(f"qat.objective {q.objective} trains on labels: add data.train (labelled images) or qat.data; "
+                              "with unlabelled images only, use qat.objective: distill")
+    else:
+        spec = q.data or cfg.data.calibration or cfg.data.train
+        if spec is None:
+            raise ConfigError("qat.objective distill needs images (no labels): add data.calibration, data.train or qat.data")
+    if cfg.data.calibration is None:
+        raise ConfigError("QAT starts from a PTQ calibration: add data.calibration")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if q.device == "auto" else q.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("qat.device cuda: no CUDA GPU is visible to PyTorch")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
+    calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
+    builder = Builder(cfg, cache_dir, calibration, check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
+    if not builder.has_torch:
+        raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
+    train_batches = make_batches(spec, pre, task, batch_size=256, desc="decode training images")
+    images, labels = zip(*train_batches) if train_batches.num_samples else ((), ())
+    images = np.concatenate(images)
+    labels = np.concatenate(labels) if supervised else None
+    teacher = copy.deepcopy(builder.torch_model()).to(device).eval()
+    with torch.no_grad():
+        probe = teacher(torch.from_numpy(normalize(images[:2], pre)).to(device))
+    n_out = probe.shape[1]
+    if supervised and task == "classification" and train_batches.num_classes is not None and train_batches.num_classes != n_out:
+        raise QatError(f"training folder {spec.root} has {train_batches.num_classes} classes "
+                       f"({', '.join(map(str, (train_batches.class_names or [])[:8]))}{', …' if train_batches.num_classes > 8 else ''}) "
+                       f"but the model outputs {n_out}: the labels would not mean the model's classes")
+    fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="modelopt")
+    inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
+                            check_inputs=builder.check_inputs(), opset=cfg.export.opset, dynamic_batch=cfg.export.dynamic_batch,
+                            cache_dir=builder.cache_dir, memo=builder.memo)
+    t0 = time.perf_counter()
+    student, info = calibrated_model(inputs, int8)
+    student = student.to(device)
+    with torch.no_grad():
+        s_probe = student(torch.from_numpy(normalize(images[:2], pre)).to(device))
+    if q.objective != "supervised" and s_probe.shape != probe.shape:
+        raise QatError(f"distillation needs the same output shape from teacher and student: FP32 {tuple(probe.shape)} vs "
+                       f"quantized {tuple(s_probe.shape)}")
+    run_fp = fingerprint({"fp32": fp32.fingerprint, "qat": q.model_dump(mode="json"), "train": dataset_identity(train_batches),
+                          "calibration": dataset_identity(calibration), "preprocess": pre.model_dump(mode="json")})
+    ignore = spec.ignore_index
+    metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, cfg.data.eval.ignore_index)  # noqa: E731
+    fp32_metric = metric(teacher)
+    before = metric(student)
+    log(f"qat: FP32 {fp32_metric:.4f}, PTQ ({q.method}) {before:.4f} on data.eval; training on {len(images)} images, "
+        f"objective {q.objective}, {q.epochs:g} epoch(s), device {device}")
+    ch = np.asarray(pre.mean, np.float32) * 255.0, np.asarray(pre.std, np.float32) * 255.0
+    data = TrainingSet(images, labels, ch[0], ch[1])
+    trainer = QatTrainer(student, teacher if q.objective != "supervised" else None, q, data, task, ignore, out, run_fp, device,
+                         evaluate=metric)
+    train_log = trainer.fit(resume=resume)
+    after = metric(student)
+    student = student.cpu().eval()
+    final = out / "qat.onnx"
+    with atomic_path(final) as tmp:
+        result = export_checked(student, inputs, tmp, dict(info, qat=True))
+    result.path = final
+    result = finish(result, int8, final, "qat", t0)
+    train_s = sum(e["seconds"] for e in train_log)
+    summary = {"fp32": fp32_metric, "before": before, "after": after,
+               "metric": "top1" if task == "classification" else "miou",
+               "epochs": q.epochs, "images_per_s": round(sum(e["images"] for e in train_log) / max(train_s, 1e-9), 1),
+               "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
+               "device": device, "train_images": len(images), "log": train_log, "qat": q.model_dump(mode="json"),
+               "fingerprint": run_fp, "structure": result.info.get("structure"), "lint": result.info.get("lint"),
+               "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
+    write_json(out / "qat.json", summary)
+    log(f"qat: {summary['metric']} FP32 {fp32_metric:.4f} → PTQ {before:.4f} → QAT {after:.4f}; wrote {final} and {out / 'qat.json'}")
+    return summary

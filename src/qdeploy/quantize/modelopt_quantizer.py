@@ -84,41 +84,52 @@ class ModelOptQuantizer(Quantizer):
             raise NotApplicable("quantizer modelopt does not take exclude_ops (ONNX op types); use exclude (node-name regexes) or quantizer: onnx")
 
     def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
-        t0 = time.perf_counter()
-        batches = inputs.calibration
-        if batches is None:
-            raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
-        user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
-        # squeeze-excitation branches stay float (quantize/patterns.py): their convs' modules
-        se_modules = sorted({module_of_node(n) for n in squeeze_excitation_nodes(onnx.load(str(inputs.fp32_onnx)))
-                             if n.endswith("/Conv")} - {""} - set(user_modules))
-        exclude_modules = set(user_modules) | set(se_modules)
-        key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                              ["modelopt", "trt-placement-5", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
-        cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
-        cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
-        cached = cached_file.get("amax")
-        if cached is not None:
-            log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
-        qm, amax, details = quantize_torch_model(
-            inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
-            cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
-        details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
-        details["excluded_squeeze_excitation"] = se_modules
-        if details.get("warnings") is None:
-            details["warnings"] = cached_file.get("warnings", [])
-        info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,
-                "samples": batches.num_samples, "cache": str(cache) if cache else None, **details,
-                "excluded_nodes": matched_nodes, "unmatched_patterns": unmatched, "cache_hit": cached is not None,
-                "time_s": 0.0 if cached is not None else round(time.perf_counter() - t0, 3)}
-        if cached is None:
-            if cache is not None:
-                write_json(cache, {"key": key, "method": cfg.method, "amax": amax, "warnings": info.get("warnings", [])})
-            log(f"calibrate: ModelOpt {cfg.method} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
-        h, w = inputs.preprocess.input_size
-        fixes = export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)
-        if fixes:
-            info["export_fixes"] = fixes  # e.g. {"QD009": n}: zero Pads of same-padding convs folded into the Conv
-        if inputs.check_inputs is not None:
-            info["export_check"] = check_qdq_export(qm, out_path, inputs.check_inputs)
-        return QuantResult(out_path, ranges_from_qdq(out_path), info)
+        qm, info = calibrated_model(inputs, cfg)
+        return export_checked(qm, inputs, out_path, info)
+
+
+def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
+    """The PTQ-calibrated ModelOpt model (TensorRT placement) and its info; what ``modelopt`` exports and QAT trains."""
+    t0 = time.perf_counter()
+    batches = inputs.calibration
+    if batches is None:
+        raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
+    user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
+    # squeeze-excitation branches stay float (quantize/patterns.py): their convs' modules
+    se_modules = sorted({module_of_node(n) for n in squeeze_excitation_nodes(onnx.load(str(inputs.fp32_onnx)))
+                         if n.endswith("/Conv")} - {""} - set(user_modules))
+    exclude_modules = set(user_modules) | set(se_modules)
+    key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
+                          ["modelopt", "trt-placement-5", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
+    cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
+    cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
+    cached = cached_file.get("amax")
+    if cached is not None:
+        log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
+    qm, amax, details = quantize_torch_model(
+        inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
+        cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
+    details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
+    details["excluded_squeeze_excitation"] = se_modules
+    if details.get("warnings") is None:
+        details["warnings"] = cached_file.get("warnings", [])
+    info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,
+            "samples": batches.num_samples, "cache": str(cache) if cache else None, **details,
+            "excluded_nodes": matched_nodes, "unmatched_patterns": unmatched, "cache_hit": cached is not None,
+            "time_s": 0.0 if cached is not None else round(time.perf_counter() - t0, 3)}
+    if cached is None:
+        if cache is not None:
+            write_json(cache, {"key": key, "method": cfg.method, "amax": amax, "warnings": info.get("warnings", [])})
+        log(f"calibrate: ModelOpt {cfg.method} ranges for {len(amax)} quantizers in {info['time_s']:.1f} s")
+    return qm, info
+
+
+def export_checked(qm, inputs: QuantizeInputs, out_path: Path, info: dict) -> QuantResult:
+    """Export the (calibrated or fine-tuned) ModelOpt model as Q/DQ ONNX and check it against the fake-quant model."""
+    h, w = inputs.preprocess.input_size
+    fixes = export_qdq_onnx(qm, torch.randn(2, inputs.preprocess.channels, h, w), out_path, inputs.opset, inputs.dynamic_batch)
+    if fixes:
+        info["export_fixes"] = fixes  # e.g. {"QD009": n}: zero Pads of same-padding convs folded into the Conv
+    if inputs.check_inputs is not None:
+        info["export_check"] = check_qdq_export(qm, out_path, inputs.check_inputs)
+    return QuantResult(out_path, ranges_from_qdq(out_path), info)

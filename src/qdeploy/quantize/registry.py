@@ -115,6 +115,11 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
             if i + 1 == len(tried):
                 raise
             warn(f"quantizer {quantizer.name}: {e}; falling back to quantizer {tried[i + 1].name}")
+    return finish(result, cfg, out_path, quantizer.name, t0)
+
+
+def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name: str, t0: float) -> QuantResult:
+    """What every INT8 artifact gets, whoever made it (PTQ or QAT): TensorRT cache, structure report, lint."""
     trt_cache = write_trt_cache(out_path.with_suffix(".trtcache"), result.ranges)
     qdq_model = load_qdq_model(out_path)  # read once: the lint and the explanations below share it
     report = lint_model(qdq_model, out_path.name)
@@ -131,8 +136,8 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
     else:
         lint = {"skipped": "placement onnxruntime: ONNX Runtime's CPU layout, TensorRT's rules do not apply"}
-    result.info.update(quantizer=quantizer.name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
+    result.info.update(quantizer=quantizer_name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
                        quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure, lint=lint)
-    log(f"quantize: {out_path.name} ({quantizer.name}): {structure_line(structure)}"
+    log(f"quantize: {out_path.name} ({quantizer_name}): {structure_line(structure)}"
         + (f"; lint: {lint['verdict']}" if "verdict" in lint else ""))
     return result

@@ -1,0 +1,138 @@
+"""Quantization-aware training (issue #9) on a tiny real model, CPU, real ModelOpt fake quantization and export."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import write_image_folder
+from qdeploy import api
+from qdeploy.errors import QDeployError
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Small(nn.Module):
+    """conv-bn-relu → residual block → pool → fc: what the TensorRT placement handles (skip-input Add quantizer)."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1))
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(x + self.body(x))
+        return self.fc(x.mean((2, 3)))
+
+
+def small(num_classes=3):
+    torch.manual_seed(0)
+    m = Small(num_classes)
+    with torch.no_grad():  # confident logits, as a trained model's: the INT8 error shows in the KL
+        m.fc.weight.mul_(40)
+    return m
+'''
+
+
+def _config(tmp_path, objective="distill", epochs=2.0, **qat):
+    model_file = tmp_path / "small.py"
+    if not model_file.exists():
+        model_file.write_text(MODEL)
+    roots = {name: tmp_path / name for name in ("train", "calib", "eval")}
+    for seed, (name, root) in enumerate(roots.items()):
+        if not root.exists():
+            write_image_folder(root, per_class=8, size=(16, 16), seed=seed)
+    data = {"eval": {"root": str(roots["eval"]), "batch_size": 8, "workers": 0},
+            "calibration": {"root": str(roots["calib"]), "batch_size": 8, "workers": 0},
+            "train": {"root": str(roots["train"]), "batch_size": 8, "workers": 0}}
+    return {"model": {"source": f"{model_file}:small", "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+            "data": data, "qat": {"objective": objective, "epochs": epochs, "batch_size": 8, "lr": 1e-3, "method": "max", **qat}}
+
+
+@pytest.mark.parametrize("objective", ["distill", "supervised", "both"])
+def test_qat_trains_exports_and_reports(tmp_path, objective):
+    summary = api.qat(_config(tmp_path, objective), tmp_path / "out", cache_dir=tmp_path / "cache")
+    out = tmp_path / "out"
+    on_disk = json.loads((out / "qat.json").read_text())
+    assert on_disk["artifact"] == "qat.onnx" and (out / "qat.onnx").is_file() and (out / "qat.trtcache").is_file()
+    for key in ("fp32", "before", "after"):
+        assert 0.0 <= on_disk[key] <= 1.0
+    assert on_disk["epochs"] == 2.0 and on_disk["images_per_s"] > 0
+    assert [e["epoch"] for e in on_disk["log"]] == [1, 2] and all(e["loss"] is not None for e in on_disk["log"])
+    # the same TensorRT placement as PTQ: every compute op INT8, the residual Add fusible, lint clean
+    st = summary["structure"]
+    assert st["compute_ops_int8"] == st["compute_ops"] == 4, st
+    assert st["residual_add_forms"] == {"fusible": 1}
+    assert summary["lint"]["verdict"] == "clean"
+    assert summary["export_check"]["min_cosine"] >= 0.99
+    assert (out / "qat-checkpoint.pt").is_file() and json.loads((out / "qat-log.json").read_text())["epochs"] == on_disk["log"]
+
+
+def test_qat_changes_the_weights_and_distillation_lowers_its_loss(tmp_path):
+    summary = api.qat(_config(tmp_path, "distill", epochs=4.0, lr=5e-3, augment=False), tmp_path / "out", cache_dir=tmp_path / "cache")
+    losses = [e["loss"] for e in summary["log"]]
+    assert losses[-1] < losses[0], losses
+
+
+def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
+    """Two epochs in one go vs. killed right after epoch 1's checkpoint, then --resume: the same weights, bit for bit."""
+    from qdeploy.quantize.qat import QatTrainer
+
+    cfg = _config(tmp_path, "both", epochs=2.0)
+    whole = api.qat(cfg, tmp_path / "whole", cache_dir=tmp_path / "cache")
+    save = QatTrainer._save
+
+    def save_then_die(self, epochs_done, step):
+        save(self, epochs_done, step)
+        if epochs_done == 1:
+            raise KeyboardInterrupt  # the process is killed after the checkpoint of epoch 1
+    monkeypatch.setattr(QatTrainer, "_save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        api.qat(cfg, tmp_path / "part", cache_dir=tmp_path / "cache")
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "part" / "qat-checkpoint.pt", weights_only=False)["epochs_done"] == 1
+    assert not (tmp_path / "part" / "qat.onnx").exists()
+    resumed = api.qat(cfg, tmp_path / "part", resume=True, cache_dir=tmp_path / "cache")
+    a = torch.load(tmp_path / "whole" / "qat-checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "part" / "qat-checkpoint.pt", weights_only=False)["model"]
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    strip = lambda log: [{k: v for k, v in e.items() if k not in ("seconds", "images_per_s")} for e in log]  # noqa: E731
+    assert strip(resumed["log"]) == strip(whole["log"])
+    assert resumed["after"] == whole["after"]
+
+
+def test_supervised_without_labelled_data_is_refused_before_work(tmp_path):
+    cfg = _config(tmp_path, "supervised")
+    del cfg["data"]["train"]
+    with pytest.raises(QDeployError, match="data.train"):
+        api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out" / "qat.onnx").exists()
+
+
+def test_training_classes_must_match_the_model_outputs(tmp_path):
+    cfg = _config(tmp_path, "supervised")
+    write_image_folder(tmp_path / "train4", classes=("a", "b", "c", "d"), per_class=4, size=(16, 16))
+    cfg["data"]["train"]["root"] = str(tmp_path / "train4")
+    with pytest.raises(QDeployError, match="has 4 classes .* but the model outputs 3"):
+        api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
+    api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "out", cache_dir=tmp_path / "cache")
+    with pytest.raises(QDeployError, match="belongs to another model, data or QAT config"):
+        api.qat(_config(tmp_path, "distill", epochs=1.0, lr=3e-3), tmp_path / "out", resume=True, cache_dir=tmp_path / "cache")
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    # lr 1e30: the first update sends the weights to inf, the second step's loss is not finite
+    with pytest.raises(QDeployError, match=r"QAT loss became (nan|inf) at step \d+ .*training stopped"):
+        api.qat(_config(tmp_path, "supervised", epochs=2.0, lr=1e30, optimizer="sgd", momentum=0.0), tmp_path / "out",
+                cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out" / "qat.onnx").exists() and not (tmp_path / "out" / "qat.json").exists()
