@@ -60,8 +60,10 @@ def test_qat_trains_exports_and_reports(tmp_path, objective):
     out = tmp_path / "out"
     on_disk = json.loads((out / "qat.json").read_text())
     assert on_disk["artifact"] == "qat.onnx" and (out / "qat.onnx").is_file() and (out / "qat.trtcache").is_file()
-    for key in ("fp32", "before", "after"):
+    for key in ("fp32", "before", "after", "after_onnx"):
         assert 0.0 <= on_disk[key] <= 1.0
+    # the shipped artifact scores what the fine-tuned fake-quant model scores (24 images: at most one may flip)
+    assert abs(on_disk["after_onnx"] - on_disk["after"]) <= 1 / 24 + 1e-9
     assert on_disk["epochs"] == 2.0 and on_disk["images_per_s"] > 0
     assert [e["epoch"] for e in on_disk["log"]] == [1, 2] and all(e["loss"] is not None for e in on_disk["log"])
     # the same TensorRT placement as PTQ: every compute op INT8, the residual Add fusible, lint clean

@@ -410,12 +410,14 @@ def _resolve_paths(data: dict, base: Path) -> dict:
                 if isinstance(holder, dict) and isinstance(holder.get("calibration_cache"), str):
                     holder["calibration_cache"] = fix(holder["calibration_cache"])
     d = data.get("data")
-    if isinstance(d, dict):
-        for part in d.values():
-            if isinstance(part, dict):
-                for key in ("root", "classes"):
-                    if isinstance(part.get(key), str):
-                        part[key] = fix(part[key])
+    specs = list(d.values()) if isinstance(d, dict) else []
+    if isinstance(data.get("qat"), dict):
+        specs.append(data["qat"].get("data"))  # qat.data is a dataset spec too
+    for part in specs:
+        if isinstance(part, dict):
+            for key in ("root", "classes"):
+                if isinstance(part.get(key), str):
+                    part[key] = fix(part[key])
     return data
 
 

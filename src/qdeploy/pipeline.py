@@ -456,6 +456,27 @@ def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device
     return float(r["top1"] if task == "classification" else r["miou"])
 
 
+def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int) -> float:
+    """The exported Q/DQ ONNX's metric in ONNX Runtime with exact Q/DQ semantics (how TensorRT computes it)."""
+    import onnxruntime as ort
+
+    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
+    from qdeploy.utils.ort_options import exact_qdq
+
+    opts = exact_qdq(ort.SessionOptions())
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name, metrics = sess.get_inputs()[0].name, None
+    for x, y in batches:
+        out = sess.run(None, {name: normalize(x, preprocess)})[0]
+        if metrics is None:
+            metrics = ClassificationMetrics((1,)) if task == "classification" else \
+                SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
+        metrics.update(out, y)
+    r = metrics.result()
+    return float(r["top1"] if task == "classification" else r["miou"])
+
+
 def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], resume: bool = False,
         cache_dir: Optional[Path] = None) -> dict:
     """``qdeploy qat``: PTQ (ModelOpt, TensorRT placement, ``qat.method``) → fine-tune → TensorRT-placement Q/DQ ONNX.
@@ -546,8 +567,9 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
         result = export_checked(student, inputs, tmp, dict(info, qat=True))
     result.path = final
     result = finish(result, int8, final, "qat", t0)
+    after_onnx = _onnx_metric(final, eval_batches, task, pre, cfg.data.eval.ignore_index)
     train_s = sum(e["seconds"] for e in train_log)
-    summary = {"fp32": fp32_metric, "before": before, "after": after,
+    summary = {"fp32": fp32_metric, "before": before, "after": after, "after_onnx": after_onnx,
                "metric": "top1" if task == "classification" else "miou",
                "epochs": q.epochs, "images_per_s": round(sum(e["images"] for e in train_log) / max(train_s, 1e-9), 1),
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
@@ -555,5 +577,6 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                "fingerprint": run_fp, "structure": result.info.get("structure"), "lint": result.info.get("lint"),
                "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
     write_json(out / "qat.json", summary)
-    log(f"qat: {summary['metric']} FP32 {fp32_metric:.4f} → PTQ {before:.4f} → QAT {after:.4f}; wrote {final} and {out / 'qat.json'}")
+    log(f"qat: {summary['metric']} FP32 {fp32_metric:.4f} → PTQ {before:.4f} → QAT {after:.4f} (exported Q/DQ ONNX in ONNX "
+        f"Runtime: {after_onnx:.4f}); wrote {final} and {out / 'qat.json'}")
     return summary

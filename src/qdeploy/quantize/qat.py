@@ -206,7 +206,7 @@ class QatTrainer:
                     self.opt.step()
                     step += 1
                     seen += len(idx)
-                    losses.append(float(loss))
+                    losses.append(float(loss.detach()))
                     ips = seen / max(time.perf_counter() - t0, 1e-9)
                     bar.update(task, advance=1, epoch=epoch + 1, loss=losses[-1], lr=lr, ips=ips)
                 seconds = time.perf_counter() - t0
