@@ -138,3 +138,53 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         api.qat(_config(tmp_path, "supervised", epochs=2.0, lr=1e30, optimizer="sgd", momentum=0.0), tmp_path / "out",
                 cache_dir=tmp_path / "cache")
     assert not (tmp_path / "out" / "qat.onnx").exists() and not (tmp_path / "out" / "qat.json").exists()
+
+
+SEG_MODEL = '''
+import torch
+from torch import nn
+
+
+class Seg(nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                                  nn.ReLU())
+        self.head = nn.Conv2d(16, num_classes, 1)
+
+    def forward(self, x):
+        return {"out": self.head(self.body(x)) * 20}
+
+
+def seg(num_classes=3):
+    torch.manual_seed(0)
+    return Seg(num_classes)
+'''
+
+
+@pytest.mark.parametrize("objective", ["supervised", "distill"])
+def test_segmentation_qat_with_ignore_index(tmp_path, objective):
+    """Per-pixel cross entropy with ignore_index (label 3 = void) and per-pixel KL; mIoU before and after."""
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "seg.py").write_text(SEG_MODEL)
+    rng = np.random.default_rng(0)
+    root = tmp_path / "camvid"
+    for split, n in (("train", 12), ("val", 6), ("test", 6)):
+        (root / split).mkdir(parents=True)
+        (root / f"{split}annot").mkdir()
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(root / split / f"f{i}.png")
+            Image.fromarray(rng.integers(0, 4, (16, 24), dtype=np.uint8)).save(root / f"{split}annot" / f"f{i}.png")
+    spec = lambda split: {"format": "segnet", "root": str(root), "split": split, "ignore_index": 3, "workers": 0, "batch_size": 4}  # noqa: E731
+    cfg = {"model": {"source": f"{tmp_path / 'seg.py'}:seg", "task": "segmentation", "output": "out",
+                     "preprocess": {"input_size": [16, 24], "mean": [0.5] * 3, "std": [0.25] * 3}},
+           "data": {"eval": spec("test"), "calibration": spec("val"), "train": spec("train")},
+           "qat": {"objective": objective, "epochs": 2, "batch_size": 4, "lr": 1e-3, "method": "max"}}
+    summary = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    # distill trains on the calibration images by default (no labels needed), supervised on data.train
+    assert summary["metric"] == "miou" and summary["train_images"] == (12 if objective == "supervised" else 6)
+    assert all(0.0 <= summary[k] <= 1.0 for k in ("fp32", "before", "after", "after_onnx"))
+    assert len(summary["log"]) == 2 and all(np.isfinite(e["loss"]) for e in summary["log"])
+    assert summary["structure"]["compute_ops_int8"] == summary["structure"]["compute_ops"]
