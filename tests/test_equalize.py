@@ -182,3 +182,25 @@ def test_onnxruntime_placement_keeps_silu_whole_unless_split_is_asked(model_and_
     with pytest.raises(ValidationError, match="split_activations applies to placement onnxruntime only"):
         Int8Config(placement="tensorrt", split_activations=True)
     assert Int8Config(split_activations=True).label_parts()[-1] == "split"
+
+
+def test_qat_trains_equalized_depthwise_weights_in_their_original_units(model_and_data):
+    """QAT divides an equalized depthwise conv's weight gradient by g²: SGD's step on W' = W/g is then exactly the
+    step on W before equalization (without it, those channels move g² times further)."""
+    from qdeploy.quantize.modelopt_torch import quantize_torch_model
+    from qdeploy.quantize.qat import _train_equalized_in_original_units
+
+    _, x = model_and_data
+    xt = torch.from_numpy(x[:8])
+    grads = {}
+    for hooked in (False, True):
+        qm, _, _ = quantize_torch_model(ExpandDepthwise().eval(), (x[i:i + 16] for i in range(0, 64, 16)), 64, "max")
+        handles = _train_equalized_in_original_units(qm) if hooked else []
+        assert len(handles) == (1 if hooked else 0)
+        qm(xt).square().mean().backward()
+        grads[hooked] = qm.model.dw.weight.grad.clone()
+        g = qm.model.dw.input_quantizer.pre_quant_scale.reshape(-1, 1, 1, 1)
+        for h in handles:
+            h.remove()
+    torch.testing.assert_close(grads[True], grads[False] / g ** 2)
+    assert float(g.max()) > 10  # the correction matters: some channels were stretched > 10x

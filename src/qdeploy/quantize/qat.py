@@ -108,6 +108,10 @@ class QatTrainer:
         self.steps_per_epoch = math.ceil(len(data.images) / cfg.batch_size)
         self.total_steps = max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.warmup = int(round(cfg.warmup_epochs * self.steps_per_epoch))
+        self._equalized = _train_equalized_in_original_units(model)
+        if self._equalized and cfg.optimizer == "adamw":
+            log("qat: adamw normalises each weight's step, so the equalized depthwise convs' g² gradient correction has "
+                "little effect with it; sgd (the default) trains them as before equalization")
         params = [p for p in model.parameters() if p.requires_grad]
         if cfg.optimizer == "sgd":
             self.opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -155,6 +159,12 @@ class QatTrainer:
 
     def _set_train_mode(self, epoch: int) -> None:
         self.model.train()
+        # dropout stays off: QAT is a short fine-tune of a trained model, where dropout only adds noise (and, when
+        # distilling, a mismatch against the eval-mode teacher); stochastic depth is already an identity in the
+        # ModelOpt graph (modelopt_torch.prepare_for_quantization). Measured on EfficientNet-B0 (issue #9).
+        for m in self.model.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.eval()
         if self.cfg.freeze_bn_after is not None and epoch >= self.cfg.freeze_bn_after:
             for m in self.model.modules():
                 if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -220,4 +230,28 @@ class QatTrainer:
                 log(f"qat: epoch {epoch + 1}/{epochs}: loss {entry['loss']:.4f}, {entry['images_per_s']:.0f} img/s"
                     + (f", metric {entry['metric']:.4f}" if "metric" in entry else ""))
         self.model.eval()
+        for handle in self._equalized:
+            handle.remove()
+        self._equalized = []
         return self.log
+
+
+def _train_equalized_in_original_units(model: nn.Module) -> list:
+    """Depthwise convs equalized for PTQ (input ·g, weights /g; quantize/equalize.py) train as before equalization.
+
+    The rewrite is exact in the forward pass but not for SGD: the gradient of W' = W/g is g times that of W, so a
+    step moves the function g² times further, and g reaches 256 (65,536x the learning rate on those channels; on
+    EfficientNet-B0 QAT lost accuracy instead of gaining). A gradient hook divides W''s gradient by g², which makes
+    SGD's step on W' exactly the step on W (momentum and weight decay included: the decay of W' is proportional).
+    (A torch parametrization W = W_original / g would be cleaner, but ModelOpt's quantized conv then skips its
+    weight quantizer.) Returns the hook handles."""
+    handles = []
+    for m in model.modules():
+        q = getattr(m, "input_quantizer", None)
+        g = getattr(q, "pre_quant_scale", None) if q is not None else None
+        w = getattr(m, "weight", None)
+        if g is None or not isinstance(w, nn.Parameter):
+            continue
+        inv_g2 = (1.0 / g.detach().reshape(-1, *([1] * (w.dim() - 1))).to(w.device, w.dtype) ** 2)
+        handles.append(w.register_hook(lambda grad, s=inv_g2: grad * s))
+    return handles
