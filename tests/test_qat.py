@@ -188,3 +188,56 @@ def test_segmentation_qat_with_ignore_index(tmp_path, objective):
     assert all(0.0 <= summary[k] <= 1.0 for k in ("fp32", "before", "after", "after_onnx"))
     assert len(summary["log"]) == 2 and all(np.isfinite(e["loss"]) for e in summary["log"])
     assert summary["structure"]["compute_ops_int8"] == summary["structure"]["compute_ops"]
+
+
+def test_torchrun_two_processes_on_the_cpu(tmp_path):
+    """`torchrun --nproc_per_node=2 -m qdeploy qat`: gloo on the CPU, each rank a shard of every epoch, rank 0 alone
+    writes qat.json / qat.onnx / the checkpoint."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = _config(tmp_path, "distill", epochs=1.0)
+    (tmp_path / "qat.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(p) for p in sys.path if p]), QDEPLOY_CACHE=str(tmp_path / "cache"),
+               OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+                        "-m", "qdeploy", "qat", str(tmp_path / "qat.yaml"), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "qat.json").read_text())
+    assert summary["processes"] == 2
+    # 24 calibration images, 8 per rank per step: 2 steps cover the epoch (16 images per step across the ranks)
+    assert summary["log"][0]["steps"] == 2 and summary["log"][0]["images"] == 32
+    assert (tmp_path / "out" / "qat.onnx").is_file()
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["qat-checkpoint.pt", "qat-log.json", "qat.json", "qat.onnx",
+                                                                      "qat.trtcache"]
+
+
+def test_torchrun_with_more_processes_than_gpus_is_refused(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = _config(tmp_path, "distill", epochs=1.0, device="cuda")
+    (tmp_path / "qat.yaml").write_text(yaml.safe_dump(cfg))
+    gpus = torch.cuda.device_count()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(p) for p in sys.path if p]), QDEPLOY_CACHE=str(tmp_path / "cache"))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus + 1}", f"--master_port={_free_port()}",
+                        "-m", "qdeploy", "qat", str(tmp_path / "qat.yaml"), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode != 0
+    expected = (f"only {gpus} GPU(s) are visible" if gpus else "no CUDA GPU is visible")
+    assert expected in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

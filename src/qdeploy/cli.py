@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             from qdeploy import api
 
             summary = api.qat(args.config, args.out, resume=args.resume, cache_dir=args.cache_dir)
+            if "metric" not in summary:  # a torchrun rank other than 0: rank 0 reports
+                return 0
             print(f"{summary['metric']}: FP32 {summary['fp32']:.4f}, PTQ {summary['before']:.4f}, QAT {summary['after']:.4f}; "
                   f"wrote {Path(args.out) / summary['artifact']} and {Path(args.out) / 'qat.json'}")
             return 0

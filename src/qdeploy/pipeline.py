@@ -515,6 +515,9 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     device = ("cuda" if torch.cuda.is_available() else "cpu") if q.device == "auto" else q.device
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("qat.device cuda: no CUDA GPU is visible to PyTorch")
+    rank, world = _init_distributed(device)
+    if world > 1 and device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
@@ -551,15 +554,19 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                           "calibration": dataset_identity(calibration), "preprocess": pre.model_dump(mode="json")})
     ignore = spec.ignore_index
     metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, cfg.data.eval.ignore_index)  # noqa: E731
-    fp32_metric = metric(teacher)
-    before = metric(student)
-    log(f"qat: FP32 {fp32_metric:.4f}, PTQ ({q.method}) {before:.4f} on data.eval; training on {len(images)} images, "
-        f"objective {q.objective}, {q.epochs:g} epoch(s), device {device}")
+    fp32_metric = metric(teacher) if rank == 0 else None
+    before = metric(student) if rank == 0 else None
+    if rank == 0:
+        log(f"qat: FP32 {fp32_metric:.4f}, PTQ ({q.method}) {before:.4f} on data.eval; training on {len(images)} images, "
+            f"objective {q.objective}, {q.epochs:g} epoch(s), device {device}" + (f", {world} processes" if world > 1 else ""))
     ch = np.asarray(pre.mean, np.float32) * 255.0, np.asarray(pre.std, np.float32) * 255.0
     data = TrainingSet(images, labels, ch[0], ch[1])
     trainer = QatTrainer(student, teacher if q.objective != "supervised" else None, q, data, task, ignore, out, run_fp, device,
-                         evaluate=metric)
+                         evaluate=metric, rank=rank, world=world)
     train_log = trainer.fit(resume=resume)
+    if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
+        _finish_distributed(world)
+        return {"rank": rank, "world": world}
     after = metric(student)
     student = student.cpu().eval()
     final = out / "qat.onnx"
@@ -574,9 +581,46 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                "epochs": q.epochs, "images_per_s": round(sum(e["images"] for e in train_log) / max(train_s, 1e-9), 1),
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
                "device": device, "train_images": len(images), "log": train_log, "qat": q.model_dump(mode="json"),
-               "fingerprint": run_fp, "structure": result.info.get("structure"), "lint": result.info.get("lint"),
+               "processes": world, "fingerprint": run_fp, "structure": result.info.get("structure"), "lint": result.info.get("lint"),
                "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
     write_json(out / "qat.json", summary)
     log(f"qat: {summary['metric']} FP32 {fp32_metric:.4f} → PTQ {before:.4f} → QAT {after:.4f} (exported Q/DQ ONNX in ONNX "
         f"Runtime: {after_onnx:.4f}); wrote {final} and {out / 'qat.json'}")
+    _finish_distributed(world)
     return summary
+
+
+def _init_distributed(device: str) -> tuple[int, int]:
+    """(rank, world size). Under torchrun (WORLD_SIZE > 1): one process per GPU through NCCL, or gloo on the CPU."""
+    import os
+
+    from qdeploy.errors import ConfigError
+    from qdeploy.utils.log import set_quiet
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if local_world > gpus:
+            raise ConfigError(f"torchrun started {local_world} processes on this machine but only {gpus} GPU(s) are visible: "
+                              f"use --nproc_per_node={gpus} (or qat.device: cpu)")
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if rank != 0:
+        set_quiet(True)
+    return rank, world
+
+
+def _finish_distributed(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

@@ -102,10 +102,18 @@ def lr_at(step: int, total: int, warmup: int, base: float) -> float:
 class QatTrainer:
     def __init__(self, model: nn.Module, teacher: Optional[nn.Module], cfg: QatConfig, data: TrainingSet, task: str,
                  ignore_index: int, out_dir: Path, run_fingerprint: str, device: str,
-                 evaluate: Optional[Callable[[nn.Module], float]] = None):
+                 evaluate: Optional[Callable[[nn.Module], float]] = None, rank: int = 0, world: int = 1):
         self.model, self.teacher, self.cfg, self.data, self.task = model, teacher, cfg, data, task
         self.ignore_index, self.out_dir, self.fp, self.device, self.evaluate = ignore_index, Path(out_dir), run_fingerprint, device, evaluate
-        self.steps_per_epoch = math.ceil(len(data.images) / cfg.batch_size)
+        # several processes (torchrun): every rank takes its shard of the same seeded epoch order, as
+        # DistributedSampler does; batch_size is per rank; only rank 0 writes files and evaluates
+        self.rank, self.world = rank, world
+        self.net = model
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.net = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+        self.steps_per_epoch = math.ceil(len(data.images) / (cfg.batch_size * world))
         self.total_steps = max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.warmup = int(round(cfg.warmup_epochs * self.steps_per_epoch))
         self._equalized = _train_equalized_in_original_units(model)
@@ -127,6 +135,8 @@ class QatTrainer:
         return self.out_dir / CHECKPOINT
 
     def _save(self, epochs_done: int, step: int) -> None:
+        if self.rank != 0:
+            return
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save({"fingerprint": self.fp, "epochs_done": epochs_done, "step": step, "model": self.model.state_dict(),
                         "optimizer": self.opt.state_dict(), "log": self.log}, tmp)
@@ -181,12 +191,14 @@ class QatTrainer:
             self.teacher.eval().requires_grad_(False)
         with Progress(TextColumn("qat epoch {task.fields[epoch]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TextColumn("loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}  {task.fields[ips]:.0f} img/s"),
-                      TimeRemainingColumn(), console=console, transient=True) as bar:
+                      TimeRemainingColumn(), console=console, transient=True, disable=self.rank != 0) as bar:
             task = bar.add_task("qat", total=self.total_steps, completed=step, epoch=start_epoch + 1, loss=float("nan"), lr=0.0, ips=0.0)
             for epoch in range(start_epoch, epochs):
                 self._set_train_mode(epoch)
                 torch.manual_seed(self.cfg.seed * 104_729 + epoch)  # dropout / stochastic depth: the same after a resume
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)).numpy()
+                if self.world > 1:  # DistributedSampler: pad to a multiple of the ranks, then every world-th sample
+                    order = np.resize(order, self.steps_per_epoch * self.cfg.batch_size * self.world)[self.rank::self.world]
                 aug = torch.Generator().manual_seed(self.cfg.seed * 7_919 + epoch + 1)
                 t0, seen, losses = time.perf_counter(), 0, []
                 for b in range(self.steps_per_epoch):
@@ -198,13 +210,20 @@ class QatTrainer:
                     for g in self.opt.param_groups:
                         g["lr"] = lr
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-                        out = self.model(x)
+                        out = self.net(x)
                         teacher_out = None
                         if self.teacher is not None:
                             with torch.no_grad():
                                 teacher_out = self.teacher(x)
                     loss = objective_loss(self.cfg, out, teacher_out, y, self.ignore_index)
-                    if not torch.isfinite(loss):
+                    finite = bool(torch.isfinite(loss))
+                    if self.world > 1:  # every rank stops together (one rank's NaN would leave the others in all-reduce)
+                        import torch.distributed as dist
+
+                        flag = torch.tensor([0.0 if finite else 1.0], device=loss.device)
+                        dist.all_reduce(flag)
+                        finite = float(flag) == 0.0
+                    if not finite:
                         kept = (f"the last good checkpoint {self.checkpoint_path} (after epoch {epoch}) is kept"
                                 if self.checkpoint_path.is_file() else "no epoch had finished, so there is no checkpoint")
                         raise QatError(f"QAT loss became {float(loss)} at step {step + 1} (epoch {epoch + 1}, batch {b + 1}); "
@@ -215,7 +234,7 @@ class QatTrainer:
                         nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
                     self.opt.step()
                     step += 1
-                    seen += len(idx)
+                    seen += len(idx) * self.world
                     losses.append(float(loss.detach()))
                     ips = seen / max(time.perf_counter() - t0, 1e-9)
                     bar.update(task, advance=1, epoch=epoch + 1, loss=losses[-1], lr=lr, ips=ips)
@@ -223,7 +242,7 @@ class QatTrainer:
                 entry = {"epoch": epoch + 1, "steps": step, "images": seen, "loss": float(np.mean(losses)) if losses else None,
                          "lr_end": lr_at(step - 1, self.total_steps, self.warmup, self.cfg.lr), "seconds": round(seconds, 3),
                          "images_per_s": round(seen / max(seconds, 1e-9), 1)}
-                if self.evaluate is not None:
+                if self.evaluate is not None and self.rank == 0:
                     entry["metric"] = self.evaluate(self.model)
                 self.log.append(entry)
                 self._save(epoch + 1, step)
