@@ -65,14 +65,21 @@ def test_equalization_is_exact_in_float_and_stretches_every_channel(model_and_da
     assert len(ranges[dw_input].channel_hi) == 32
     info = equalize_depthwise_inputs(model, ranges, symmetric=True)
     assert len(info["mul_nodes"]) == 1 and info["convs"] == ["/dw/Conv"]
-    assert 1.0 <= info["median_gain"] <= info["max_gain"] <= MAX_GAIN
     assert info["max_gain"] > 10  # the narrow channels were stretched
     onnx.checker.check_model(model)
     np.testing.assert_allclose(_run(model, x), _run(path, x), rtol=1e-4, atol=1e-4)
-    # the equalized tensor keeps the per-tensor range; every channel now reaches at most that range
+    # the equalized tensor keeps the per-tensor range, and on the calibration images every channel now reaches it
+    # (all 32 here: no gain hit MAX_GAIN) and none goes past it: stretched, never clipped more than before
     eq = next(n for n in model.graph.node if n.op_type == "Mul" and n.name.endswith("/equalize"))
-    r = ranges[eq.output[0]]
-    assert r.amax == ranges[dw_input].amax
+    amax = ranges[dw_input].amax
+    assert ranges[eq.output[0]].amax == amax
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    probe.graph.output.append(onnx.helper.make_tensor_value_info(eq.output[0], onnx.TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    x_eq = sess.run([eq.output[0]], {"input": x})[0]
+    per_channel = np.abs(x_eq).transpose(1, 0, 2, 3).reshape(x_eq.shape[1], -1).max(axis=1)
+    assert info["max_gain"] < MAX_GAIN
+    np.testing.assert_allclose(per_channel, amax, rtol=1e-5)
 
 
 def test_equalized_int8_is_closer_to_fp32_on_both_placements(model_and_data):
