@@ -437,44 +437,43 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
 # ---------------------------------------------------------------------------------------------
 # Quantization-aware training (``qdeploy qat``)
 
-def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int) -> float:
-    """Top-1 (classification) or mIoU (segmentation) of a PyTorch model on ``batches`` (the data.eval split)."""
+def _task_metric(batches, task: str, preprocess, ignore_index: int, predict) -> float:
+    """Top-1 (classification) or mIoU (segmentation) of ``predict`` (normalized images → logits) on ``batches``."""
     from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
 
     metrics = None
-    was_training = model.training
-    model.eval()
-    with torch.inference_mode():
-        for x, y in batches:
-            out = model(torch.from_numpy(normalize(x, preprocess)).to(device)).float().cpu().numpy()
-            if metrics is None:
-                metrics = ClassificationMetrics((1,)) if task == "classification" else \
-                    SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
-            metrics.update(out, y)
-    model.train(was_training)
-    r = metrics.result()
-    return float(r["top1"] if task == "classification" else r["miou"])
-
-
-def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int) -> float:
-    """The exported Q/DQ ONNX's metric in ONNX Runtime with exact Q/DQ semantics (how TensorRT computes it)."""
-    import onnxruntime as ort
-
-    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
-    from qdeploy.utils.ort_options import exact_qdq
-
-    opts = exact_qdq(ort.SessionOptions())
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name, metrics = sess.get_inputs()[0].name, None
     for x, y in batches:
-        out = sess.run(None, {name: normalize(x, preprocess)})[0]
+        out = predict(normalize(x, preprocess))
         if metrics is None:
             metrics = ClassificationMetrics((1,)) if task == "classification" else \
                 SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
         metrics.update(out, y)
     r = metrics.result()
     return float(r["top1"] if task == "classification" else r["miou"])
+
+
+def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int) -> float:
+    """The task metric of a PyTorch model (the fake-quant model during QAT) on the data.eval split."""
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        value = _task_metric(batches, task, preprocess, ignore_index,
+                             lambda x: model(torch.from_numpy(x).to(device)).float().cpu().numpy())
+    model.train(was_training)
+    return value
+
+
+def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int) -> float:
+    """The exported Q/DQ ONNX's metric in ONNX Runtime with exact Q/DQ semantics (how TensorRT computes it)."""
+    import onnxruntime as ort
+
+    from qdeploy.utils.ort_options import exact_qdq
+
+    opts = exact_qdq(ort.SessionOptions())
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return _task_metric(batches, task, preprocess, ignore_index, lambda x: sess.run(None, {name: x})[0])
 
 
 def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], resume: bool = False,
@@ -490,7 +489,8 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     from qdeploy.config import Int8Config, QatConfig
     from qdeploy.errors import ConfigError
     from qdeploy.quantize.modelopt_quantizer import calibrated_model, export_checked
-    from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet, fingerprint
+    from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet
+    from qdeploy.utils.hashing import sha256_json
     from qdeploy.quantize.registry import QuantizeInputs, finish
     from qdeploy.build.builder import dataset_identity
     from qdeploy.utils.atomic import atomic_path
@@ -550,7 +550,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     if q.objective != "supervised" and s_probe.shape != probe.shape:
         raise QatError(f"distillation needs the same output shape from teacher and student: FP32 {tuple(probe.shape)} vs "
                        f"quantized {tuple(s_probe.shape)}")
-    run_fp = fingerprint({"fp32": fp32.fingerprint, "qat": q.model_dump(mode="json"), "train": dataset_identity(train_batches),
+    run_fp = sha256_json({"fp32": fp32.fingerprint, "qat": q.model_dump(mode="json"), "train": dataset_identity(train_batches),
                           "calibration": dataset_identity(calibration), "preprocess": pre.model_dump(mode="json")})
     ignore = spec.ignore_index
     metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, cfg.data.eval.ignore_index)  # noqa: E731

@@ -697,8 +697,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                     advance(len(x))
             extremes.remove()
             qm.to("cpu")
-            stats = {"weights": {}, "inputs": {}, "sample_absmax": extremes.sample_absmax, "samples": extremes.samples,
-                     "channels": extremes.channels, "activation_stats": extremes.activation_stats()}
+            stats = {"weights": {}, "inputs": {}, "channels": extremes.channels, "activation_stats": extremes.activation_stats()}
             for name, q in quantizers.items():
                 if name.endswith("weight_quantizer") or method == "max":
                     q.load_calib_amax()
@@ -715,8 +714,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                 raise QDeployError(f"quantizer {name} saw no data during calibration")
             entry = source[name]
             if method == "mean-minmax" and not name.endswith("weight_quantizer"):
-                # NNCF's per-tensor default: each image's own max|x|, averaged over the images (ranges.compute_amax)
-                value = torch.tensor(stats["sample_absmax"][name] / max(stats["samples"][name], 1))
+                # NNCF's per-tensor default, from the per-image extremes the hooks collected (one formula: ranges.py)
+                value = torch.tensor(compute_amax(stats["activation_stats"].tensors[name], "mean-minmax"))
             elif isinstance(entry, torch.Tensor):
                 value = entry
             else:  # a histogram calibrator

@@ -18,8 +18,6 @@ A non-finite loss stops training at once; the last checkpoint (the last good epo
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -50,10 +48,6 @@ class TrainingSet:
     labels: Optional[np.ndarray]   # int64 (N,) or (N, H, W); None for label-free distillation
     mean: np.ndarray               # (C,) float32, already scaled to 0-255 pixel units
     std: np.ndarray
-
-
-def fingerprint(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def _augment(x: torch.Tensor, y: Optional[torch.Tensor], task: str, gen: torch.Generator):

@@ -28,9 +28,9 @@ import numpy as np
 
 from qdeploy.errors import ConfigError
 from qdeploy.lint.fixes import apply_fixes
-from qdeploy.quantize.equalize import depthwise_inputs, equalize_depthwise_inputs
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
+from qdeploy.quantize.equalize import equalize_depthwise_inputs
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
