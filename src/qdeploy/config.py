@@ -135,12 +135,19 @@ class Int8Config(_Strict):
                            "ONNX Runtime runs the convs around them in int8 (2-3x faster on the MobileNet-class models "
                            "measured, but 1.4 points less accurate on EfficientNet-B0); by default they stay whole, as in "
                            "NNCF and TensorRT")
+    residual_quantizers: bool = Field(
+        True, description="placement tensorrt: quantize the skip input of residual Adds (TensorRT's recommendation: the Add "
+                          "then runs in INT8, fused into the conv); false leaves every residual Add float, as "
+                          "pytorch-quantization's default QAT models do")
 
     @model_validator(mode="after")
     def _split_needs_ort_placement(self):
         if self.split_activations and self.placement != "onnxruntime":
             raise ValueError("split_activations applies to placement onnxruntime only: TensorRT fuses SiLU/hardswish into "
                              "the conv, and Q/DQ inside them blocks that fusion (lint rule QD007)")
+        if not self.residual_quantizers and self.placement != "tensorrt":
+            raise ValueError("residual_quantizers: false applies to placement tensorrt only (ONNX Runtime's placement "
+                             "quantizes Adds by its own rules)")
         return self
 
     @field_validator("exclude")
@@ -167,6 +174,8 @@ class Int8Config(_Strict):
             parts.append("excl-" + _slug("+".join(self.exclude_ops + self.exclude)))
         if self.split_activations:
             parts.append("split")
+        if not self.residual_quantizers:
+            parts.append("noresq")
         return parts
 
 
@@ -298,6 +307,7 @@ class QatConfig(_Strict):
                                                                    "(BN is folded into convs for ModelOpt; this covers any left)")
     grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradients' global norm")
     amp: bool = Field(True, description="bf16 autocast on a CUDA GPU (ignored on the CPU)")
+    residual_quantizers: bool = Field(True, description="as Int8Config.residual_quantizers: false leaves residual Adds float")
     ranges: Literal["frozen"] = Field("frozen", description="quantizer ranges stay at their PTQ values (ModelOpt cnn_qat)")
     temperature: float = Field(1.0, gt=0, description="distillation temperature")
     distill_weight: float = Field(1.0, ge=0, description="objective both: weight of the KL term")

@@ -437,8 +437,9 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
 # ---------------------------------------------------------------------------------------------
 # Quantization-aware training (``qdeploy qat``)
 
-def _task_metric(batches, task: str, preprocess, ignore_index: int, predict) -> float:
-    """Top-1 (classification) or mIoU (segmentation) of ``predict`` (normalized images → logits) on ``batches``."""
+def _task_metric(batches, task: str, preprocess, ignore_index: int, predict, predictions: Optional[list] = None) -> float:
+    """Top-1 (classification) or mIoU (segmentation) of ``predict`` (normalized images → logits) on ``batches``.
+    ``predictions`` given: the predicted labels (classes or pixels, as uint8/int16) are appended to it."""
     from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
 
     metrics = None
@@ -448,22 +449,25 @@ def _task_metric(batches, task: str, preprocess, ignore_index: int, predict) -> 
             metrics = ClassificationMetrics((1,)) if task == "classification" else \
                 SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
         metrics.update(out, y)
+        if predictions is not None:
+            predictions.append(out.argmax(1).astype(np.uint8 if out.shape[1] <= 256 else np.int32))
     r = metrics.result()
     return float(r["top1"] if task == "classification" else r["miou"])
 
 
-def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int) -> float:
+def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int,
+                  predictions: Optional[list] = None) -> float:
     """The task metric of a PyTorch model (the fake-quant model during QAT) on the data.eval split."""
     was_training = model.training
     model.eval()
     with torch.inference_mode():
         value = _task_metric(batches, task, preprocess, ignore_index,
-                             lambda x: model(torch.from_numpy(x).to(device)).float().cpu().numpy())
+                             lambda x: model(torch.from_numpy(x).to(device)).float().cpu().numpy(), predictions)
     model.train(was_training)
     return value
 
 
-def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int) -> float:
+def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int, predictions: Optional[list] = None) -> float:
     """The exported Q/DQ ONNX's metric in ONNX Runtime with exact Q/DQ semantics (how TensorRT computes it)."""
     import onnxruntime as ort
 
@@ -473,7 +477,14 @@ def _onnx_metric(path: Path, batches, task: str, preprocess, ignore_index: int) 
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
-    return _task_metric(batches, task, preprocess, ignore_index, lambda x: sess.run(None, {name: x})[0])
+    return _task_metric(batches, task, preprocess, ignore_index, lambda x: sess.run(None, {name: x})[0], predictions)
+
+
+def _agreement(pred: list, reference: list) -> Optional[float]:
+    from qdeploy.evaluate.metrics import agreement
+
+    return agreement(np.concatenate([p.ravel() for p in pred]), np.concatenate([p.ravel() for p in reference])) \
+        if pred and reference else None
 
 
 def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], resume: bool = False,
@@ -538,7 +549,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                        f"({', '.join(map(str, (train_batches.class_names or [])[:8]))}{', …' if train_batches.num_classes > 8 else ''}) "
                        f"but the model outputs {n_out}: the labels would not mean the model's classes")
     fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="modelopt")
+    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="modelopt", residual_quantizers=q.residual_quantizers)
     inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
                             check_inputs=builder.check_inputs(), opset=cfg.export.opset, dynamic_batch=cfg.export.dynamic_batch,
                             cache_dir=builder.cache_dir, memo=builder.memo)
@@ -554,8 +565,9 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                           "calibration": dataset_identity(calibration), "preprocess": pre.model_dump(mode="json")})
     ignore = spec.ignore_index
     metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, cfg.data.eval.ignore_index)  # noqa: E731
-    fp32_metric = metric(teacher) if rank == 0 else None
-    before = metric(student) if rank == 0 else None
+    preds: dict[str, list] = {"fp32": [], "before": [], "after": [], "after_onnx": []}
+    fp32_metric = _torch_metric(teacher, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["fp32"]) if rank == 0 else None
+    before = _torch_metric(student, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["before"]) if rank == 0 else None
     if rank == 0:
         log(f"qat: FP32 {fp32_metric:.4f}, PTQ ({q.method}) {before:.4f} on data.eval; training on {len(images)} images, "
             f"objective {q.objective}, {q.epochs:g} epoch(s), device {device}" + (f", {world} processes" if world > 1 else ""))
@@ -567,17 +579,19 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
         _finish_distributed(world)
         return {"rank": rank, "world": world}
-    after = metric(student)
+    after = _torch_metric(student, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["after"])
     student = student.cpu().eval()
     final = out / "qat.onnx"
     with atomic_path(final) as tmp:
         result = export_checked(student, inputs, tmp, dict(info, qat=True))
     result.path = final
     result = finish(result, int8, final, "qat", t0)
-    after_onnx = _onnx_metric(final, eval_batches, task, pre, cfg.data.eval.ignore_index)
+    after_onnx = _onnx_metric(final, eval_batches, task, pre, cfg.data.eval.ignore_index, preds["after_onnx"])
     train_s = sum(e["seconds"] for e in train_log)
     summary = {"fp32": fp32_metric, "before": before, "after": after, "after_onnx": after_onnx,
                "metric": "top1" if task == "classification" else "miou",
+               # fraction of predictions (classes or pixels) equal to the FP32 model's, on data.eval
+               "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx")},
                "epochs": q.epochs, "images_per_s": round(sum(e["images"] for e in train_log) / max(train_s, 1e-9), 1),
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
                "device": device, "train_images": len(images), "log": train_log, "qat": q.model_dump(mode="json"),

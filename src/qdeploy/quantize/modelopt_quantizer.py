@@ -100,7 +100,7 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
                          if n.endswith("/Conv")} - {""} - set(user_modules))
     exclude_modules = set(user_modules) | set(se_modules)
     key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                          ["modelopt", "trt-placement-5", *sorted(exclude_modules)])  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
+                          ["modelopt", "trt-placement-5", *sorted(exclude_modules)] + ([] if cfg.residual_quantizers else ["no-residual-quantizers"]))  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
     cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
     cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
     cached = cached_file.get("amax")
@@ -108,7 +108,8 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
         log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
     qm, amax, details = quantize_torch_model(
         inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
-        cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}))
+        cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}),
+        residual_quantizers=cfg.residual_quantizers)
     details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
     details["excluded_squeeze_excitation"] = se_modules
     if details.get("warnings") is None:

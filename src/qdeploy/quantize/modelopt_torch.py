@@ -463,8 +463,11 @@ def _enabled(module: nn.Module, attr: str):
     return q if q is not None and getattr(q, "is_enabled", False) else None
 
 
-def tensorrt_placement(qm: fx.GraphModule) -> dict:
+def tensorrt_placement(qm: fx.GraphModule, residual_quantizers: bool = True) -> dict:
     """Apply TensorRT's Q/DQ placement to ModelOpt's quantizers of ``qm`` (disables some) and return what was done.
+
+    ``residual_quantizers`` false: no quantizer on either input of a residual Add (the Add runs in float, as in
+    pytorch-quantization's default QAT models; seed 002's "without the skip-input quantizers").
 
     Returns a JSON-serialisable dict, plus ``"_groups"``: lists of quantizer names that must share one amax
     (with the names whose amax decides, or an empty list: the largest of the group) — see apply_shared_scales.
@@ -488,6 +491,14 @@ def tensorrt_placement(qm: fx.GraphModule) -> dict:
         if isinstance(m, ResidualAdd):
             rule = _residual_rule(qm, n)
             sides = ("lhs", "rhs")
+            if not residual_quantizers:
+                for side in sides:
+                    q = _enabled(m, f"{side}_input_quantizer")
+                    if q is not None:
+                        q.disable()
+                residual[n.target] = {"skip": None, "conv_path": None, "rule": "residual_quantizers: false",
+                                      "inputs": [a.name for a in n.args], "backbones": rule["backbones"]}
+                continue
             if rule["conv_path"] is None:
                 skip = "both"
                 groups.append(([f"{n.target}.lhs_input_quantizer", f"{n.target}.rhs_input_quantizer"], []))
@@ -649,7 +660,7 @@ def _quant_config(method: str) -> dict:
 
 def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total: int, method: str,
                          percentile: float = 99.99, exclude: Iterable[str] = (), amax: Optional[dict] = None,
-                         stats_memo: Optional[dict] = None):
+                         stats_memo: Optional[dict] = None, residual_quantizers: bool = True):
     """ModelOpt-quantized copy of ``model`` and its quantizers' amax.
 
     ``exclude``: names of modules whose quantizers stay disabled (float). ``amax`` given: reuse it, no
@@ -673,14 +684,14 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
             "(functional ops on parameters, or module classes ModelOpt cannot quantize); use quantizer: onnx")
     excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
                        if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
-    placement = tensorrt_placement(qm)  # disables the quantizers TensorRT's placement rules leave out
+    placement = tensorrt_placement(qm, residual_quantizers)  # disables the quantizers TensorRT's placement rules leave out
     groups = placement.pop("_groups")
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
     for name in list(quantizers):
         if name.rsplit(".", 1)[0] in excluded:
             quantizers.pop(name).disable()
     if amax is None:
-        memo_key = ("histogram", tuple(sorted(exclude)))
+        memo_key = ("histogram", tuple(sorted(exclude)), residual_quantizers)
         stats = stats_memo.get(memo_key) if stats_memo is not None and method != "max" else None
         shared = stats is not None
         if stats is None:  # one statistics pass; histogram methods of the same run share it

@@ -13,7 +13,7 @@ from qdeploy.quantize.calibrate import calibrate, ort_preprocessed, ranges_from_
 from qdeploy.quantize.equalize import depthwise_inputs
 from qdeploy.quantize.qdq import quantize_onnx, tensors_to_calibrate
 from qdeploy.quantize.ranges import calibration_warnings
-from qdeploy.quantize.registry import QuantizeInputs, Quantizer, QuantResult, register_quantizer
+from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.log import log, warn
 from qdeploy.utils.onnx_graph import OnnxGraph
 
@@ -22,6 +22,10 @@ from qdeploy.utils.onnx_graph import OnnxGraph
 class OnnxQdqQuantizer(Quantizer):
     name = "onnx"
     description = "Q/DQ inserted into the ONNX graph (ONNX Runtime's QDQQuantizer); ranges from an ONNX Runtime pass or a TensorRT cache"
+
+    def check(self, cfg: Int8Config, has_torch: bool) -> None:
+        if not cfg.residual_quantizers:
+            raise NotApplicable("residual_quantizers: false is implemented by quantizer modelopt (a PyTorch model)")
 
     def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
         # ONNX Runtime's recommended pre-processing (shape inference + basic graph optimisation) for its own
