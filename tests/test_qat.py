@@ -73,6 +73,15 @@ def test_qat_trains_exports_and_reports(tmp_path, objective):
     assert summary["lint"]["verdict"] == "clean"
     assert summary["export_check"]["min_cosine"] >= 0.99
     assert (out / "qat-checkpoint.pt").is_file() and json.loads((out / "qat-log.json").read_text())["epochs"] == on_disk["log"]
+    # agreement with the FP32 model's predictions, and the ONNX Runtime-placement artifact from the fine-tuned weights
+    assert set(on_disk["agreement"]) == {"before", "after", "after_onnx", "onnxruntime"}
+    assert all(0.0 <= a <= 1.0 for a in on_disk["agreement"].values())
+    ort = on_disk["onnxruntime"]
+    assert ort["artifact"] == "qat-onnxruntime.onnx" and (out / ort["artifact"]).is_file() and 0.0 <= ort["metric"] <= 1.0
+    assert ort["structure"]["compute_ops_int8"] == ort["structure"]["compute_ops"]
+    # the report: the result table, the per-epoch log and the curves (an embedded PNG)
+    page = (out / "qat.html").read_text()
+    assert "Training log" in page and page.count("data:image/png;base64,") == 1 and "QAT curves" in page
 
 
 def test_qat_changes_the_weights_and_distillation_lowers_its_loss(tmp_path):
@@ -212,8 +221,9 @@ def test_torchrun_two_processes_on_the_cpu(tmp_path):
     # 24 calibration images, 8 per rank per step: 2 steps cover the epoch (16 images per step across the ranks)
     assert summary["log"][0]["steps"] == 2 and summary["log"][0]["images"] == 32
     assert (tmp_path / "out" / "qat.onnx").is_file()
-    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["qat-checkpoint.pt", "qat-log.json", "qat.json", "qat.onnx",
-                                                                      "qat.trtcache"]
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == [
+        "qat-checkpoint.pt", "qat-log.json", "qat-onnxruntime.onnx", "qat-onnxruntime.trtcache", "qat.html", "qat.json",
+        "qat.onnx", "qat.trtcache"]
 
 
 def test_torchrun_with_more_processes_than_gpus_is_refused(tmp_path):
@@ -241,3 +251,78 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_float_model_carries_the_fine_tuned_weights_without_quantizers():
+    """float_model(): quantizers off, the depthwise equalization (pre_quant_scale g, weights / g) folded back: the
+    result computes what the student computes with its quantizers disabled, and has no Mul left."""
+    from torch import nn
+
+    from qdeploy.config import Int8Config, Preprocess
+    from qdeploy.quantize.modelopt_torch import quantize_torch_model
+    from qdeploy.quantize.qat_quantizer import float_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 4)).eval()
+    with torch.no_grad():  # channels of very different ranges: equalization gives them gains g > 1
+        model[0].weight[:4].mul_(0.02)
+    x = torch.randn(16, 3, 8, 8)
+    qm, _, _ = quantize_torch_model(model, [x.numpy()], 16, "max")
+    gains = [m.input_quantizer.pre_quant_scale for m in qm.modules() if getattr(getattr(m, "input_quantizer", None), "pre_quant_scale", None) is not None]
+    assert gains and float(gains[0].max()) > 1.5  # the equalization is really there
+    f = float_model(qm)
+    with torch.no_grad():
+        ref = model(x)
+        got = f(x)
+    # BN folding and g·(W/g) round in float32 only
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4), (got - ref).abs().max()
+    # the student itself is untouched (still quantized)
+    assert any(m.is_enabled for m in qm.modules() if type(m).__name__ == "TensorQuantizer")
+
+
+def test_qat_variant_in_run_trains_once_and_ships_its_checkpoint(tmp_path):
+    """`quantizer: qat` in a normal run: the TensorRT and ONNX Runtime placements share one training, cached; a second
+    run builds nothing; the checkpoint travels with the artifact; the report shows the QAT table and curves."""
+    cfg = _config(tmp_path, "distill", epochs=1.0)
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "fp32"},
+                       {"engine": "onnxruntime", "precision": "int8", "quantizer": "qat", "placement": "tensorrt", "method": "max"},
+                       {"engine": "onnxruntime", "precision": "int8", "quantizer": "qat", "method": "max"}]
+    cfg["bench"] = {"enabled": False}
+    from qdeploy.quantize.qat import QatTrainer
+
+    fits = []
+    fit = QatTrainer.fit
+
+    def counting_fit(self, resume=False):
+        fits.append(resume)
+        return fit(self, resume)
+    QatTrainer.fit = counting_fit
+    try:
+        r1 = api.run(cfg, tmp_path / "run1", cache_dir=tmp_path / "cache")
+        r2 = api.run(cfg, tmp_path / "run2", cache_dir=tmp_path / "cache")
+    finally:
+        QatTrainer.fit = fit
+    assert fits == [False], fits  # trained once: the second placement reused the finished checkpoint, run 2 hit the cache
+    qat = [v for v in r1["variants"] if v["precision"] == "int8"]
+    assert [v["status"] for v in qat] == ["ok", "ok"], [(v["status"], v["reason"]) for v in qat]
+    for v in qat:
+        q = v["quantization"]
+        assert q["qat"]["objective"] == "distill" and len(q["qat"]["log"]) == 1 and q["qat"]["images_per_s"] > 0
+        assert 0.0 <= v["metrics"]["top1"] <= 1.0
+    assert qat[0]["quantization"]["placement"] == "tensorrt" and qat[1]["quantization"]["placement"] == "onnxruntime"
+    names = {a["path"] for a in r1["artifacts"]}
+    for v in qat:  # each variant ships the checkpoint of the training it came from (the same one here)
+        ckpt = torch.load(tmp_path / "run1" / f"{v['name']}.qat-checkpoint.pt", weights_only=False)
+        assert ckpt["complete"] is True and ckpt["epochs_done"] == 1
+    assert all(v["status"] == "ok" for v in r2["variants"])
+    page = (tmp_path / "run1" / "report.html").read_text()
+    assert "Quantization-aware training" in page and "QAT curves" in page
+
+
+def test_qat_variant_refuses_training_on_evaluation_images(tmp_path):
+    cfg = _config(tmp_path, "distill")
+    cfg["qat"]["data"] = cfg["data"]["eval"]
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "int8", "quantizer": "qat"}]
+    with pytest.raises(QDeployError, match="include 24 of data.eval"):
+        api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")

@@ -129,7 +129,8 @@ class Int8Config(_Strict):
     exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
     exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
     calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
-    quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx (see qdeploy doctor)")
+    quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx | qat (see qdeploy doctor); "
+                                                "qat fine-tunes with the config's qat: section, starting from this method's PTQ")
     split_activations: bool = Field(
         False, description="placement onnxruntime only: quantize SiLU/hardswish as x, gate and product separately, so that "
                            "ONNX Runtime runs the convs around them in int8 (2-3x faster on the MobileNet-class models "
@@ -324,6 +325,23 @@ class RunConfig(_Strict):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     report: ReportSpec = Field(default_factory=ReportSpec)
     qat: Optional[QatConfig] = None
+
+    def qat_settings(self) -> QatConfig:
+        return self.qat or QatConfig()
+
+    def qat_training_data(self) -> DatasetSpec:
+        """The images QAT trains on: ``qat.data``, else data.train (supervised / both), else data.calibration (distill)."""
+        q = self.qat_settings()
+        if q.objective in ("supervised", "both"):
+            spec = q.data or self.data.train
+            if spec is None:
+                raise ConfigError(f"qat.objective {q.objective} trains on labels: add data.train (labelled images) or qat.data; "
+                                  "with unlabelled images only, use qat.objective: distill")
+            return spec
+        spec = q.data or self.data.calibration or self.data.train
+        if spec is None:
+            raise ConfigError("qat.objective distill needs images (no labels): add data.calibration, data.train or qat.data")
+        return spec
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import gc
 import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
-from qdeploy.preflight import check_model, check_calibration
+from qdeploy.preflight import check_calibration, check_model, check_qat_data
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
 from qdeploy.report.verdict import mark_degraded, recommend
 from qdeploy.sysinfo import environment
@@ -260,6 +261,8 @@ def _deployable_name(artifact: Artifact, label: str) -> str:
         return "model-fp16.onnx"
     if artifact.kind == ArtifactKind.TRT_CALIBRATION_CACHE:
         return f"{label}.trtcache"
+    if artifact.kind == ArtifactKind.QAT_CHECKPOINT:
+        return f"{label}.qat-checkpoint.pt"
     return f"{label}.onnx"
 
 
@@ -489,117 +492,114 @@ def _agreement(pred: list, reference: list) -> Optional[float]:
 
 def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], resume: bool = False,
         cache_dir: Optional[Path] = None) -> dict:
-    """``qdeploy qat``: PTQ (ModelOpt, TensorRT placement, ``qat.method``) → fine-tune → TensorRT-placement Q/DQ ONNX.
+    """``qdeploy qat``: PTQ (ModelOpt, TensorRT placement, ``qat.method``) → fine-tune → TensorRT-placement Q/DQ ONNX,
+    and the ONNX Runtime-placement INT8 of the fine-tuned weights.
 
-    Writes into ``out_dir``, each file atomically: ``qat.onnx`` (+ ``qat.trtcache``), ``qat.json`` (fp32 / before /
-    after on data.eval, epochs, images_per_s, artifact, the training log), ``qat-checkpoint.pt`` (every epoch) and
-    ``qat-log.json``. ``resume`` continues from the checkpoint of the same model, data and QAT config.
+    Writes into ``out_dir``, each file atomically: ``qat.onnx`` (+ ``qat.trtcache``), ``qat-onnxruntime.onnx``,
+    ``qat.json`` (fp32 / before / after on data.eval, agreement with FP32, epochs, images_per_s, artifact, the training
+    log), ``qat.html`` (loss and accuracy curves), ``qat-checkpoint.pt`` (every epoch) and ``qat-log.json``.
+    ``resume`` continues from the checkpoint of the same model, data and QAT config.
     """
-    import copy
-
-    from qdeploy.config import Int8Config, QatConfig
-    from qdeploy.errors import ConfigError
-    from qdeploy.quantize.modelopt_quantizer import calibrated_model, export_checked
-    from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet
-    from qdeploy.utils.hashing import sha256_json
-    from qdeploy.quantize.registry import QuantizeInputs, finish
     from qdeploy.build.builder import dataset_identity
+    from qdeploy.config import Int8Config
+    from qdeploy.errors import ConfigError, DataError
+    from qdeploy.quantize.modelopt_quantizer import export_checked
+    from qdeploy.quantize.qat_quantizer import QatSetup, TrainingData, finetune, onnxruntime_artifact, resolve_device, train_summary
+    from qdeploy.quantize.registry import QuantizeInputs, finish
+    from qdeploy.utils.hashing import sha256_json
+    from qdeploy.report.qat_page import write_qat_report
     from qdeploy.utils.atomic import atomic_path
 
     t_start = time.perf_counter()
     cfg = as_config(config)
-    q = cfg.qat or QatConfig()
+    q = cfg.qat_settings()
     task, pre = cfg.model.task, cfg.model.preprocess
     supervised = q.objective in ("supervised", "both")
     # ---- validate before anything expensive
-    if supervised:
-        spec = q.data or cfg.data.train
-        if spec is None:
-            raise ConfigError(f"qat.objective {q.objective} trains on labels: add data.train (labelled images) or qat.data; "
-                              "with unlabelled images only, use qat.objective: distill")
-    else:
-        spec = q.data or cfg.data.calibration or cfg.data.train
-        if spec is None:
-            raise ConfigError("qat.objective distill needs images (no labels): add data.calibration, data.train or qat.data")
+    spec = cfg.qat_training_data()
     if cfg.data.calibration is None:
         raise ConfigError("QAT starts from a PTQ calibration: add data.calibration")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if q.device == "auto" else q.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("qat.device cuda: no CUDA GPU is visible to PyTorch")
+    device = resolve_device(q)
     rank, world = _init_distributed(device)
     if world > 1 and device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
+    check_qat_data(cfg, eval_batches)
     calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
     builder = Builder(cfg, cache_dir, calibration, check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
     if not builder.has_torch:
         raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
     train_batches = make_batches(spec, pre, task, batch_size=256, desc="decode training images")
-    images, labels = zip(*train_batches) if train_batches.num_samples else ((), ())
-    images = np.concatenate(images)
-    labels = np.concatenate(labels) if supervised else None
-    teacher = copy.deepcopy(builder.torch_model()).to(device).eval()
-    with torch.no_grad():
-        probe = teacher(torch.from_numpy(normalize(images[:2], pre)).to(device))
-    n_out = probe.shape[1]
-    if supervised and task == "classification" and train_batches.num_classes is not None and train_batches.num_classes != n_out:
-        raise QatError(f"training folder {spec.root} has {train_batches.num_classes} classes "
-                       f"({', '.join(map(str, (train_batches.class_names or [])[:8]))}{', …' if train_batches.num_classes > 8 else ''}) "
-                       f"but the model outputs {n_out}: the labels would not mean the model's classes")
+
+    def training() -> TrainingData:
+        images, labels = zip(*train_batches) if train_batches.num_samples else ((), ())
+        if not images:
+            raise DataError(f"qat: no training image under {spec.root} could be decoded")
+        return TrainingData(np.concatenate(images), np.concatenate(labels) if supervised else None,
+                            train_batches.num_classes, train_batches.class_names, str(spec.root))
+
     fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="modelopt", residual_quantizers=q.residual_quantizers)
+    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
     inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
                             check_inputs=builder.check_inputs(), opset=cfg.export.opset, dynamic_batch=cfg.export.dynamic_batch,
                             cache_dir=builder.cache_dir, memo=builder.memo)
+    ignore = cfg.data.eval.ignore_index
+    metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, ignore)  # noqa: E731
+    preds: dict[str, list] = {"fp32": [], "before": [], "after": [], "after_onnx": [], "onnxruntime": []}
+    start: dict = {}
+
+    def before_training(student, teacher) -> None:
+        if rank == 0:
+            start["fp32"] = _torch_metric(teacher, eval_batches, task, pre, device, ignore, preds["fp32"])
+            start["before"] = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["before"])
+            log(f"qat: FP32 {start['fp32']:.4f}, PTQ ({q.method}) {start['before']:.4f} on data.eval; training on "
+                f"{train_batches.num_samples} images, objective {q.objective}, {q.epochs:g} epoch(s), device {device}"
+                + (f", {world} processes" if world > 1 else ""))
+
+    setup = QatSetup(config=q, task=task, ignore_index=spec.ignore_index, training=training,
+                     identity=dataset_identity(train_batches),
+                     base_fingerprint=sha256_json({"fp32": fp32.fingerprint, "preprocess": pre.model_dump(mode="json")}),
+                     work_dir=out, resume=resume, evaluate=metric if rank == 0 else None, before_training=before_training,
+                     device=device, rank=rank, world=world)
     t0 = time.perf_counter()
-    student, info = calibrated_model(inputs, int8)
-    student = student.to(device)
-    with torch.no_grad():
-        s_probe = student(torch.from_numpy(normalize(images[:2], pre)).to(device))
-    if q.objective != "supervised" and s_probe.shape != probe.shape:
-        raise QatError(f"distillation needs the same output shape from teacher and student: FP32 {tuple(probe.shape)} vs "
-                       f"quantized {tuple(s_probe.shape)}")
-    run_fp = sha256_json({"fp32": fp32.fingerprint, "qat": q.model_dump(mode="json"), "train": dataset_identity(train_batches),
-                          "calibration": dataset_identity(calibration), "preprocess": pre.model_dump(mode="json")})
-    ignore = spec.ignore_index
-    metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, cfg.data.eval.ignore_index)  # noqa: E731
-    preds: dict[str, list] = {"fp32": [], "before": [], "after": [], "after_onnx": []}
-    fp32_metric = _torch_metric(teacher, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["fp32"]) if rank == 0 else None
-    before = _torch_metric(student, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["before"]) if rank == 0 else None
-    if rank == 0:
-        log(f"qat: FP32 {fp32_metric:.4f}, PTQ ({q.method}) {before:.4f} on data.eval; training on {len(images)} images, "
-            f"objective {q.objective}, {q.epochs:g} epoch(s), device {device}" + (f", {world} processes" if world > 1 else ""))
-    ch = np.asarray(pre.mean, np.float32) * 255.0, np.asarray(pre.std, np.float32) * 255.0
-    data = TrainingSet(images, labels, ch[0], ch[1])
-    trainer = QatTrainer(student, teacher if q.objective != "supervised" else None, q, data, task, ignore, out, run_fp, device,
-                         evaluate=metric, rank=rank, world=world)
-    train_log = trainer.fit(resume=resume)
+    student, info, train_log, _ = finetune(inputs, int8, setup, dataset_identity(calibration))
     if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
         _finish_distributed(world)
         return {"rank": rank, "world": world}
-    after = _torch_metric(student, eval_batches, task, pre, device, cfg.data.eval.ignore_index, preds["after"])
+    after = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["after"])
     student = student.cpu().eval()
     final = out / "qat.onnx"
     with atomic_path(final) as tmp:
         result = export_checked(student, inputs, tmp, dict(info, qat=True))
     result.path = final
     result = finish(result, int8, final, "qat", t0)
-    after_onnx = _onnx_metric(final, eval_batches, task, pre, cfg.data.eval.ignore_index, preds["after_onnx"])
-    train_s = sum(e["seconds"] for e in train_log)
-    summary = {"fp32": fp32_metric, "before": before, "after": after, "after_onnx": after_onnx,
+    after_onnx = _onnx_metric(final, eval_batches, task, pre, ignore, preds["after_onnx"])
+    # the ONNX Runtime-targeted artifact from the same fine-tuned weights (quantizer qat, placement onnxruntime)
+    ort_cfg = Int8Config(method=q.method, placement="onnxruntime", quantizer="qat")
+    ort_path = out / "qat-onnxruntime.onnx"
+    with tempfile.TemporaryDirectory(prefix="qdeploy-qat-") as scratch:  # the float export is an intermediate
+        ort_result = finish(onnxruntime_artifact(student, inputs, ort_cfg, ort_path, Path(scratch)), ort_cfg, ort_path, "qat",
+                            time.perf_counter())
+    ort_metric = _onnx_metric(ort_path, eval_batches, task, pre, ignore, preds["onnxruntime"])
+    summary = {"fp32": start["fp32"], "before": start["before"], "after": after, "after_onnx": after_onnx,
+               "onnxruntime": {"artifact": ort_path.name, "metric": ort_metric, "method": q.method,
+                               "structure": ort_result.info.get("structure")},
                "metric": "top1" if task == "classification" else "miou",
                # fraction of predictions (classes or pixels) equal to the FP32 model's, on data.eval
-               "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx")},
-               "epochs": q.epochs, "images_per_s": round(sum(e["images"] for e in train_log) / max(train_s, 1e-9), 1),
+               "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx", "onnxruntime")},
+               **{k: v for k, v in train_summary(train_log, out, q).items() if k in ("epochs", "images_per_s")},
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
-               "device": device, "train_images": len(images), "log": train_log, "qat": q.model_dump(mode="json"),
-               "processes": world, "fingerprint": run_fp, "structure": result.info.get("structure"), "lint": result.info.get("lint"),
-               "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
+               "device": device, "train_images": train_batches.num_samples, "log": train_log, "qat": q.model_dump(mode="json"),
+               "processes": world, "fingerprint": info["qat_fingerprint"], "structure": result.info.get("structure"),
+               "lint": result.info.get("lint"), "export_check": result.info.get("export_check"),
+               "time_s": round(time.perf_counter() - t_start, 2)}
     write_json(out / "qat.json", summary)
-    log(f"qat: {summary['metric']} FP32 {fp32_metric:.4f} → PTQ {before:.4f} → QAT {after:.4f} (exported Q/DQ ONNX in ONNX "
-        f"Runtime: {after_onnx:.4f}); wrote {final} and {out / 'qat.json'}")
+    write_qat_report(summary, out / "qat.html", title=f"qdeploy qat: {cfg.model.source}")
+    log(f"qat: {summary['metric']} FP32 {start['fp32']:.4f} → PTQ {start['before']:.4f} → QAT {after:.4f} (exported Q/DQ ONNX in "
+        f"ONNX Runtime: {after_onnx:.4f}; ONNX Runtime placement from the fine-tuned weights: {ort_metric:.4f}); "
+        f"wrote {final}, {ort_path}, {out / 'qat.json'} and {out / 'qat.html'}")
     _finish_distributed(world)
     return summary
 

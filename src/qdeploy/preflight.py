@@ -32,8 +32,24 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
+def check_qat_data(cfg: RunConfig, eval_batches) -> None:
+    """QAT's training images exist (the spec resolves) and none of them is an evaluation image."""
+    spec = cfg.qat_training_data()  # ConfigError naming the missing key
+    train = make_batches(spec, cfg.model.preprocess, cfg.model.task, progress=False)
+    eval_paths = {str(p) for p, _ in getattr(eval_batches.dataset, "samples", [])}
+    shared = [str(p) for p, _ in getattr(train.dataset, "samples", []) if str(p) in eval_paths]
+    if shared:
+        raise QDeployError(f"QAT's training images ({spec.root}) include {len(shared)} of data.eval's (e.g. {shared[0]}): "
+                           "training on evaluation images inflates the accuracy QAT reports; use a disjoint folder or split "
+                           "(count + complement)")
+    if train.num_samples == 0:
+        raise DataError(f"QAT training data {spec.root}: no image found")
+
+
 def check_calibration(cfg: RunConfig, variants, eval_batches):
     """The calibration Batches (decoded) when an int8 variant needs them, else None."""
+    if any(v.int8 is not None and v.int8.quantizer == "qat" for v in variants):
+        check_qat_data(cfg, eval_batches)
     needs = [v for v in variants if v.int8 is not None and not v.int8.calibration_cache]
     for v in variants:
         if v.int8 is not None and v.int8.calibration_cache:

@@ -20,6 +20,7 @@ class ArtifactKind(str, Enum):
     ONNX_FP16 = "onnx-fp16"             # FP16 weights/compute, FP32 inputs and outputs kept
     ONNX_INT8 = "onnx-int8"             # Q/DQ ONNX by a named quantizer, in a named placement style
     TRT_CALIBRATION_CACHE = "tensorrt-calibration-cache"  # companion of every ONNX_INT8
+    QAT_CHECKPOINT = "qat-checkpoint"   # companion of a QAT ONNX_INT8: fine-tuned weights + optimizer + training log
 
 
 @dataclass(frozen=True)

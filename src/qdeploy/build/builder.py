@@ -140,7 +140,29 @@ class Builder:
                         inputs=[fp32.ref], path=path, input_name=fp32.input_name, output_name=fp32.output_name,
                         opset=fp32.opset, cache_hit=hit)
 
-    def _int8_fingerprint(self, fp32: Artifact, int8: Int8Config) -> str:
+    def _qat_setup(self, fp32: Artifact):
+        """QAT's inputs for a ``quantizer: qat`` variant (training images listed now, decoded only if training runs)."""
+        from qdeploy.data import make_batches
+        from qdeploy.quantize.qat_quantizer import QatSetup, TrainingData
+
+        cfg = self.cfg
+        q = cfg.qat_settings()
+        spec = cfg.qat_training_data()
+        batches = make_batches(spec, self.spec.preprocess, self.spec.task, batch_size=256, desc="decode QAT training images")
+        supervised = q.objective in ("supervised", "both")
+
+        def training() -> TrainingData:
+            images, labels = zip(*batches) if batches.num_samples else ((), ())
+            if not images:
+                raise ModelError(f"qat: no training image under {spec.root} could be decoded")
+            return TrainingData(np.concatenate(images), np.concatenate(labels) if supervised else None,
+                                batches.num_classes, batches.class_names, str(spec.root))
+
+        return QatSetup(config=q, task=self.spec.task, ignore_index=spec.ignore_index, training=training,
+                        identity=dataset_identity(batches),
+                        base_fingerprint=sha256_json({"fp32": fp32.fingerprint, "preprocess": self.spec.preprocess.model_dump(mode="json")}))
+
+    def _int8_fingerprint(self, fp32: Artifact, int8: Int8Config, qat=None) -> str:
         payload = {
             "fp32": fp32.fingerprint, "int8": int8.model_dump(mode="json"),
             "calibration_cache": sha256_file(Path(int8.calibration_cache)) if int8.calibration_cache else None,
@@ -151,11 +173,14 @@ class Builder:
             "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
                          "nvidia-modelopt": _version("nvidia-modelopt")},
         }
+        if qat is not None:  # a QAT artifact is also what it was trained on, and how
+            payload["qat"] = {"config": qat.config.model_dump(mode="json", exclude={"device"}), "train": qat.identity}
         return sha256_json(payload)
 
     def _onnx_int8(self, int8: Int8Config) -> Artifact:
         fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-        fingerprint = self._int8_fingerprint(fp32, int8)
+        qat = self._qat_setup(fp32) if int8.quantizer == "qat" else None
+        fingerprint = self._int8_fingerprint(fp32, int8, qat)
         path, meta = self._cached(ArtifactKind.ONNX_INT8, fingerprint)
         trt_cache = path.with_suffix(".trtcache")
         if path.is_file() and meta.is_file() and trt_cache.is_file():
@@ -167,17 +192,25 @@ class Builder:
                 fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,
                 torch_model=self.torch_model if self.has_torch else None, check_inputs=self.check_inputs(),
                 opset=self.cfg.export.opset, dynamic_batch=self.cfg.export.dynamic_batch, cache_dir=self.cache_dir,
-                memo=self.memo)
+                memo=self.memo, qat=qat,
+                calibration_identity=dataset_identity(self.calibration) if self.calibration is not None else None)
             result = quantize(inputs, int8, path)
             info = result.info
-            method = "ranges from a TensorRT cache" if int8.calibration_cache else f"{int8.method} ranges"
+            method = "ranges from a TensorRT cache" if int8.calibration_cache else \
+                f"QAT from {int8.method} PTQ, {qat.config.objective}, {qat.config.epochs:g} epoch(s)" if qat is not None else f"{int8.method} ranges"
             produced_by = f"quantizer {info['quantizer']} ({method}, {int8.placement} placement)"
             write_json(meta, {"fingerprint": fingerprint, "produced_by": produced_by, "info": info})
             hit = False
         data_inputs = [int8.calibration_cache] if int8.calibration_cache else \
             [f"data.calibration:{self.calibration.num_samples} images"] if self.calibration is not None else []
-        cache_art = Artifact(ArtifactKind.TRT_CALIBRATION_CACHE, fingerprint, f"{produced_by}: activation ranges",
-                             inputs=[fp32.ref], path=trt_cache, cache_hit=hit)
+        companions = [Artifact(ArtifactKind.TRT_CALIBRATION_CACHE, fingerprint, f"{produced_by}: activation ranges",
+                               inputs=[fp32.ref], path=trt_cache, cache_hit=hit)]
+        checkpoint = Path((info.get("qat") or {}).get("checkpoint") or "")
+        if qat is not None and checkpoint.is_file():
+            companions.append(Artifact(ArtifactKind.QAT_CHECKPOINT, fingerprint, f"{produced_by}: fine-tuned weights",
+                                       inputs=[fp32.ref, f"qat training:{qat.identity.get('count')} images"], path=checkpoint,
+                                       cache_hit=hit))
+            data_inputs.append(f"qat training:{qat.identity.get('count')} images")
         return Artifact(ArtifactKind.ONNX_INT8, fingerprint, produced_by, inputs=[fp32.ref, *data_inputs], path=path,
                         input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset, info=info,
-                        companions=[cache_art], cache_hit=hit)
+                        companions=companions, cache_hit=hit)

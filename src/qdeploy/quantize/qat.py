@@ -133,7 +133,7 @@ class QatTrainer:
             return
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save({"fingerprint": self.fp, "epochs_done": epochs_done, "step": step, "model": self.model.state_dict(),
-                        "optimizer": self.opt.state_dict(), "log": self.log}, tmp)
+                        "optimizer": self.opt.state_dict(), "log": self.log, "complete": step >= self.total_steps}, tmp)
         write_json(self.out_dir / TRAIN_LOG, {"fingerprint": self.fp, "epochs": self.log})
 
     def _load(self) -> tuple[int, int]:
@@ -247,6 +247,15 @@ class QatTrainer:
             handle.remove()
         self._equalized = []
         return self.log
+
+
+def finished_checkpoint(folder: Path, fingerprint: str) -> Optional[dict]:
+    """The checkpoint in ``folder`` when it holds the *finished* training ``fingerprint``, else None."""
+    path = Path(folder) / CHECKPOINT
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return state if state.get("fingerprint") == fingerprint and state.get("complete") else None
 
 
 def _train_equalized_in_original_units(model: nn.Module) -> list:

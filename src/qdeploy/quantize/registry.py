@@ -3,7 +3,7 @@
 Modelled on torchao's ``quantize_(model, Int8Config(...))``: the *settings* are one config object
 (:class:`qdeploy.config.Int8Config`), the *algorithm* that executes them is a registered
 :class:`Quantizer` found by name. Adding a quantizer (QAT is next) = one module with a subclass
-decorated ``@register_quantizer``, imported in ``quantize/__init__.py``.
+decorated ``@register_quantizer``, imported in ``quantize/__init__.py`` (``qat`` is one: qat_quantizer.py).
 
 Every quantizer returns a Q/DQ ONNX plus the activation ranges it used; ``quantize`` then adds what
 every INT8 artifact carries: a TensorRT calibration cache and the Q/DQ structure report.
@@ -43,6 +43,8 @@ class QuantizeInputs:
     dynamic_batch: bool = True
     cache_dir: Optional[Path] = None                   # ranges cache (cache_dir/calibration)
     memo: dict = field(default_factory=dict)           # statistics shared by the methods of one run
+    qat: Optional[object] = None                       # qat_quantizer.QatSetup (quantizer qat only)
+    calibration_identity: Optional[dict] = None        # the exact calibration images (for QAT's training fingerprint)
 
     @property
     def has_torch(self) -> bool:

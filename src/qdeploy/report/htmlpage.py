@@ -89,6 +89,10 @@ def render_html(results: Mapping) -> str:
                                 f"{metric} against p50 (median) latency per batch size; colour = engine, "
                                 "marker = precision (○ fp32, □ fp16, △ bf16, ◇ int8); hollow markers and † = latency "
                                 "not measured in the deployment engine (not comparable); red name = degraded."))
+        if t.key == "qat":
+            body.append(_figure(plots.qat_curves([(n, q.get("log") or []) for n, q in T.qat_runs(results)], metric),
+                                "QAT curves", "Training loss per epoch of each QAT variant (and the data.eval metric per "
+                                "epoch where it was measured)."))
         if t.key == "skipped":
             body += [f"<details><summary>Traceback of {escape(str(v.get('name')))}</summary>"
                      f"<pre>{escape(str(T.section(v, 'details')['traceback']))}</pre></details>"

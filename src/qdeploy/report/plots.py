@@ -127,3 +127,27 @@ def latency_distribution(results: Mapping) -> bytes | None:
         ax.set(title=f"batch size {bs}", ylabel="latency per batch (ms)")
         ax.grid(True, axis="y", alpha=0.3)
     return _png(fig)
+
+
+def qat_curves(runs: list[tuple[str, list]], metric_name: str = "metric") -> bytes | None:
+    """Training loss per epoch, and the evaluation metric per epoch where it was measured, one line per QAT run."""
+    runs = [(name, log) for name, log in runs if log]
+    if not runs:
+        return None
+    with_metric = any(e.get("metric") is not None for _, log in runs for e in log)
+    fig, axes = _grid(2 if with_metric else 1)
+    for name, log in runs:
+        pts = [(e["epoch"], e["loss"]) for e in log if e.get("loss") is not None]
+        if pts:
+            axes[0].plot(*zip(*pts), marker="o", label=name)
+        if with_metric:
+            pts = [(e["epoch"], 100 * e["metric"]) for e in log if e.get("metric") is not None]
+            if pts:
+                axes[1].plot(*zip(*pts), marker="o", label=name)
+    axes[0].set(title="training loss", xlabel="epoch", ylabel="loss (mean over the epoch)")
+    if with_metric:
+        axes[1].set(title=f"{metric_name} on data.eval after each epoch", xlabel="epoch", ylabel=metric_name)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    return _png(fig)

@@ -443,10 +443,34 @@ def calibration_table(results: Mapping) -> Table | None:
     return t
 
 
+def qat_runs(results: Mapping) -> list[tuple[str, dict]]:
+    """(variant name, its ``quantization.qat`` summary) of every QAT variant."""
+    return [(label(v), section(section(v, "quantization"), "qat")) for v in variants(results)
+            if section(section(v, "quantization"), "qat")]
+
+
+def qat_table(results: Mapping) -> Table | None:
+    """QAT variants: how they were trained (the curves follow the table in the HTML report)."""
+    runs = qat_runs(results)
+    if not runs:
+        return None
+    t = Table("qat", "Quantization-aware training",
+              ["Variant", "Objective", "Epochs", "Train images/s", "Loss first → last epoch", "Train s", "Checkpoint"],
+              [False, False, True, True, False, True, False],
+              caption="Fine-tuned from the variant's PTQ (ModelOpt, TensorRT placement) with the config's qat: section; "
+                      "trained once per setting and cached with its checkpoint (copied next to the artifact).")
+    for name, q in runs:
+        losses = [e.get("loss") for e in q.get("log") or [] if e.get("loss") is not None]
+        loss = f"{fmt(losses[0], 4)} → {fmt(losses[-1], 4)}" if losses else DASH
+        t.add([name, str(q.get("objective") or DASH), fmt(q.get("epochs"), 2), fmt(q.get("images_per_s"), 0, sep=True), loss,
+               fmt(q.get("train_seconds"), 1), str(q.get("checkpoint_file") or q.get("checkpoint") or DASH)])
+    return t
+
+
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              qat_table(results), calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
               skipped_files_table(results)]
     return [t for t in tables if t is not None]
 
