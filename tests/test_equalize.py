@@ -202,7 +202,7 @@ def test_qat_trains_equalized_depthwise_weights_in_their_original_units(model_an
     grads = {}
     for hooked in (False, True):
         qm, _, _ = quantize_torch_model(ExpandDepthwise().eval(), (x[i:i + 16] for i in range(0, 64, 16)), 64, "max")
-        handles = _train_equalized_in_original_units(qm) if hooked else []
+        handles = _train_equalized_in_original_units(qm)[0] if hooked else []
         assert len(handles) == (1 if hooked else 0)
         qm(xt).square().mean().backward()
         grads[hooked] = qm.model.dw.weight.grad.clone()

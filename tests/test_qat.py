@@ -326,3 +326,67 @@ def test_qat_variant_refuses_training_on_evaluation_images(tmp_path):
     cfg["variants"] = [{"engine": "onnxruntime", "precision": "int8", "quantizer": "qat"}]
     with pytest.raises(QDeployError, match="include 24 of data.eval"):
         api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+
+
+def test_residual_quantizers_false_leaves_the_residual_add_float(tmp_path):
+    """Seed 002's "QAT without the skip-input quantizers": no Q/DQ on either input of the residual Add."""
+    with_q = api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "with", cache_dir=tmp_path / "cache")
+    without = api.qat(_config(tmp_path, "distill", epochs=1.0, residual_quantizers=False), tmp_path / "without",
+                      cache_dir=tmp_path / "cache")
+    assert with_q["structure"]["residual_add_forms"] == {"fusible": 1}
+    assert "fusible" not in without["structure"]["residual_add_forms"], without["structure"]["residual_add_forms"]
+    assert without["fingerprint"] != with_q["fingerprint"]
+
+
+def test_learned_ranges_train_the_activation_amax_and_export_them(tmp_path):
+    """ranges: learned: ModelOpt gives INT8 amax no gradient, so qdeploy's LSQ backend does; the trained amax end up in
+    the quantizers, the checkpoint and the exported Q/DQ scales (the export check compares ONNX with the fake-quant model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    frozen = api.qat(_config(tmp_path, "distill", epochs=2.0, lr=5e-2), tmp_path / "frozen", cache_dir=tmp_path / "cache")
+    learned = api.qat(_config(tmp_path, "distill", epochs=2.0, lr=5e-2, ranges="learned"), tmp_path / "learned",
+                      cache_dir=tmp_path / "cache")
+    lr = learned["learned_ranges"]
+    assert frozen["learned_ranges"] is None and lr["quantizers"] >= 3
+    assert lr["amax_ratio_min"] != 1.0 or lr["amax_ratio_max"] != 1.0, lr  # the ranges moved
+    state = torch.load(tmp_path / "learned" / "qat-checkpoint.pt", weights_only=False)["model"]
+    assert any(k.endswith("input_quantizer.learned_amax") for k in state)
+    assert learned["export_check"]["min_cosine"] >= 0.99
+
+    def activation_scales(path):
+        m = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node if n.op_type == "Constant"}
+        return sorted(float((inits.get(n.input[1]) if n.input[1] in inits else consts.get(n.input[1]))) for n in m.graph.node
+                      if n.op_type == "QuantizeLinear" and (inits.get(n.input[1], consts.get(n.input[1])) is not None)
+                      and (inits.get(n.input[1], consts.get(n.input[1]))).size == 1)
+    assert activation_scales(tmp_path / "learned" / "qat.onnx") != activation_scales(tmp_path / "frozen" / "qat.onnx")
+
+
+def test_adamw_steps_equalized_weights_as_if_unequalized():
+    """AdamW on W' = W/g (input ·g) with the step rescaled by 1/g moves g·W' exactly as AdamW moves W."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from qdeploy.quantize.qat import _train_equalized_in_original_units, optimizer_step
+
+    torch.manual_seed(0)
+    g = torch.tensor([1.0, 4.0, 64.0, 256.0])
+    plain = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+    eq = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+    with torch.no_grad():
+        eq.weight.copy_(plain.weight / g.view(-1, 1, 1, 1))
+    eq.input_quantizer = SimpleNamespace(pre_quant_scale=g.view(1, -1, 1, 1))
+    hooks, rescale = _train_equalized_in_original_units(eq, "adamw")
+    assert hooks == [] and len(rescale) == 1
+    opt_p = torch.optim.AdamW(plain.parameters(), lr=1e-2, eps=1e-12, weight_decay=0.0)
+    opt_e = torch.optim.AdamW([eq.weight], lr=1e-2, eps=1e-12, weight_decay=0.0)
+    for _ in range(3):
+        x = torch.randn(2, 4, 6, 6)
+        for conv, opt, inp, res in ((plain, opt_p, x, []), (eq, opt_e, x * g.view(1, -1, 1, 1), rescale)):
+            opt.zero_grad()
+            conv(inp).square().mean().backward()
+            optimizer_step(opt, res)
+    assert torch.allclose(eq.weight * g.view(-1, 1, 1, 1), plain.weight, rtol=1e-4, atol=1e-6)

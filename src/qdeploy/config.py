@@ -309,7 +309,9 @@ class QatConfig(_Strict):
     grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradients' global norm")
     amp: bool = Field(True, description="bf16 autocast on a CUDA GPU (ignored on the CPU)")
     residual_quantizers: bool = Field(True, description="as Int8Config.residual_quantizers: false leaves residual Adds float")
-    ranges: Literal["frozen"] = Field("frozen", description="quantizer ranges stay at their PTQ values (ModelOpt cnn_qat)")
+    ranges: Literal["frozen", "learned"] = Field(
+        "frozen", description="frozen: activation ranges stay at their PTQ values (ModelOpt cnn_qat); learned: they train "
+                              "with the weights (LSQ gradient, no weight decay), starting from the PTQ values")
     temperature: float = Field(1.0, gt=0, description="distillation temperature")
     distill_weight: float = Field(1.0, ge=0, description="objective both: weight of the KL term")
     seed: int = 0

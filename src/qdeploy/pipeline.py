@@ -592,7 +592,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                **{k: v for k, v in train_summary(train_log, out, q).items() if k in ("epochs", "images_per_s")},
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
                "device": device, "train_images": train_batches.num_samples, "log": train_log, "qat": q.model_dump(mode="json"),
-               "processes": world, "fingerprint": info["qat_fingerprint"], "structure": result.info.get("structure"),
+               "processes": world, "fingerprint": info["qat_fingerprint"], "learned_ranges": info.get("learned_ranges"), "structure": result.info.get("structure"),
                "lint": result.info.get("lint"), "export_check": result.info.get("export_check"),
                "time_s": round(time.perf_counter() - t_start, 2)}
     write_json(out / "qat.json", summary)

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 
 from qdeploy.config import QatConfig
 from qdeploy.errors import QDeployError
+from qdeploy.quantize.learned_ranges import PARAM as LEARNED_AMAX
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.log import console, log
 
@@ -110,11 +111,13 @@ class QatTrainer:
         self.steps_per_epoch = math.ceil(len(data.images) / (cfg.batch_size * world))
         self.total_steps = max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.warmup = int(round(cfg.warmup_epochs * self.steps_per_epoch))
-        self._equalized = _train_equalized_in_original_units(model)
-        if self._equalized and cfg.optimizer == "adamw":
-            log("qat: adamw normalises each weight's step, so the equalized depthwise convs' g² gradient correction has "
-                "little effect with it; sgd (the default) trains them as before equalization")
-        params = [p for p in model.parameters() if p.requires_grad]
+        self._equalized, self._adam_rescale = _train_equalized_in_original_units(model, cfg.optimizer)
+        # learned activation ranges (learned_ranges.py) train without weight decay: decay would only shrink them
+        ranges = [p for n, p in model.named_parameters() if n.endswith("." + LEARNED_AMAX) and p.requires_grad]
+        ids = {id(p) for p in ranges}
+        params = [{"params": [p for p in model.parameters() if p.requires_grad and id(p) not in ids]}]
+        if ranges:
+            params.append({"params": ranges, "weight_decay": 0.0})
         if cfg.optimizer == "sgd":
             self.opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         else:
@@ -226,7 +229,7 @@ class QatTrainer:
                     loss.backward()
                     if self.cfg.grad_clip:
                         nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-                    self.opt.step()
+                    optimizer_step(self.opt, self._adam_rescale)
                     step += 1
                     seen += len(idx) * self.world
                     losses.append(float(loss.detach()))
@@ -249,6 +252,15 @@ class QatTrainer:
         return self.log
 
 
+def optimizer_step(opt: torch.optim.Optimizer, rescale: list) -> None:
+    """``opt.step()``; with AdamW, each equalized depthwise weight then keeps 1/g of its step (see below)."""
+    before = [w.detach().clone() for w, _ in rescale]
+    opt.step()
+    with torch.no_grad():
+        for (w, inv_g), old in zip(rescale, before):
+            w.copy_(old + (w - old) * inv_g)
+
+
 def finished_checkpoint(folder: Path, fingerprint: str) -> Optional[dict]:
     """The checkpoint in ``folder`` when it holds the *finished* training ``fingerprint``, else None."""
     path = Path(folder) / CHECKPOINT
@@ -258,22 +270,29 @@ def finished_checkpoint(folder: Path, fingerprint: str) -> Optional[dict]:
     return state if state.get("fingerprint") == fingerprint and state.get("complete") else None
 
 
-def _train_equalized_in_original_units(model: nn.Module) -> list:
+def _train_equalized_in_original_units(model: nn.Module, optimizer: str = "sgd") -> tuple[list, list]:
     """Depthwise convs equalized for PTQ (input ·g, weights /g; quantize/equalize.py) train as before equalization.
 
-    The rewrite is exact in the forward pass but not for SGD: the gradient of W' = W/g is g times that of W, so a
-    step moves the function g² times further, and g reaches 256 (65,536x the learning rate on those channels; on
-    EfficientNet-B0 QAT lost accuracy instead of gaining). A gradient hook divides W''s gradient by g², which makes
-    SGD's step on W' exactly the step on W (momentum and weight decay included: the decay of W' is proportional).
+    The rewrite is exact in the forward pass but not for the optimizer: the gradient of W' = W/g is g times that of W.
+    - SGD: a step then moves the function g² times further, and g reaches 256 (65,536x the learning rate on those
+      channels; on EfficientNet-B0 QAT lost accuracy instead of gaining). A gradient hook divides W''s gradient by
+      g², which makes SGD's step on W' exactly the step on W (momentum and weight decay included: the decay of W' is
+      proportional).
+    - AdamW: Adam's step m/√v ignores a constant gradient scale, so W' moves what W would, i.e. W moves g times
+      too far. The step on W' is divided by g after each optimizer step instead (exact for Adam's moments; the
+      decoupled weight decay part, lr·wd·W', is then 1/g too small, negligible at QAT's lr·wd of ~1e-8).
     (A torch parametrization W = W_original / g would be cleaner, but ModelOpt's quantized conv then skips its
-    weight quantizer.) Returns the hook handles."""
-    handles = []
+    weight quantizer.) Returns (gradient hook handles, [(weight, 1/g view)] to rescale after Adam's steps)."""
+    handles, rescale = [], []
     for m in model.modules():
         q = getattr(m, "input_quantizer", None)
         g = getattr(q, "pre_quant_scale", None) if q is not None else None
         w = getattr(m, "weight", None)
         if g is None or not isinstance(w, nn.Parameter):
             continue
-        inv_g2 = (1.0 / g.detach().reshape(-1, *([1] * (w.dim() - 1))).to(w.device, w.dtype) ** 2)
-        handles.append(w.register_hook(lambda grad, s=inv_g2: grad * s))
-    return handles
+        inv_g = 1.0 / g.detach().reshape(-1, *([1] * (w.dim() - 1))).to(w.device, w.dtype)
+        if optimizer == "adamw":
+            rescale.append((w, inv_g))
+        else:
+            handles.append(w.register_hook(lambda grad, s=inv_g ** 2: grad * s))
+    return handles, rescale

@@ -27,6 +27,7 @@ from torch import nn
 from qdeploy.config import Int8Config, QatConfig
 from qdeploy.data import normalize
 from qdeploy.errors import ConfigError
+from qdeploy.quantize.learned_ranges import finalize, make_ranges_learnable
 from qdeploy.quantize.modelopt_quantizer import calibrated_model, export_checked
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx
 from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet, finished_checkpoint
@@ -96,10 +97,13 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
     student, info = calibrated_model(inputs, ptq_start(int8))
     info = dict(info, qat_fingerprint=fingerprint, qat_folder=str(work))
     student = student.to(device)
+    if q.ranges == "learned":  # before any checkpoint is loaded: the learned amax are parameters of the state dict
+        info["learned_range_parameters"] = make_ranges_learnable(student, info.get("shared_scale_groups"))
     done = finished_checkpoint(work, fingerprint) if setup.resume is not False and setup.rank == 0 and setup.world == 1 else None
     if done is not None:  # the same training finished before (e.g. for the other placement): no images, no epochs
         student.load_state_dict(done["model"])
         log(f"qat: training {fingerprint[:12]} already finished in {work} ({len(done['log'])} epochs); reusing it")
+        _finish_ranges(student, q, info)
         return student.eval(), info, done["log"], work
     data = setup.training()
     teacher = copy.deepcopy(inputs.torch_model()).to(device).eval()
@@ -126,7 +130,17 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
     resume = setup.resume if setup.resume is not None else trainer.checkpoint_path.is_file()
     train_log = trainer.fit(resume=resume)
     del teacher
+    _finish_ranges(student, q, info)
     return student, info, train_log, work
+
+
+def _finish_ranges(student: nn.Module, q: QatConfig, info: dict) -> None:
+    if q.ranges != "learned":
+        return
+    changes = finalize(student)
+    ratios = sorted(new / old for old, new in changes.values() if old > 0)
+    info["learned_ranges"] = {"quantizers": len(changes), "amax_ratio_median": ratios[len(ratios) // 2] if ratios else None,
+                              "amax_ratio_min": ratios[0] if ratios else None, "amax_ratio_max": ratios[-1] if ratios else None}
 
 
 def float_model(student: nn.Module) -> nn.Module:
