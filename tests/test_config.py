@@ -138,7 +138,7 @@ def test_renamed_and_misplaced_int8_keys():
 def test_unknown_quantizer_name():
     d = _data()
     d["variants"] = [{"engine": "onnxruntime", "precision": "int8", "quantizer": "nncf"}]
-    with pytest.raises(ConfigError, match="unknown quantizer 'nncf' \\(known: auto, modelopt, onnx\\)"):
+    with pytest.raises(ConfigError, match="unknown quantizer 'nncf' \\(known: auto, modelopt, onnx, qat\\)"):
         resolve_variants(parse_config(d))
 
 
