@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Stage the data/weights for bench/qat_gpu.py into .devdata/<call>/ (git-ignored), one folder per device call:
+# Stage the data/weights for bench/qat_gpu.py into .devdata/<call>/ (git-ignored), one folder per device call
+# (c0 with .devsite.tar.xz: `bash bench/qat_gpu_call.sh c0` stages only; then c1 ... c4 as in docs/benchmarks.md):
 # a call carries at most 64 MiB, so the sets travel in turn and the device command merges each into /tmp/dd.
 # Also packs the wheels of .whl/ (ModelOpt and its pure-Python needs; pulp's solver binaries left out: only its
 # import is needed) into .devsite.tar.xz (3.4 MB instead of 21 MB). Never commit either.
 set -eu
 cd "$(dirname "$0")/.."
 S=../shared
-rm -rf .devdata/c1 .devdata/c2 .devdata/c3 .devdata/c4 .devdata/x2
-mkdir -p .devdata/c1/camvid .devdata/c2 .devdata/c3/camvid .devdata/c4 .devdata/x2/cifar-train
-cp -r $S/data/cifar10/train .devdata/c1/cifar-train
+rm -rf .devdata/c0 .devdata/c1 .devdata/c2 .devdata/c3 .devdata/c4 .devdata/x2
+mkdir -p .devdata/c0/cifar-train .devdata/c1/cifar-train .devdata/c1/camvid .devdata/c2 .devdata/c3/camvid .devdata/c4 .devdata/x2/cifar-train
+# cifar10/train in two halves (c0 travels with .devsite.tar.xz; the device counts its 20,000 small files over 64 MiB)
+i=0; for c in $(ls $S/data/cifar10/train); do
+  if [ $i -lt 5 ]; then cp -r $S/data/cifar10/train/$c .devdata/c0/cifar-train/; else cp -r $S/data/cifar10/train/$c .devdata/c1/cifar-train/; fi; i=$((i+1))
+done
 cp -r $S/data/camvid/testannot $S/data/camvid/trainannot .devdata/c1/camvid/
 cp -r $S/data/cifar10/test .devdata/c2/cifar-test
 cp $S/models/cifar10-dev/efficientnet_b0_48.pt $S/models/cifar10-dev/mobilenet_v3_large_64.pt .devdata/c2/
