@@ -390,3 +390,16 @@ def test_adamw_steps_equalized_weights_as_if_unequalized():
             conv(inp).square().mean().backward()
             optimizer_step(opt, res)
     assert torch.allclose(eq.weight * g.view(-1, 1, 1, 1), plain.weight, rtol=1e-4, atol=1e-6)
+
+
+def test_resume_of_a_finished_run_reuses_it_without_training(tmp_path, monkeypatch):
+    """`qdeploy qat --resume` after the run finished: no epoch runs again, and the same result is written."""
+    from qdeploy.quantize.qat import QatTrainer
+
+    cfg = _config(tmp_path, "distill", epochs=1.0)
+    first = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(QatTrainer, "fit", lambda self, resume=False: pytest.fail("trained again"))
+    again = api.qat(cfg, tmp_path / "out", resume=True, cache_dir=tmp_path / "cache")
+    for key in ("fp32", "before", "after", "after_onnx"):
+        assert again[key] == first[key], key
+    assert again["log"] == first["log"]

@@ -4,7 +4,8 @@ Why our own piece: ModelOpt's INT8 fake quantization gives its ``amax`` no gradi
 backward returns None for it), and ModelOpt's LSQ mode (``mtq`` algorithm ``lsq``) learns NVFP4 per-block *weight*
 scales only. ModelOpt does provide a hook for custom fake-quant functions (``register_quant_backend``), so the
 smallest replacement is a backend that runs PyTorch's own learnable fake quantization
-(``torch._fake_quantize_learnable_per_tensor_affine``, the LSQ gradient for the scale) with the quantizer's
+(``torch._fake_quantize_learnable_per_tensor_affine``, the op behind ``torch.ao.quantization``'s
+``_LearnableFakeQuantize``: the LSQ gradient for the scale) with the quantizer's
 calibrated amax as the starting point. Everything else (placement, equalization's ``pre_quant_scale``, export)
 stays ModelOpt's: ``finalize`` writes the learned amax back into the quantizers and removes the backend, so the
 export and its checks see an ordinary calibrated ModelOpt model.
