@@ -2,7 +2,7 @@
 
 Modelled on torchao's ``quantize_(model, Int8Config(...))``: the *settings* are one config object
 (:class:`qdeploy.config.Int8Config`), the *algorithm* that executes them is a registered
-:class:`Quantizer` found by name. Adding a quantizer (QAT is next) = one module with a subclass
+:class:`Quantizer` found by name. Adding a quantizer = one module with a subclass
 decorated ``@register_quantizer``, imported in ``quantize/__init__.py`` (``qat`` is one: qat_quantizer.py).
 
 Every quantizer returns a Q/DQ ONNX plus the activation ranges it used; ``quantize`` then adds what
