@@ -93,8 +93,8 @@ def run_qat(name: str, cfg: dict, runs: Path) -> dict:
     out = runs / name
     t0 = time.perf_counter()
     r = api.qat(cfg, out)
-    keep = ("fp32", "before", "after", "after_onnx", "agreement", "metric", "epochs", "images_per_s", "objective", "method",
-            "train_images", "processes", "time_s", "structure")
+    keep = ("fp32", "before", "after", "after_onnx", "onnxruntime", "agreement", "metric", "epochs", "images_per_s", "objective",
+            "method", "train_images", "processes", "time_s", "structure", "learned_ranges")
     rec = {k: r.get(k) for k in keep}
     rec["log"] = [{k: e.get(k) for k in ("epoch", "loss", "metric", "images_per_s", "seconds")} for e in r["log"]]
     rec["qat"] = r["qat"]
