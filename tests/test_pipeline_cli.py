@@ -93,12 +93,12 @@ def test_cli_stage_commands(tiny_config, tmp_path, capsys):
 def test_doctor_states_tensorrt_absence(capsys):
     assert main(["doctor", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert "no TensorRT engine yet" in info["tensorrt"]
+    assert "TensorRT is not installed" in info["tensorrt"] and "trtexec command lines" in info["tensorrt"]
     assert info["environment"]["cpu_count"] >= 1
     # the rows come from the engines' own declarations: INT8 runs on the ONNX Runtime CPU provider
     ort_cpu = next(r for r in info["engines"] if r["engine"] == "onnxruntime" and r["device"] == "cpu")
     assert ort_cpu["usable"] is True and "int8" in ort_cpu["precisions"]
-    assert {r["engine"] for r in info["engines"]} == {"torch", "onnxruntime"}
+    assert {r["engine"] for r in info["engines"]} == {"torch", "onnxruntime", "tensorrt"}
     assert set(info["quantizers"]) == {"modelopt", "onnx", "qat"}
 
 

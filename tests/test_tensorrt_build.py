@@ -202,10 +202,27 @@ def test_signatures_of_the_calls_with_arguments():
             assert _entry(s, dotted)["kind"] == "property (settable)", (version, dotted)
 
 
-def test_every_trt_attribute_in_the_source_is_declared():
-    """The declared list cannot drift from the code: every ``trt.X`` / ``trt.X.Y`` chain in engine_build.py is in it."""
-    tree = ast.parse(Path(eb.__file__).read_text())
-    declared = {n for names in eb.TRT_NAMES_USED.values() for n in names}
+def test_the_runner_names_exist_in_every_version():
+    from qdeploy.engines import tensorrt_engine as te
+
+    for version in ("10.3.0", "10.16.1", "11.4.0"):
+        missing = [n for n in te.TRT_NAMES_USED if _entry(_surface(version), n) is None]
+        assert not missing, f"TensorRT {version} lacks {missing} (runner)"
+
+
+def _declared(module):
+    names = module.TRT_NAMES_USED
+    return {n for v in names.values() for n in v} if isinstance(names, dict) else set(names)
+
+
+@pytest.mark.parametrize("module", ["qdeploy.build.tensorrt.engine_build", "qdeploy.engines.tensorrt_engine"])
+def test_every_trt_attribute_in_the_source_is_declared(module):
+    """The declared lists cannot drift from the code: every ``trt.X`` / ``trt.X.Y`` chain in the module is in its list."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    tree = ast.parse(Path(mod.__file__).read_text())
+    declared = _declared(mod)
     used = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trt":
@@ -219,7 +236,7 @@ def test_every_trt_attribute_in_the_source_is_declared():
     # are checked against the declaration in test_the_11_path_touches_no_name_removed_in_11
     missing = sorted(d for d in dotted if d not in declared) + \
         sorted(s for s in simple if s not in declared and not any(n.startswith(s + ".") for n in declared))
-    assert not missing, f"engine_build.py uses undeclared TensorRT names {missing}"
+    assert not missing, f"{module} uses undeclared TensorRT names {missing}"
 
 # ---------------------------------------------------------------------------- real TensorRT only
 

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
     _add_common(p)
+    p = sub.add_parser("build", help="build every variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine) without measuring; "
+                                     "TensorRT variants also record their trtexec command lines")
+    _add_common(p)
     p = sub.add_parser("qat", help="quantization-aware training from the PTQ model (qat: section); writes qat.onnx and qat.json")
     p.add_argument("config")
     p.add_argument("--out", required=True)
@@ -129,12 +132,20 @@ def _cmd_doctor(args) -> int:
 
 
 def _tensorrt_line() -> str:
-    """TensorRT is not an engine yet: say so, and whether it is importable here."""
-    import importlib.util
+    """The TensorRT version or its absence, and what that implies for tensorrt variants."""
+    from qdeploy.lint.tensorrt_confirm import tensorrt_version
 
-    found = importlib.util.find_spec("tensorrt") is not None
-    return ("tensorrt is importable, but qdeploy has no TensorRT engine yet" if found else
-            "TensorRT is not installed (its PyPI packages download from NVIDIA's index); qdeploy has no TensorRT engine yet")
+    version = tensorrt_version()
+    if version is None:
+        return ("TensorRT is not installed (pip install 'qdeploy[tensorrt]' needs NVIDIA's package index): engine: tensorrt "
+                "variants are skipped with that reason; their trtexec command lines (10.x and 11.x) and the ONNX files "
+                "they use are still written. The engine build and runner have not run against a real TensorRT yet "
+                "(docs/tensorrt.md)")
+    major = version.split(".")[0]
+    how = {"10": "precision by builder flags (FP16, INT8 on Q/DQ or a calibration cache)",
+           "11": "strongly typed networks only (FP16 = FP16 ONNX, INT8 = Q/DQ ONNX)"}.get(major)
+    return (f"TensorRT {version}: " + (how if how else "not supported (qdeploy builds with 10.x and 11.x)") +
+            "; engines are tied to this GPU and TensorRT version (sidecar .engine.json)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +166,17 @@ def main(argv: list[str] | None = None) -> int:
             summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
             print(f"wrote {summary['copied_to']} ({summary['produced_by']}, {summary['size_mb']:.2f} MB)")
             return 0
+        if args.command == "build":
+            from qdeploy import api
+
+            summary = api.build(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
+            for name, info in summary["variants"].items():
+                state = "built" if info["status"] == "ok" else f"{info['status']}: {info['reason']}"
+                print(f"{name}: {state}; files: {', '.join(info['files']) or 'none'}")
+                for major, line in (info.get("trtexec") or {}).items():
+                    print(f"  trtexec ({major}): {line}")
+            print(f"wrote {summary['out']}/build.json")
+            return 0 if all(i["status"] in ("ok", "skipped") for i in summary["variants"].values()) else 1
         if args.command == "quantize":
             from qdeploy import api
 

@@ -131,6 +131,7 @@ class VariantRecord:
     bench: dict = field(default_factory=dict)
     memory_mb: dict = field(default_factory=dict)
     traceback: Optional[str] = None
+    extra_artifacts: list = field(default_factory=list)  # written to --out whatever the status (a TensorRT variant's ONNX)
 
     @property
     def label(self) -> str:
@@ -181,6 +182,21 @@ def _stage(record: VariantRecord, name: str):
     return _Timed()
 
 
+def _reproduction(ctx: RunContext, record: VariantRecord) -> None:
+    """TensorRT variants, built or skipped: the trtexec command lines and the ONNX files they use (issue #10)."""
+    from qdeploy.engines.tensorrt_engine import reproduction
+
+    if record.variant.engine.name != "tensorrt":
+        return
+    try:
+        artifacts, info = reproduction(record.variant, ctx.builder, lambda a: _deployable_name(a, record.label))
+    except QDeployError as e:  # the ONNX itself could not be made: say so, the variant's own status stands
+        record.details["trtexec"] = {"error": str(e)}
+        return
+    record.extra_artifacts = artifacts
+    record.details.update(info)
+
+
 def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
     """Check that this machine can run the variant, then build (or fetch from the cache) its artifact."""
     record = VariantRecord(variant)
@@ -188,6 +204,7 @@ def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
         variant.engine.check(variant, ctx.builder.has_torch)
     except VariantUnavailable as e:
         record.skip("check", str(e))
+        _reproduction(ctx, record)
         return record
     log(f"[bold]{variant.label}[/bold]: build {variant.artifact_request().kind.value}")
     with MemoryProbe() as mem, _stage(record, "build") as st:
@@ -195,6 +212,7 @@ def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
         st.extra["cache_hit"] = record.artifact.cache_hit
     if record.stages["build"].status == "ok":
         st.extra["memory_mb"] = {k: mem.result()[k] for k in ("rss_peak", "rss_delta")}
+    _reproduction(ctx, record)
     return record
 
 
@@ -223,7 +241,7 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
                     record.bench = benchmark(engine, ctx.bench_inputs(), cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
                                              repeats=cfg.bench.repeats)
             if record.ok:
-                record.details = engine.describe()
+                record.details.update(engine.describe())
         if record.ok:
             record.memory_mb = mem.result()
             record.memory_mb["artifact"] = record.artifact.size_mb
@@ -259,10 +277,14 @@ def _deployable_name(artifact: Artifact, label: str) -> str:
         return "model.onnx"
     if artifact.kind == ArtifactKind.ONNX_FP16:
         return "model-fp16.onnx"
+    if artifact.kind == ArtifactKind.ONNX_FP16_CALIBRATED:
+        return "model-fp16-calibrated.onnx"
     if artifact.kind == ArtifactKind.TRT_CALIBRATION_CACHE:
         return f"{label}.trtcache"
     if artifact.kind == ArtifactKind.QAT_CHECKPOINT:
         return f"{label}.qat-checkpoint.pt"
+    if artifact.kind == ArtifactKind.TRT_ENGINE:
+        return f"{label}.engine"
     return f"{label}.onnx"
 
 
@@ -274,6 +296,7 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
     placed: dict[tuple, str] = {}
     entries = []
     pairs = [(r.label, r.artifact) for r in records if r.artifact is not None and r.status in ("ok", "degraded", "failed")]
+    pairs += [(r.label, a) for r in records for a in r.extra_artifacts]
     for label, art in list(pairs) + list(extra):
         for a in [art, *art.companions]:
             if a.kind == ArtifactKind.PYTORCH or a.path is None:
@@ -282,6 +305,8 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
             if key not in placed:
                 name = _deployable_name(a, label)
                 shutil.copyfile(a.path, ctx.output.path(name))
+                if a.kind == ArtifactKind.TRT_ENGINE:  # the portability sidecar travels with the engine
+                    shutil.copyfile(a.path.with_suffix(".engine.json"), ctx.output.path(name + ".json"))
                 placed[key] = name
             name = placed[key]
             entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
@@ -322,6 +347,8 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
         note = v.engine.note(v)
         if note:
             rec["note"] = note
+        if "trtexec" in details:  # TensorRT variants, built or skipped: how to build the engine by hand
+            rec["trtexec"] = details["trtexec"]
         if r.artifact is not None and r.artifact.kind == ArtifactKind.ONNX_INT8:
             rec["quantization"] = r.artifact.info
         variants.append(rec)
@@ -382,6 +409,31 @@ def run(
     finally:
         ctx.output.abort()
     return results
+
+
+def build(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], only: Optional[Iterable[str]] = None,
+          cache_dir: Optional[Path] = None) -> dict:
+    """``qdeploy build``: every variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine + sidecar) into ``out_dir``, without
+    evaluating or benchmarking; ``build.json`` lists each variant's status, files and, for TensorRT variants, the
+    trtexec command lines (written also when TensorRT is absent and the variant is skipped)."""
+    ctx = open_run(config, out_dir, stages=(), only=only, cache_dir=cache_dir)
+    try:
+        records, artifacts = _build_only(ctx)
+        files = {}
+        for a in artifacts:
+            files.setdefault(a["variant"], []).append(a["path"])
+        summary = {"variants": {r.label: {"status": r.status, "reason": r.reason, "failed_stage": r.failed_stage,
+                                          "build": r.stages["build"].to_dict(), "files": files.get(r.label, []),
+                                          **{k: r.details[k] for k in ("trtexec", "onnx", "profiles", "tensorrt") if k in r.details},
+                                          **({"artifact_info": r.artifact.info} if r.artifact is not None else {})}
+                            for r in records},
+                   "artifacts": artifacts}
+        write_json(ctx.output.path("build.json"), summary)
+        final = ctx.output.commit()
+        summary["out"] = str(final)
+    finally:
+        ctx.output.abort()
+    return summary
 
 
 def _build_only(ctx: RunContext) -> tuple[list[VariantRecord], list[dict]]:

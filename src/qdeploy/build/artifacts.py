@@ -18,8 +18,10 @@ class ArtifactKind(str, Enum):
     PYTORCH = "pytorch"                 # the FP32 nn.Module (its weights file, if any, is the deployable)
     ONNX_FP32 = "onnx-fp32"
     ONNX_FP16 = "onnx-fp16"             # FP16 weights/compute, FP32 inputs and outputs kept
+    ONNX_FP16_CALIBRATED = "onnx-fp16-calibrated"  # FP16, FP32 only where calibration activations overflow (TensorRT 11)
     ONNX_INT8 = "onnx-int8"             # Q/DQ ONNX by a named quantizer, in a named placement style
     TRT_CALIBRATION_CACHE = "tensorrt-calibration-cache"  # companion of every ONNX_INT8
+    TRT_ENGINE = "tensorrt-engine"      # a serialized TensorRT engine (+ .engine.json sidecar) for one GPU and TensorRT version
     QAT_CHECKPOINT = "qat-checkpoint"   # companion of a QAT ONNX_INT8: fine-tuned weights + optimizer + training log
 
 
@@ -29,9 +31,11 @@ class ArtifactRequest:
 
     kind: ArtifactKind
     int8: Optional[Int8Config] = None
+    options: Optional[str] = None       # TRT_ENGINE: the build options as sorted JSON
 
     def key(self) -> str:
-        return self.kind.value + ("" if self.int8 is None else ":" + self.int8.model_dump_json())
+        return self.kind.value + ("" if self.int8 is None else ":" + self.int8.model_dump_json()) + \
+            ("" if self.options is None else ":" + self.options)
 
 
 @dataclass

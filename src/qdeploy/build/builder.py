@@ -4,6 +4,7 @@ Recipes by kind (one place each):
   PYTORCH     models.build_torch_model (weights checked key by key)
   ONNX_FP32   export.export_onnx (verified against PyTorch on real images) or the user's .onnx
   ONNX_FP16   export.convert_fp16 of ONNX_FP32
+  ONNX_FP16_CALIBRATED  export.fp16.convert_fp16_calibrated of ONNX_FP32 on data.calibration (TensorRT 11's FP16)
   ONNX_INT8   quantize.quantize(ONNX_FP32 / the PyTorch model, Int8Config) + TensorRT calibration cache
 
 Engines never build: they get the :class:`Artifact` this stage made and only load it.
@@ -97,8 +98,10 @@ class Builder:
         key = request.key()
         if key not in self._built:
             recipe = {ArtifactKind.PYTORCH: self._pytorch, ArtifactKind.ONNX_FP32: self._onnx_fp32,
-                      ArtifactKind.ONNX_FP16: self._onnx_fp16, ArtifactKind.ONNX_INT8: self._onnx_int8}[request.kind]
-            self._built[key] = recipe(request.int8) if request.kind == ArtifactKind.ONNX_INT8 else recipe()
+                      ArtifactKind.ONNX_FP16: self._onnx_fp16, ArtifactKind.ONNX_INT8: self._onnx_int8,
+                      ArtifactKind.ONNX_FP16_CALIBRATED: self._onnx_fp16_calibrated, ArtifactKind.TRT_ENGINE: self._trt_engine}[request.kind]
+            self._built[key] = recipe(request.int8) if request.kind == ArtifactKind.ONNX_INT8 else \
+                recipe(request) if request.kind == ArtifactKind.TRT_ENGINE else recipe()
         return self._built[key]
 
     def built(self) -> list[Artifact]:
@@ -139,6 +142,96 @@ class Builder:
         return Artifact(ArtifactKind.ONNX_FP16, fingerprint, "onnxruntime float16 conversion (FP32 inputs/outputs kept)",
                         inputs=[fp32.ref], path=path, input_name=fp32.input_name, output_name=fp32.output_name,
                         opset=fp32.opset, cache_hit=hit)
+
+    def _onnx_fp16_calibrated(self) -> Artifact:
+        from qdeploy.data import normalize
+        from qdeploy.export.fp16 import convert_fp16_calibrated
+
+        fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        if self.calibration is None:
+            raise ModelError("an FP16 ONNX for TensorRT 11 keeps FP32 only where real activations overflow FP16: "
+                             "add data.calibration (images like the deployment's)")
+        fingerprint = sha256_json({"fp32": fp32.fingerprint, "calibration": dataset_identity(self.calibration),
+                                   "preprocess": self.spec.preprocess.model_dump(mode="json"), "onnxruntime": ort.__version__,
+                                   "qdeploy": __version__, "code": sha256_file(Path(qdeploy.__file__).parent / "export" / "fp16.py")})
+        path, meta = self._cached(ArtifactKind.ONNX_FP16_CALIBRATED, fingerprint)
+        hit = path.is_file() and meta.is_file()
+        if hit:
+            info = json.loads(meta.read_text())["info"]
+            log(f"build: cache hit {path}")
+        else:
+            info = convert_fp16_calibrated(fp32.path, path, (normalize(x, self.spec.preprocess) for x, _ in self.calibration))
+            write_json(meta, {"fingerprint": fingerprint, "info": info})
+            kept = ", ".join(k["node"] for k in info["kept_fp32"]) or "none"
+            log(f"build: FP16 ONNX from {info['images']} calibration images; kept FP32: {kept}")
+        return Artifact(ArtifactKind.ONNX_FP16_CALIBRATED, fingerprint,
+                        "FP16 conversion, FP32 kept where calibration activations exceed FP16's range / 4",
+                        inputs=[fp32.ref, f"data.calibration:{self.calibration.num_samples} images"], path=path,
+                        input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset, info=info, cache_hit=hit)
+
+    def trt_profiles(self, input_name: str, explicit: Optional[list]) -> list:
+        """The optimization profile of a TensorRT variant: explicit, or from bench.batch_sizes and the input size."""
+        from qdeploy.build.tensorrt import derive_profile, explicit_profiles
+
+        if explicit:
+            return explicit_profiles(explicit)
+        pre = self.spec.preprocess
+        return [derive_profile(input_name, pre.channels, tuple(pre.input_size), list(self.cfg.bench.batch_sizes))]
+
+    def _trt_engine(self, request: ArtifactRequest) -> Artifact:
+        """A TensorRT engine for this GPU and TensorRT version (build_engine), cached with its sidecar; a cached engine
+        whose sidecar names another GPU or version is rebuilt from its ONNX (the portability guard)."""
+        from qdeploy.build.tensorrt import plan_build, portability_problem, read_sidecar, sidecar_path, write_sidecar
+        from qdeploy.build.tensorrt.engine_build import build_engine, precision_shortfall
+        from qdeploy.build.tensorrt.sidecar import EngineNotPortable
+        from qdeploy.lint.tensorrt_confirm import tensorrt_version
+
+        opts = json.loads(request.options or "{}")
+        version = tensorrt_version()
+        if version is None or not torch.cuda.is_available():
+            raise ModelError("a TensorRT engine needs TensorRT and a CUDA GPU on the machine that builds it")
+        plan = plan_build(version, opts["precision"], opts.get("int8_mode", "qdq"))
+        source = self.build(ArtifactRequest(ArtifactKind(opts["source"]), request.int8))
+        onnx_art = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32)) if plan.calibration_cache else source
+        calib = next((c.path for c in source.companions if c.kind == ArtifactKind.TRT_CALIBRATION_CACHE), None)
+        gpu, cc = torch.cuda.get_device_name(0), "%d.%d" % torch.cuda.get_device_capability(0)
+        profiles = self.trt_profiles(onnx_art.input_name, opts.get("profiles"))
+        fingerprint = sha256_json({"onnx": onnx_art.fingerprint, "calibration_cache": sha256_file(calib) if plan.calibration_cache else None,
+                                   "plan": plan.to_json(), "options": opts, "tensorrt": version, "gpu": gpu, "cc": cc,
+                                   "profiles": [p.to_json() for p in profiles]})
+        folder = self.cache_dir / "artifacts"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{ArtifactKind.TRT_ENGINE.value}-{fingerprint[:20]}.engine"
+        meta = path.with_suffix(".json")
+        hit = False
+        if path.is_file() and meta.is_file():
+            try:
+                problem = portability_problem(read_sidecar(path), version, gpu, cc)
+            except EngineNotPortable as e:
+                problem = str(e)
+            hit = problem is None
+            log(f"build: cache hit {path}" if hit else f"build: cached engine {path} is not usable here ({problem}); rebuilding")
+        if hit:
+            info = json.loads(meta.read_text())["info"]
+        else:
+            built = build_engine(onnx_art.path, path, plan, profiles, workspace_mib=opts.get("workspace_mib"),
+                                 optimization_level=opts.get("optimization_level"),
+                                 timing_cache=(self.cache_dir / "tensorrt" / f"timing-{version}-{cc}.cache")
+                                 if opts.get("timing_cache", True) else None,
+                                 calibration_cache=calib, layer_info=path.with_suffix(".layers.json"))
+            precisions = built["precisions"]
+            info = {"tensorrt_version": version, "plan": plan.to_json(), "gpu": {"name": gpu, "compute_capability": cc},
+                    "profiles": [p.to_json() for p in profiles], "source_onnx": onnx_art.path.name, "precisions": precisions,
+                    "precision_shortfall": precision_shortfall(opts["precision"], precisions), "build_options": opts}
+            (self.cache_dir / "tensorrt").mkdir(parents=True, exist_ok=True)
+            write_sidecar(path, tensorrt_version=version, gpu_name=gpu, compute_capability=cc, precision=opts["precision"],
+                          plan=plan.to_json(), profiles=info["profiles"], source_onnx=onnx_art.path.name,
+                          source_sha256=sha256_file(onnx_art.path), build_options=opts,
+                          layers={k: v for k, v in precisions.items() if k != "layers"})
+            write_json(meta, {"fingerprint": fingerprint, "info": info})
+        return Artifact(ArtifactKind.TRT_ENGINE, fingerprint, f"TensorRT {version} ({plan.summary})", inputs=[onnx_art.ref],
+                        path=path, input_name=onnx_art.input_name, output_name=onnx_art.output_name, info=info,
+                        companions=[onnx_art], cache_hit=hit)
 
     def _qat_setup(self, fp32: Artifact):
         """QAT's inputs for a ``quantizer: qat`` variant (training images listed now, decoded only if training runs)."""

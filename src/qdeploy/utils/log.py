@@ -21,7 +21,10 @@ def log(msg: str) -> None:
 
 
 def warn(msg: str) -> None:
-    console.print(f"[yellow]warning:[/yellow] {msg}", soft_wrap=True)
+    from rich.markup import escape
+
+    # warnings are plain text (file names, "qdeploy[tensorrt]"): brackets must not be read as rich styles
+    console.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
 
 
 @contextmanager

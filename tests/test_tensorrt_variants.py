@@ -1,0 +1,96 @@
+"""`engine: tensorrt` variants on a machine without TensorRT (this one): skipped with the reason, the rest of the run
+goes on, and each records the trtexec command lines for TensorRT 10.x and 11.x with the ONNX files they use written
+to --out (issue #10). Nothing here builds or runs an engine."""
+import json
+
+import pytest
+
+from qdeploy import api
+from qdeploy.lint.tensorrt_confirm import tensorrt_version
+from test_qat import _config
+
+
+@pytest.fixture
+def no_tensorrt():
+    if tensorrt_version() is not None:
+        pytest.skip("TensorRT is installed here: this test covers its absence")
+
+
+def test_tensorrt_variants_without_tensorrt_are_skipped_with_trtexec_lines_and_onnx(tmp_path, no_tensorrt):
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "fp32"},
+                       {"engine": "tensorrt", "precision": "fp16", "workspace_mib": 512},
+                       {"engine": "tensorrt", "precision": "int8", "method": "max"}]
+    cfg["bench"] = {"batch_sizes": [1, 4], "warmup": 1, "iterations": 2}
+    out = tmp_path / "out"
+    results = api.run(cfg, out, cache_dir=tmp_path / "cache")
+    by = {v["name"]: v for v in results["variants"]}
+    assert by["onnxruntime-fp32"]["status"] == "ok"  # the rest of the run continues
+    fp16, int8 = by["tensorrt-fp16-ws-512"], by["tensorrt-int8-max"]
+    for v in (fp16, int8):
+        assert v["status"] == "skipped" and "TensorRT is not installed" in v["reason"]
+        assert set(v["trtexec"]) == {"10.x", "11.x"}
+    # 10.x: precision by flag on the FP32 ONNX; 11.x: strongly typed on the calibrated FP16 ONNX, no precision flags
+    assert "--fp16" in fp16["trtexec"]["10.x"] and "--onnx=model.onnx" in fp16["trtexec"]["10.x"]
+    t11 = fp16["trtexec"]["11.x"]
+    assert "--stronglyTyped" in t11 and "--fp16" not in t11 and "--onnx=model-fp16-calibrated.onnx" in t11
+    assert "--memPoolSize=workspace:512M" in t11 and "--minShapes=input:1x3x16x16" in t11 and "--maxShapes=input:4x3x16x16" in t11
+    # INT8: the TensorRT-placement Q/DQ ONNX for both majors; --int8 only on 10.x
+    assert "--int8" in int8["trtexec"]["10.x"] and "--int8" not in int8["trtexec"]["11.x"]
+    for v in (fp16, int8):
+        for name in v["details"]["onnx"].values():
+            assert (out / name).is_file(), name
+    assert int8["details"]["onnx"]["10.x"] == int8["details"]["onnx"]["11.x"] == "tensorrt-int8-max.onnx"
+    on_disk = json.loads((out / "results.json").read_text())
+    assert {v["name"]: v.get("trtexec") for v in on_disk["variants"]}["tensorrt-fp16-ws-512"] == fp16["trtexec"]
+
+
+def test_legacy_calibration_cache_int8_is_a_10x_only_line(tmp_path, no_tensorrt):
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "tensorrt", "precision": "int8", "int8_mode": "calibration-cache"}]
+    cfg["bench"] = {"enabled": False}
+    cfg["eval"] = {"enabled": False}
+    v = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")["variants"][0]
+    assert "--calib=" in v["trtexec"]["10.x"] and "--onnx=model.onnx" in v["trtexec"]["10.x"]
+    assert v["trtexec"]["11.x"].startswith("not possible: TensorRT 11.4.0 removed implicit INT8 calibration")
+
+
+def test_doctor_reports_tensorrt_absence_and_what_it_implies(capsys, no_tensorrt):
+    from qdeploy.cli import main
+
+    assert main(["doctor", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    row = next(r for r in info["engines"] if r["engine"] == "tensorrt")
+    assert row["usable"] is False and "trtexec lines and ONNX files are still written" in row["note"]
+
+
+def test_bad_profile_is_refused_before_any_work(tmp_path):
+    from qdeploy.errors import ConfigError
+
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "tensorrt", "precision": "fp32",
+                        "profiles": [{"input": "input", "min": [1, 3, 16, 16], "opt": [8, 3, 16, 16], "max": [4, 3, 16, 16]}]}]
+    with pytest.raises(ConfigError, match=r"(?s)variants\[0\].*profiles: .*opt outside min..max"):
+        api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_qdeploy_build_writes_onnx_and_trtexec_lines(tmp_path, no_tensorrt, capsys):
+    import yaml
+
+    from qdeploy.cli import main
+
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "fp32"}, {"engine": "tensorrt", "precision": "fp32"}]
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["build", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    printed = capsys.readouterr().out
+    assert "tensorrt-fp32: skipped: TensorRT is not installed" in printed and "trtexec (11.x): trtexec --onnx=model.onnx" in printed
+    summary = json.loads((tmp_path / "out" / "build.json").read_text())
+    assert summary["variants"]["onnxruntime-fp32"]["status"] == "ok"
+    assert summary["variants"]["tensorrt-fp32"]["files"] == ["model.onnx"] and (tmp_path / "out" / "model.onnx").is_file()
+    assert "--stronglyTyped" in summary["variants"]["tensorrt-fp32"]["trtexec"]["11.x"]
