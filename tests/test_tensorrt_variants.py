@@ -94,3 +94,15 @@ def test_qdeploy_build_writes_onnx_and_trtexec_lines(tmp_path, no_tensorrt, caps
     assert summary["variants"]["onnxruntime-fp32"]["status"] == "ok"
     assert summary["variants"]["tensorrt-fp32"]["files"] == ["model.onnx"] and (tmp_path / "out" / "model.onnx").is_file()
     assert "--stronglyTyped" in summary["variants"]["tensorrt-fp32"]["trtexec"]["11.x"]
+
+
+def test_fp16_without_calibration_images_says_which_major_cannot(tmp_path, no_tensorrt):
+    """TensorRT 11's FP16 needs the calibrated FP16 ONNX; without data.calibration only the 10.x line is possible."""
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["data"].pop("calibration")
+    cfg["variants"] = [{"engine": "tensorrt", "precision": "fp16"}]
+    cfg["bench"] = {"enabled": False}
+    v = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")["variants"][0]
+    assert "--fp16" in v["trtexec"]["10.x"]
+    assert v["trtexec"]["11.x"].startswith("not possible:") and "data.calibration" in v["trtexec"]["11.x"]

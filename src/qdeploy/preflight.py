@@ -56,10 +56,16 @@ def check_calibration(cfg: RunConfig, variants, eval_batches):
             if not Path(v.int8.calibration_cache).is_file():
                 raise QDeployError(f"variants[{v.index}].calibration_cache: file {v.int8.calibration_cache} does not exist")
     if not needs:
-        return None
+        # TensorRT 11's FP16 ONNX keeps FP32 where calibration activations overflow: decode them when given
+        trt_fp16 = any(v.engine.name == "tensorrt" and v.precision == "fp16" for v in variants)
+        return _decode_calibration(cfg, eval_batches) if trt_fp16 and cfg.data.calibration is not None else None
     if cfg.data.calibration is None:
         raise QDeployError(f"variant {needs[0].label} is INT8 and needs calibration images: add data.calibration to the config "
                            "(or give a calibration_cache)")
+    return _decode_calibration(cfg, eval_batches)
+
+
+def _decode_calibration(cfg: RunConfig, eval_batches):
     calib = make_batches(cfg.data.calibration, cfg.model.preprocess, cfg.model.task, desc="decode calibration images")
     eval_paths = {str(p) for p, _ in getattr(eval_batches.dataset, "samples", [])}
     shared = [str(p) for p, _ in getattr(calib.dataset, "samples", []) if str(p) in eval_paths]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from qdeploy.build import ArtifactKind, ArtifactRequest
 from qdeploy.build.tensorrt import SUPPORTED_MAJORS, TrtUnsupported, plan_build, trtexec_command
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
-from qdeploy.errors import VariantUnavailable
+from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.lint.tensorrt_confirm import tensorrt_version
 
 TRT_NAMES_USED = ["Logger", "Logger.WARNING", "Runtime", "Runtime.deserialize_cuda_engine",
@@ -105,14 +105,18 @@ def reproduction(variant: Variant, builder, name_of: Callable) -> tuple[list, di
     version = tensorrt_version()
     installed = version if version is not None and int(version.split(".")[0]) in SUPPORTED_MAJORS else None
     majors = [int(installed.split(".")[0])] if installed else list(SUPPORTED_MAJORS)
-    artifacts, names, caches = [], {}, {}
+    artifacts, names, caches, problems = [], {}, {}, {}
     for major in majors:
         try:
             request = source_request(variant, major)
             plan = plan_build(REFERENCE_VERSIONS.get(major, f"{major}.0.0"), variant.precision, variant.options.int8_mode)
         except TrtUnsupported:
             continue
-        art = builder.build(request)
+        try:
+            art = builder.build(request)
+        except QDeployError as e:  # e.g. no data.calibration for 11.x's FP16 ONNX: that major's line says so
+            problems[major] = str(e)
+            continue
         artifacts.append(art)
         if plan.calibration_cache:  # the FP32 ONNX is parsed; the Q/DQ artifact's TensorRT cache gives the ranges
             cache = next(c for c in art.companions if c.kind == ArtifactKind.TRT_CALIBRATION_CACHE)
@@ -125,6 +129,8 @@ def reproduction(variant: Variant, builder, name_of: Callable) -> tuple[list, di
     input_name = artifacts[0].input_name if artifacts else "input"
     profiles = builder.trt_profiles(input_name, variant.options.profiles)
     lines = trtexec_lines(variant, names, profiles, installed, caches)
+    for major, problem in problems.items():
+        lines[f"{major}.x"] = f"not possible: {problem}"
     return artifacts, {"trtexec": lines, "onnx": {f"{m}.x": n for m, n in names.items()},
                        "profiles": [p.to_json() for p in profiles],
                        "tensorrt": installed or "not installed: one command line per supported major version"}
