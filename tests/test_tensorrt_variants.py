@@ -106,3 +106,14 @@ def test_fp16_without_calibration_images_says_which_major_cannot(tmp_path, no_te
     v = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")["variants"][0]
     assert "--fp16" in v["trtexec"]["10.x"]
     assert v["trtexec"]["11.x"].startswith("not possible:") and "data.calibration" in v["trtexec"]["11.x"]
+
+
+def test_explicit_profiles_give_a_file_name_safe_label():
+    from qdeploy.config import parse_config
+    from qdeploy.engines import resolve_variants
+
+    cfg = parse_config({"model": {"source": "demo", "preprocess": {"input_size": [8, 8]}}, "data": {"eval": {"root": "x"}},
+                        "variants": [{"engine": "tensorrt", "precision": "fp16",
+                                      "profiles": [{"input": "input", "min": [1, 3, 8, 8], "opt": [4, 3, 8, 8], "max": [8, 3, 8, 8]}]}]})
+    label = resolve_variants(cfg)[0].label
+    assert label.startswith("tensorrt-fp16-profiles-") and all(c.isalnum() or c in "-_.+" for c in label), label

@@ -173,8 +173,13 @@ def _option_tags(options: BaseModel) -> list[str]:
         tag = extra.get("label", key.replace("_", "-"))
         if value is True:
             parts.append(tag)
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
             parts.append(f"{tag}-" + "+".join(str(v).replace("ExecutionProvider", "") for v in value))
+        elif isinstance(value, (list, tuple, dict)):  # structured (TensorRT profiles): a short stable digest, file-name safe
+            import hashlib
+            import json
+
+            parts.append(f"{tag}-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6])
         else:
             parts.append(f"{tag}-{value}")
     return parts
