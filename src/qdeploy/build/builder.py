@@ -214,6 +214,7 @@ class Builder:
         if hit:
             info = json.loads(meta.read_text())["info"]
         else:
+            (self.cache_dir / "tensorrt").mkdir(parents=True, exist_ok=True)  # the timing cache's folder
             built = build_engine(onnx_art.path, path, plan, profiles, workspace_mib=opts.get("workspace_mib"),
                                  optimization_level=opts.get("optimization_level"),
                                  timing_cache=(self.cache_dir / "tensorrt" / f"timing-{version}-{cc}.cache")
@@ -223,7 +224,6 @@ class Builder:
             info = {"tensorrt_version": version, "plan": plan.to_json(), "gpu": {"name": gpu, "compute_capability": cc},
                     "profiles": [p.to_json() for p in profiles], "source_onnx": onnx_art.path.name, "precisions": precisions,
                     "precision_shortfall": precision_shortfall(opts["precision"], precisions), "build_options": opts}
-            (self.cache_dir / "tensorrt").mkdir(parents=True, exist_ok=True)
             write_sidecar(path, tensorrt_version=version, gpu_name=gpu, compute_capability=cc, precision=opts["precision"],
                           plan=plan.to_json(), profiles=info["profiles"], source_onnx=onnx_art.path.name,
                           source_sha256=sha256_file(onnx_art.path), build_options=opts,
