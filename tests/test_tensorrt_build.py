@@ -256,3 +256,19 @@ def test_build_a_real_engine_where_tensorrt_is_installed(tmp_path):
                           workspace_mib=256, timing_cache=tmp_path / "timing.cache", layer_info=tmp_path / "layers.json")
     assert (tmp_path / "m.engine").stat().st_size > 0 and (tmp_path / "timing.cache").is_file()
     assert out["precisions"]["compute_layers"] >= 1
+
+
+def test_a_mostly_fp32_engine_is_degraded_and_shown_in_the_report():
+    """The results/report side of "no silent precision", on a results dict as the pipeline writes it for an engine."""
+    from qdeploy.report import tables
+    from qdeploy.report.verdict import mark_degraded
+
+    precisions = eb.layer_precisions(_layers([(f"c{i}", "CaskConvolution", "Row major linear FP32") for i in range(4)]))
+    engine = {"tensorrt_version": "10.16.1", "plan": plan_build("10.16.1", "fp16").to_json(), "precisions": precisions,
+              "precision_shortfall": eb.precision_shortfall("fp16", precisions)}
+    variants = [{"name": "tensorrt-fp16", "engine": "tensorrt", "precision": "fp16", "status": "ok", "reason": None,
+                 "metrics": {"top1": 0.9}, "agreement": 1.0, "tensorrt_engine": engine}]
+    mark_degraded(variants, "classification")
+    assert variants[0]["status"] == "degraded" and "asked for FP16 but 4 of 4 compute layers run in FP32" in variants[0]["reason"]
+    t = tables.tensorrt_table({"variants": variants})
+    assert t.rows[0][3] == "0 / 0 / 4" and t.rows[0][4] == "c0, c1, c2, c3" and "mostly FP32" in t.rows[0][5]

@@ -245,6 +245,8 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
         if record.ok:
             record.memory_mb = mem.result()
             record.memory_mb["artifact"] = record.artifact.size_mb
+            if record.details.get("engine_device_memory_bytes") is not None:  # TensorRT: activations/scratch it reserves
+                record.memory_mb["engine_device"] = round(record.details["engine_device_memory_bytes"] / 2**20, 3)
     finally:
         engine.close()
     return record
@@ -351,6 +353,9 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
             rec["trtexec"] = details["trtexec"]
         if r.artifact is not None and r.artifact.kind == ArtifactKind.ONNX_INT8:
             rec["quantization"] = r.artifact.info
+        if r.artifact is not None and r.artifact.kind == ArtifactKind.TRT_ENGINE:
+            rec["tensorrt_engine"] = {k: r.artifact.info.get(k) for k in ("tensorrt_version", "plan", "gpu", "profiles",
+                                                                          "source_onnx", "precisions", "precision_shortfall")}
         variants.append(rec)
     mark_degraded(variants, cfg.model.task, cfg.eval.min_agreement)
     data = {"eval": _data_summary(ctx.eval_batches, cfg.data.eval)}

@@ -467,10 +467,30 @@ def qat_table(results: Mapping) -> Table | None:
     return t
 
 
+def tensorrt_table(results: Mapping) -> Table | None:
+    """TensorRT engines: what the engine inspector says the compute layers run in (no silent precision)."""
+    rows = [(v, section(v, "tensorrt_engine")) for v in variants(results) if section(v, "tensorrt_engine")]
+    if not rows:
+        return None
+    t = Table("tensorrt", "TensorRT engines",
+              ["Variant", "TensorRT", "How it was built", "Compute layers INT8 / FP16 / FP32", "FP32 layers", "Flag"],
+              [False, False, False, True, False, False],
+              caption="From each engine's inspector (profiling verbosity DETAILED): the precision of every conv/GEMM "
+                      "layer's output. Flag: asked for FP16 or INT8 and got mostly FP32.")
+    for v, e in rows:
+        p = section(e, "precisions")
+        fp32 = ", ".join(str(n) for n in (section(p, "layers").get("FP32") or []))
+        t.add([label(v), str(e.get("tensorrt_version") or DASH), str(section(e, "plan").get("summary") or DASH),
+               f"{p.get('INT8', 0)} / {p.get('FP16', 0)} / {p.get('FP32', 0)}",
+               (fp32[:200] + "…") if len(fp32) > 200 else (fp32 or "none"), str(e.get("precision_shortfall") or "–")],
+              row_style(v))
+    return t
+
+
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              qat_table(results), calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              qat_table(results), tensorrt_table(results), calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
               skipped_files_table(results)]
     return [t for t in tables if t is not None]
 

@@ -77,6 +77,11 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9) -
         if id(v) in reasons:
             v["status"] = "degraded"
             v["reason"] = reasons[id(v)]
+    # no silent precision (TensorRT): an engine that asked for FP16/INT8 and runs mostly FP32 is not what was asked for
+    for v in variants:
+        shortfall = T.section(v, "tensorrt_engine").get("precision_shortfall")
+        if shortfall and v.get("status") == "ok":
+            v["status"], v["reason"] = "degraded", f"TensorRT built a different precision: {shortfall}"
 
 
 # ---------------------------------------------------------------------------- recommendation
