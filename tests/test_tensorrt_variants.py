@@ -117,3 +117,18 @@ def test_explicit_profiles_give_a_file_name_safe_label():
                                       "profiles": [{"input": "input", "min": [1, 3, 8, 8], "opt": [4, 3, 8, 8], "max": [8, 3, 8, 8]}]}]})
     label = resolve_variants(cfg)[0].label
     assert label.startswith("tensorrt-fp16-profiles-") and all(c.isalnum() or c in "-_.+" for c in label), label
+
+
+def test_trtexec_lines_name_the_file_really_written_when_variants_share_an_artifact(tmp_path, no_tensorrt):
+    """An ONNX Runtime TensorRT-placement variant and a TensorRT variant share one Q/DQ artifact; it is written once,
+    under the first variant's name, and the TensorRT variant's trtexec lines must name that file."""
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "method": "max"},
+                       {"engine": "tensorrt", "precision": "int8", "method": "max"}]
+    cfg["bench"] = {"enabled": False}
+    out = tmp_path / "out"
+    v = {x["name"]: x for x in api.run(cfg, out, cache_dir=tmp_path / "cache")["variants"]}["tensorrt-int8-max"]
+    assert v["details"]["onnx"]["10.x"] == "onnxruntime-int8-trt-max.onnx" and (out / "onnxruntime-int8-trt-max.onnx").is_file()
+    for line in v["trtexec"].values():
+        assert "--onnx=onnxruntime-int8-trt-max.onnx" in line, line

@@ -313,7 +313,23 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
             name = placed[key]
             entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
                             "produced_by": a.produced_by, "inputs": list(a.inputs)})
+    # a TensorRT variant's trtexec lines name its ONNX as this variant would call it; when another variant placed the same
+    # artifact first, the file has that variant's name: point the lines at the file that is really in --out
+    for r in records:
+        for art in r.extra_artifacts:
+            for a in [art, *art.companions]:
+                provisional, final = _deployable_name(a, r.label), placed.get((a.kind, a.fingerprint))
+                if final and final != provisional:
+                    _rename_in_details(r.details, provisional, final)
     return entries
+
+
+def _rename_in_details(details: dict, old: str, new: str) -> None:
+    for key in ("trtexec", "onnx"):
+        section = details.get(key)
+        if isinstance(section, dict):
+            details[key] = {k: v.replace(f"={old}", f"={new}") if key == "trtexec" else (new if v == old else v)
+                            for k, v in section.items()}
 
 
 def _data_summary(batches, spec) -> dict:
