@@ -20,6 +20,7 @@ LAYERS = [
     {"evaluate", "benchmark"},
     {"report"},
     {"pipeline"},
+    {"optimize"},
     {"api", "cli", "demo", "__main__"},
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -15,6 +15,7 @@ from qdeploy.models import build_torch_model
 from qdeploy.pipeline import build, build_variant, export, open_run, qat, quantize, run, run_variant
 from qdeploy.quantize import QUANTIZERS, QuantizeInputs
 from qdeploy.quantize import quantize as quantize_onnx_model
+from qdeploy.optimize import optimize
 from qdeploy.report import recommend, write_reports
 
 
@@ -27,7 +28,7 @@ def lint(onnx_path, fix_to=None, confirm: bool = True) -> dict:
     return report.to_dict(with_ops=True)
 
 __all__ = [
-    "build",
+    "build", "optimize",
     "ENGINES", "QUANTIZERS", "Artifact", "ArtifactKind", "ArtifactRequest", "Builder", "Int8Config", "QuantizeInputs", "RunConfig",
     "VariantSpec", "benchmark", "build_torch_model", "build_variant", "create_engine", "engine_table", "evaluate", "export",
     "export_onnx", "lint", "load_config", "make_batches", "normalize", "open_run", "parse_config", "qat", "quantize", "quantize_onnx_model",

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
     _add_common(p)
+    p = sub.add_parser("optimize", help="the fastest artifact within optimize.budget, chosen on a search split and confirmed "
+                                        "on the rest of data.eval (exit 3: budget missed on the confirm split)")
+    p.add_argument("config")
+    p.add_argument("--out", required=True)
+    p.add_argument("--cache-dir", type=Path, default=None)
     p = sub.add_parser("build", help="build every variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine) without measuring; "
                                      "TensorRT variants also record their trtexec command lines")
     _add_common(p)
@@ -166,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
             summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
             print(f"wrote {summary['copied_to']} ({summary['produced_by']}, {summary['size_mb']:.2f} MB)")
             return 0
+        if args.command == "optimize":
+            from qdeploy import api
+
+            summary = api.optimize(args.config, args.out, cache_dir=args.cache_dir)
+            c = summary["chosen"]
+            print(f"chosen: {c['variant']} ({c['artifact']}); search {c['search_metric']}, confirm {c['confirm_metric']} vs FP32 "
+                  f"{c['reference_confirm_metric']}; budget {'met' if summary['budget_met'] else 'MISSED'} on the confirm split")
+            print(f"wrote {summary['out']}/optimize.json")
+            return 0 if summary["budget_met"] else 3
         if args.command == "build":
             from qdeploy import api
 

@@ -318,6 +318,38 @@ class QatConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+class BudgetSpec(_Strict):
+    """How much accuracy the chosen artifact may lose against FP32, measured on the split that decides."""
+
+    max_drop: Optional[float] = Field(None, ge=0, description="points of the task metric (top-1 % / mIoU %): 0.3 = 0.3 points")
+    relative: Optional[float] = Field(None, ge=0, lt=1, description="fraction of the FP32 metric, e.g. 0.01 = 1 % of it")
+    min_agreement: Optional[float] = Field(None, gt=0, le=1, description="without labels: share of FP32's predictions "
+                                                                         "(classes or pixels) kept")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("max_drop", "relative", "min_agreement") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of max_drop, relative, min_agreement (got {', '.join(given) or 'none'})")
+        return self
+
+
+class OptimizeConfig(_Strict):
+    """``qdeploy optimize``: the fastest artifact within ``budget``, chosen on a search split, confirmed once on another."""
+
+    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda"] = "onnxruntime-cpu"
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0))
+    time_limit: Optional[float] = Field(None, gt=0, description="seconds for the whole search; the best candidate so far is "
+                                                                "written when it runs out")
+    search_fraction: float = Field(0.5, gt=0, lt=1, description="share of data.eval that decides (seeded); the rest confirms")
+    seed: int = 0
+    batch_size: Optional[int] = Field(None, gt=0, description="rank by p50 latency at this batch size (default: the largest "
+                                                                "of bench.batch_sizes)")
+    methods: list[Literal["max", "entropy", "percentile", "mse", "mean-minmax"]] = Field(
+        default_factory=lambda: ["mean-minmax", "max", "percentile", "mse", "entropy"],
+        description="PTQ range methods tried (one statistics pass serves them all)")
+
+
 class RunConfig(_Strict):
     model: ModelSpec
     data: DataConfig
@@ -327,6 +359,7 @@ class RunConfig(_Strict):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     report: ReportSpec = Field(default_factory=ReportSpec)
     qat: Optional[QatConfig] = None
+    optimize: Optional[OptimizeConfig] = None
 
     def qat_settings(self) -> QatConfig:
         return self.qat or QatConfig()

@@ -1,0 +1,68 @@
+"""The decisions of ``qdeploy optimize``, as plain functions: split, budget, standard error, ranking.
+
+Kept free of engines and files so each rule is tested on numbers: a silent wrong choice here is the product's worst
+failure (a "within budget" artifact that is not).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from qdeploy.config import BudgetSpec
+
+
+@dataclass
+class Verdict:
+    within: bool
+    margin: float        # how far inside (+) or outside (-) the budget, in the budget's own unit
+    why: str
+
+
+def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optional[float], agreement: Optional[float]) -> Verdict:
+    """Is a candidate within ``budget`` of the FP32 reference? Metrics are fractions (0.9173), drops in points."""
+    if budget.min_agreement is not None:
+        if agreement is None:
+            return Verdict(False, -1.0, "no agreement with FP32 measured")
+        margin = agreement - budget.min_agreement
+        return Verdict(margin >= -1e-12, margin, f"agreement {100 * agreement:.2f} % vs minimum {100 * budget.min_agreement:.2f} %")
+    if reference is None or metric is None:
+        return Verdict(False, -1.0, "no task metric (labels) measured; use budget.min_agreement without labels")
+    drop_points = 100.0 * (reference - metric)
+    allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
+    margin = allowed - drop_points
+    return Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points vs allowed {allowed:.2f}")
+
+
+def metric_standard_error(metric: float, n: int) -> float:
+    """Standard error of an accuracy-like fraction measured on ``n`` samples, in points (binomial)."""
+    if n <= 0:
+        return float("inf")
+    p = min(max(metric, 0.0), 1.0)
+    return 100.0 * math.sqrt(max(p * (1 - p), 1.0 / n) / n)
+
+
+def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task: str) -> Optional[str]:
+    """A sentence when the search split is too small to resolve the budget (max_drop/relative on classification)."""
+    if task != "classification" or budget.min_agreement is not None:
+        return None
+    allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
+    se = metric_standard_error(reference, n_search)
+    if allowed < se:
+        return (f"the budget ({allowed:.2f} points) is below the standard error of the metric on the search split "
+                f"(±{se:.2f} points on {n_search} images): the split cannot resolve accuracy that finely. Drops against "
+                "FP32 on the same images are less noisy (only the changed predictions count), but a choice at the edge "
+                "of the budget may not hold on the confirm split; use more images or a larger budget")
+    return None
+
+
+def fastest_within(candidates: list[dict]) -> Optional[dict]:
+    """The candidate with the lowest ``rank_key`` among those within budget (ties: the more accurate)."""
+    ok = [c for c in candidates if c.get("within_budget") and c.get("rank_key") is not None]
+    return min(ok, key=lambda c: (c["rank_key"], -(c.get("search_metric") or 0.0))) if ok else None
+
+
+def best_effort(candidates: list[dict]) -> Optional[dict]:
+    """When none is within budget: the one closest to it (largest margin), then the fastest."""
+    scored = [c for c in candidates if c.get("margin") is not None]
+    return max(scored, key=lambda c: (c["margin"], -(c.get("rank_key") or 0.0))) if scored else None
