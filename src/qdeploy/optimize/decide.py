@@ -56,10 +56,22 @@ def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task
     return None
 
 
-def fastest_within(candidates: list[dict]) -> Optional[dict]:
-    """The candidate with the lowest ``rank_key`` among those within budget (ties: the more accurate)."""
+# Latencies within this fraction of the fastest count as a tie: timing on a shared machine moves p50 by a few percent
+# run to run, so "fastest" among near-equal candidates would be decided by noise; the more accurate one wins instead.
+LATENCY_TIE = 0.03
+
+
+def fastest_within(candidates: list[dict], tie: float = LATENCY_TIE) -> Optional[dict]:
+    """The fastest candidate within budget (lowest ``rank_key``); among those within ``tie`` of it (latency keys only,
+    i.e. positive), the one with the largest budget margin."""
     ok = [c for c in candidates if c.get("within_budget") and c.get("rank_key") is not None]
-    return min(ok, key=lambda c: (c["rank_key"], -(c.get("search_metric") or 0.0))) if ok else None
+    if not ok:
+        return None
+    best = min(ok, key=lambda c: (c["rank_key"], -(c.get("margin") or 0.0)))
+    if best["rank_key"] > 0:
+        near = [c for c in ok if c["rank_key"] <= best["rank_key"] * (1 + tie)]
+        best = max(near, key=lambda c: (c.get("margin") or 0.0, -c["rank_key"]))
+    return best
 
 
 def best_effort(candidates: list[dict]) -> Optional[dict]:
