@@ -78,6 +78,16 @@ def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     assert (tmp_path / "out" / c["artifact"]).is_file()
     assert on_disk["evaluations"] == {"full": 3 + (2 if c["variant"] != "fp32" else 1), "subset": 0}
     assert s["decisions"][0].startswith("target onnxruntime-cpu: candidates fp32, int8-max, int8-mean-minmax")
+    page = (tmp_path / "out" / "optimize.html").read_text()
+    assert "Pareto front" in page and page.count("data:image/png;base64,") == 1 and "Decision log" in page
+    assert f"Chosen: {c['variant']} (budget met on the confirm split)" in page
+
+
+def test_pareto_front():
+    from qdeploy.report.optimize_page import pareto_front
+
+    pts = [("fp32", 6.0, 91.7), ("a", 3.4, 91.6), ("b", 3.5, 91.5), ("c", 3.3, 90.0), ("d", 7.0, 91.7)]
+    assert pareto_front(pts) == ["fp32", "a", "c"]
 
 
 def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_path, capsys):

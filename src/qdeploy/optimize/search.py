@@ -28,6 +28,7 @@ from qdeploy.lint.tensorrt_confirm import tensorrt_version
 from qdeploy.optimize.decide import best_effort, budget_check, fastest_within, resolution_warning
 from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.report import tables as T
+from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.utils.atomic import write_json
 from qdeploy.utils.log import log, warn
 
@@ -165,6 +166,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 "not_yet": ["per-layer fallback", "QAT", "FP16 candidates on tensorrt", "resuming an interrupted search"],
             }
             write_json(cctx.output.path("optimize.json"), summary)
+            write_optimize_report(summary, cctx.output.path("optimize.html"), f"qdeploy optimize: {cfg.model.source}")
             final = cctx.output.commit()
             summary["out"] = str(final)
         finally:

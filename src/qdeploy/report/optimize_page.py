@@ -1,0 +1,97 @@
+"""``qdeploy optimize``'s report: one self-contained HTML page with the chosen artifact and its confirm-split result,
+the accuracy-vs-latency Pareto front of the candidates (search split), every candidate, and the decision log."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from qdeploy.report import tables as T
+from qdeploy.report.htmlpage import CSS, _figure, _table
+from qdeploy.report.plots import _label_points, _png
+from qdeploy.utils.atomic import atomic_path
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
+    """Names of the points no other point beats on both axes (lower cost x, higher accuracy y)."""
+    front = []
+    for name, x, y in points:
+        if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for _, x2, y2 in points):
+            front.append(name)
+    return front
+
+
+def pareto_plot(summary: Mapping) -> bytes | None:
+    measured = summary.get("latency_measured")
+    pts = []
+    for c in summary.get("candidates") or []:
+        y = T.num(c.get("search_metric"))
+        x = T.num(c.get("latency_p50_ms")) if measured else T.num(c.get("int8_share"))
+        if x is not None and y is not None:
+            pts.append((str(c["variant"]), -x if not measured else x, 100 * y))  # INT8 share: higher is cheaper
+    if not pts:
+        return None
+    front = set(pareto_front(pts))
+    fig = Figure(figsize=(6.4, 4.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    chosen = (summary.get("chosen") or {}).get("variant")
+    for name, x, y in pts:
+        xv = x if measured else -x
+        ax.scatter(xv, y, s=60 if name == chosen else 30, marker="*" if name == chosen else "o",
+                   color="#b42318" if name == chosen else ("C0" if name in front else "0.6"), zorder=3)
+    line = sorted((x if measured else -x, y) for n, x, y in pts if n in front)
+    if len(line) > 1:
+        ax.plot(*zip(*line), color="C0", alpha=0.5, zorder=2)
+    ax.set(xlabel=f"p50 latency (ms), batch {summary.get('batch_size')}" if measured else "share of compute ops in INT8",
+           ylabel=f"{summary.get('metric')} % (search split)", title="candidates: Pareto front (blue), chosen (red star)")
+    ax.grid(True, alpha=0.3)
+    ax.margins(0.15)
+    fig.draw_without_rendering()  # label placement works in screen coordinates: fix the layout first
+    _label_points(ax, [(n, x if measured else -x, y, "#b42318" if n == chosen else "black") for n, x, y in pts])
+    return _png(fig)
+
+
+def optimize_tables(summary: Mapping) -> list[T.Table]:
+    c = T.section(summary, "chosen")
+    met = "met" if summary.get("budget_met") else "MISSED"
+    head = T.Table("chosen", f"Chosen: {c.get('variant')} (budget {met} on the confirm split)",
+                   ["", "Chosen", "FP32 reference"], [False, True, True],
+                   caption=f"Budget {summary.get('budget')}; {T.section(summary, 'confirm').get('why')}. The confirm split "
+                           "was never used by the search." + (" The time limit stopped the search: best candidate so far."
+                                                             if summary.get("timed_out") else ""))
+    head.add(["confirm split metric", T.pct(c.get("confirm_metric")), T.pct(c.get("reference_confirm_metric"))])
+    head.add(["search split metric", T.pct(c.get("search_metric")), "–"])
+    head.add(["p50 latency (ms)", T.fmt(c.get("latency_p50_ms"), 3), T.fmt(c.get("reference_latency_p50_ms"), 3)])
+    head.add(["INT8 share of compute", T.pct(c.get("int8_share")), "–"])
+    head.add(["layers left in float", ", ".join(c.get("float_layers") or []) or "none", "all"])
+    head.add(["artifact", str(c.get("artifact") or "–"), "–"])
+    cands = T.Table("candidates", "Candidates (search split)",
+                    ["Variant", "Status", "Metric", "Agreement", "Budget", "p50 ms", "INT8 share", "Seconds"],
+                    [False, False, True, True, False, True, True, True])
+    for x in summary.get("candidates") or []:
+        cands.add([str(x.get("variant")), str(x.get("status")), T.pct(x.get("search_metric")), T.pct(x.get("agreement")),
+                   str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")), T.fmt(x.get("time_s"), 1)])
+    log = T.Table("decisions", "Decision log", ["#", "Decision"], [True, False])
+    for i, d in enumerate(summary.get("decisions") or [], 1):
+        log.add([str(i), str(d)])
+    return [head, cands, log]
+
+
+def write_optimize_report(summary: Mapping, path: Path, title: str) -> Path:
+    body = [f"<h1>{escape(title)}</h1>"]
+    tables = optimize_tables(summary)
+    body.append(_table(tables[0]))
+    body.append(_figure(pareto_plot(summary), "Pareto front",
+                        "Search-split accuracy against latency on the target (or INT8 share of compute where the target's "
+                        "latency was not measured); the Pareto front in blue, the chosen candidate as a red star."))
+    body += [_table(t) for t in tables[1:]]
+    html = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body><main>\n" + "\n".join(body)
+            + "\n</main></body>\n</html>\n")
+    with atomic_path(Path(path)) as tmp:
+        Path(tmp).write_text(html, encoding="utf-8")
+    return Path(path)
