@@ -573,13 +573,14 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     log), ``qat.html`` (loss and accuracy curves), ``qat-checkpoint.pt`` (every epoch) and ``qat-log.json``.
     ``resume`` continues from the checkpoint of the same model, data and QAT config.
     """
+    import dataclasses
+
     from qdeploy.build.builder import dataset_identity
     from qdeploy.config import Int8Config
-    from qdeploy.errors import ConfigError, DataError
+    from qdeploy.errors import ConfigError
     from qdeploy.quantize.modelopt_quantizer import export_checked
-    from qdeploy.quantize.qat_quantizer import QatSetup, TrainingData, finetune, onnxruntime_artifact, resolve_device, train_summary
+    from qdeploy.quantize.qat_quantizer import finetune, onnxruntime_artifact, resolve_device, train_summary
     from qdeploy.quantize.registry import QuantizeInputs, finish
-    from qdeploy.utils.hashing import sha256_json
     from qdeploy.report.qat_page import write_qat_report
     from qdeploy.utils.atomic import atomic_path
 
@@ -587,9 +588,8 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     cfg = as_config(config)
     q = cfg.qat_settings()
     task, pre = cfg.model.task, cfg.model.preprocess
-    supervised = q.objective in ("supervised", "both")
     # ---- validate before anything expensive
-    spec = cfg.qat_training_data()
+    cfg.qat_training_data()  # ConfigError naming the missing data key
     if cfg.data.calibration is None:
         raise ConfigError("QAT starts from a PTQ calibration: add data.calibration")
     device = resolve_device(q)
@@ -604,15 +604,6 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     builder = Builder(cfg, cache_dir, calibration, check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
     if not builder.has_torch:
         raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
-    train_batches = make_batches(spec, pre, task, batch_size=256, desc="decode training images")
-
-    def training() -> TrainingData:
-        images, labels = zip(*train_batches) if train_batches.num_samples else ((), ())
-        if not images:
-            raise DataError(f"qat: no training image under {spec.root} could be decoded")
-        return TrainingData(np.concatenate(images), np.concatenate(labels) if supervised else None,
-                            train_batches.num_classes, train_batches.class_names, str(spec.root))
-
     fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
     int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
     inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
@@ -628,14 +619,11 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
             start["fp32"] = _torch_metric(teacher, eval_batches, task, pre, device, ignore, preds["fp32"])
             start["before"] = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["before"])
             log(f"qat: FP32 {start['fp32']:.4f}, PTQ ({q.method}) {start['before']:.4f} on data.eval; training on "
-                f"{train_batches.num_samples} images, objective {q.objective}, {q.epochs:g} epoch(s), device {device}"
+                f"{setup.identity['count']} images, objective {q.objective}, {q.epochs:g} epoch(s), device {device}"
                 + (f", {world} processes" if world > 1 else ""))
 
-    setup = QatSetup(config=q, task=task, ignore_index=spec.ignore_index, training=training,
-                     identity=dataset_identity(train_batches),
-                     base_fingerprint=sha256_json({"fp32": fp32.fingerprint, "preprocess": pre.model_dump(mode="json")}),
-                     work_dir=out, resume=resume, evaluate=metric if rank == 0 else None, before_training=before_training,
-                     device=device, rank=rank, world=world)
+    setup = dataclasses.replace(builder.qat_setup(fp32), work_dir=out, resume=resume, evaluate=metric if rank == 0 else None,
+                                before_training=before_training, device=device, rank=rank, world=world)
     t0 = time.perf_counter()
     student, info, train_log, _ = finetune(inputs, int8, setup, dataset_identity(calibration))
     if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
@@ -664,7 +652,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx", "onnxruntime")},
                **{k: v for k, v in train_summary(train_log, out, q).items() if k in ("epochs", "images_per_s")},
                "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
-               "device": device, "train_images": train_batches.num_samples, "log": train_log, "qat": q.model_dump(mode="json"),
+               "device": device, "train_images": setup.identity["count"], "log": train_log, "qat": q.model_dump(mode="json"),
                "processes": world, "fingerprint": info["qat_fingerprint"], "learned_ranges": info.get("learned_ranges"), "structure": result.info.get("structure"),
                "lint": result.info.get("lint"), "export_check": result.info.get("export_check"),
                "time_s": round(time.perf_counter() - t_start, 2)}

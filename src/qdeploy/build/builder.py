@@ -27,7 +27,7 @@ import qdeploy
 from qdeploy import __version__
 from qdeploy.build.artifacts import Artifact, ArtifactKind, ArtifactRequest
 from qdeploy.config import Int8Config, RunConfig
-from qdeploy.errors import ModelError
+from qdeploy.errors import DataError, ModelError
 from qdeploy.export import convert_fp16, export_onnx, use_onnx_file
 from qdeploy.models import build_torch_model, is_onnx_source, model_fingerprint, resolve_weights_path
 from qdeploy.quantize import QuantizeInputs, quantize
@@ -181,7 +181,7 @@ class Builder:
     def _trt_engine(self, request: ArtifactRequest) -> Artifact:
         """A TensorRT engine for this GPU and TensorRT version (build_engine), cached with its sidecar; a cached engine
         whose sidecar names another GPU or version is rebuilt from its ONNX (the portability guard)."""
-        from qdeploy.build.tensorrt import plan_build, portability_problem, read_sidecar, sidecar_path, write_sidecar
+        from qdeploy.build.tensorrt import plan_build, portability_problem, read_sidecar, write_sidecar
         from qdeploy.build.tensorrt.engine_build import build_engine, precision_shortfall
         from qdeploy.build.tensorrt.sidecar import EngineNotPortable
         from qdeploy.lint.tensorrt_confirm import tensorrt_version
@@ -233,21 +233,22 @@ class Builder:
                         path=path, input_name=onnx_art.input_name, output_name=onnx_art.output_name, info=info,
                         companions=[onnx_art], cache_hit=hit)
 
-    def _qat_setup(self, fp32: Artifact):
-        """QAT's inputs for a ``quantizer: qat`` variant (training images listed now, decoded only if training runs)."""
+    def qat_setup(self, fp32: Artifact):
+        """QAT's inputs (``quantizer: qat`` variants and ``qdeploy qat``): training images listed now, decoded only if
+        training runs; the caller may replace the run-specific fields (work_dir, evaluate, ranks...)."""
         from qdeploy.data import make_batches
         from qdeploy.quantize.qat_quantizer import QatSetup, TrainingData
 
         cfg = self.cfg
         q = cfg.qat_settings()
         spec = cfg.qat_training_data()
-        batches = make_batches(spec, self.spec.preprocess, self.spec.task, batch_size=256, desc="decode QAT training images")
+        batches = make_batches(spec, self.spec.preprocess, self.spec.task, batch_size=256, desc="decode training images")
         supervised = q.objective in ("supervised", "both")
 
         def training() -> TrainingData:
             images, labels = zip(*batches) if batches.num_samples else ((), ())
             if not images:
-                raise ModelError(f"qat: no training image under {spec.root} could be decoded")
+                raise DataError(f"qat: no training image under {spec.root} could be decoded")
             return TrainingData(np.concatenate(images), np.concatenate(labels) if supervised else None,
                                 batches.num_classes, batches.class_names, str(spec.root))
 
@@ -272,7 +273,7 @@ class Builder:
 
     def _onnx_int8(self, int8: Int8Config) -> Artifact:
         fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-        qat = self._qat_setup(fp32) if int8.quantizer == "qat" else None
+        qat = self.qat_setup(fp32) if int8.quantizer == "qat" else None
         fingerprint = self._int8_fingerprint(fp32, int8, qat)
         path, meta = self._cached(ArtifactKind.ONNX_INT8, fingerprint)
         trt_cache = path.with_suffix(".trtcache")

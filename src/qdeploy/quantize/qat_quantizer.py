@@ -99,16 +99,17 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
     student = student.to(device)
     if q.ranges == "learned":  # before any checkpoint is loaded: the learned amax are parameters of the state dict
         info["learned_range_parameters"] = make_ranges_learnable(student, info.get("shared_scale_groups"))
-    teacher = copy.deepcopy(inputs.torch_model()).to(device).eval()
+    make_teacher = lambda: copy.deepcopy(inputs.torch_model()).to(device).eval()  # noqa: E731
     done = finished_checkpoint(work, fingerprint) if setup.resume is not False and setup.rank == 0 and setup.world == 1 else None
     if done is not None:  # the same training finished before (e.g. for the other placement): no images, no epochs
         if setup.before_training is not None:  # still report the PTQ start (the checkpoint replaces it below)
-            setup.before_training(student, teacher)
+            setup.before_training(student, make_teacher())
         student.load_state_dict(done["model"])
         log(f"qat: training {fingerprint[:12]} already finished in {work} ({len(done['log'])} epochs); reusing it")
         _finish_ranges(student, q, info)
         return student.eval(), info, done["log"], work
     data = setup.training()
+    teacher = make_teacher()
     probe_x = torch.from_numpy(normalize(data.images[:2], inputs.preprocess)).to(device)
     with torch.no_grad():
         probe, s_probe = teacher(probe_x), student(probe_x)
