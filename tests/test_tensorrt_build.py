@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import shared_path
 from qdeploy.build.tensorrt import (
-    EngineNotPortable, InputProfile, TrtUnsupported, check_profile, derive_profile, explicit_profiles, plan_build,
-    portability_problem, read_sidecar, trtexec_command, write_sidecar,
+    EngineNotPortable, InputProfile, TrtUnsupported, check_profile, derive_profile, engine_problem, explicit_profiles,
+    plan_build, portability_problem, read_sidecar, trtexec_command, write_sidecar,
 )
 from qdeploy.build.tensorrt import engine_build as eb
 from qdeploy.errors import ConfigError
@@ -88,9 +89,9 @@ def test_trtexec_line_follows_the_major_version():
 # ---------------------------------------------------------------------------- sidecar and portability
 
 
-def _sidecar(tmp_path, **over):
+def _sidecar(tmp_path, content=b"plan", **over):
     engine = tmp_path / "m.engine"
-    engine.write_bytes(b"plan")
+    engine.write_bytes(content)
     kw = dict(tensorrt_version="10.16.1", gpu_name="NVIDIA H200", compute_capability="9.0", precision="int8",
               plan=plan_build("10.16.1", "int8").to_json(), profiles=[derive_profile("input", 3, (32, 32), [1]).to_json()],
               source_onnx="model-int8.onnx", source_sha256="ab" * 32, build_options={"workspace_mib": 1024})
@@ -121,6 +122,81 @@ def test_missing_or_corrupt_sidecar_refuses(tmp_path):
     (tmp_path / "m.engine.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(EngineNotPortable, match="has format 'other'"):
         read_sidecar(engine)
+
+
+# the machine the _sidecar engines were "built" on
+HERE = ("10.16.1", "NVIDIA H200", "9.0")
+
+
+def _plan_bytes(n=4096):
+    import random
+
+    return random.Random(7).randbytes(n)
+
+
+def test_sidecar_records_the_engine_files_size_and_sha256(tmp_path):
+    import hashlib
+
+    content = _plan_bytes()
+    data = read_sidecar(_sidecar(tmp_path, content))
+    assert data["engine_file"] == {"sha256": hashlib.sha256(content).hexdigest(), "bytes": 4096}
+
+
+def test_an_intact_engine_on_the_machine_that_built_it_has_no_problem(tmp_path):
+    assert engine_problem(_sidecar(tmp_path, _plan_bytes()), *HERE) is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "one byte flipped", "appended"])
+def test_a_corrupt_engine_file_is_caught_without_tensorrt(tmp_path, damage):
+    engine = _sidecar(tmp_path, _plan_bytes())
+    content = bytearray(engine.read_bytes())
+    if damage == "truncated":
+        content = content[:1000]
+    elif damage == "one byte flipped":
+        content[2048] ^= 0x01
+    else:
+        content += b"\0" * 16
+    engine.write_bytes(bytes(content))
+    problem = engine_problem(engine, *HERE)
+    assert problem is not None and str(engine) in problem and "is corrupt" in problem
+    assert "rebuild it from the source ONNX model-int8.onnx" in problem
+    if damage == "truncated":
+        assert "truncated: 1000 bytes, its sidecar recorded 4096" in problem
+    if damage == "one byte flipped":
+        assert "same size (4096 bytes) but its sha256 differs" in problem
+
+
+def test_a_missing_engine_or_sidecar_is_a_problem_naming_the_file(tmp_path):
+    engine = _sidecar(tmp_path, _plan_bytes())
+    (tmp_path / "m.engine.json").unlink()
+    problem = engine_problem(engine, *HERE)
+    assert str(engine) in problem and "no sidecar m.engine.json" in problem
+    (tmp_path / "m.engine.json").write_text("{not json")
+    assert "cannot be read" in engine_problem(engine, *HERE)
+    engine = _sidecar(tmp_path, _plan_bytes())
+    engine.unlink()
+    problem = engine_problem(engine, *HERE)
+    assert str(engine) in problem and "does not exist" in problem
+
+
+def test_an_engine_from_another_version_or_gpu_is_a_problem_naming_the_file(tmp_path):
+    engine = _sidecar(tmp_path, _plan_bytes())
+    version = engine_problem(engine, "11.4.0", "NVIDIA H200", "9.0")
+    assert str(engine) in version and "built by TensorRT 10.16.1 and this machine has TensorRT 11.4.0" in version
+    assert "rebuild it from the source ONNX model-int8.onnx" in version
+    cc = engine_problem(engine, "10.16.1", "NVIDIA A100-SXM4-80GB", "8.0")
+    assert str(engine) in cc and "built on NVIDIA H200 (compute capability 9.0) and this GPU is NVIDIA A100-SXM4-80GB " \
+                                 "(compute capability 8.0)" in cc
+    name = engine_problem(engine, "10.16.1", "NVIDIA H100 80GB HBM3", "9.0")
+    assert str(engine) in name and "tuned on NVIDIA H200 and this GPU is NVIDIA H100 80GB HBM3" in name
+
+
+def test_a_sidecar_of_the_first_format_is_not_trusted(tmp_path):
+    engine = _sidecar(tmp_path, _plan_bytes())
+    old = json.loads((tmp_path / "m.engine.json").read_text())
+    old.pop("engine_file")
+    (tmp_path / "m.engine.json").write_text(json.dumps({**old, "format": "qdeploy.tensorrt-engine/1"}))
+    assert "has format 'qdeploy.tensorrt-engine/1'" in engine_problem(engine, *HERE)
 
 # ---------------------------------------------------------------------------- no silent precision
 
@@ -256,6 +332,80 @@ def test_build_a_real_engine_where_tensorrt_is_installed(tmp_path):
                           workspace_mib=256, timing_cache=tmp_path / "timing.cache", layer_info=tmp_path / "layers.json")
     assert (tmp_path / "m.engine").stat().st_size > 0 and (tmp_path / "timing.cache").is_file()
     assert out["precisions"]["compute_layers"] >= 1
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and TensorRT)")
+
+
+@needs_cuda
+def test_the_parser_rejecting_a_node_names_it(tmp_path):
+    """A node TensorRT's ONNX parser has no importer (nor plugin) for: TrtBuildError carries the parser's errors with
+    the node's name and operator, before any build."""
+    trt = pytest.importorskip("tensorrt")
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["input"], ["r"], name="ok_relu"),
+             helper.make_node("QDeployNoSuchOp", ["r"], ["output"], name="qdeploy_rejected_node", domain="qdeploy.test")]
+    graph = helper.make_graph(nodes, "rejected", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 8, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("qdeploy.test", 1)])
+    onnx_path = tmp_path / "rejected.onnx"
+    onnx.save(model, str(onnx_path))
+    with pytest.raises(eb.TrtBuildError) as e:
+        eb.build_engine(onnx_path, tmp_path / "m.engine", plan_build(trt.__version__, "fp32"), [])
+    message = str(e.value)
+    assert "ONNX parser rejected" in message and str(onnx_path) in message
+    assert "node qdeploy_rejected_node" in message
+    assert not (tmp_path / "m.engine").exists()
+
+
+@needs_cuda
+def test_a_corrupt_engine_whose_sidecar_matches_is_refused_by_name_not_a_crash(tmp_path):
+    """Random bytes with a sidecar written for them pass the integrity check (size and sha256 agree) on this machine;
+    TensorRT's deserializer is then what refuses, and the runner's load path turns that into VariantUnavailable
+    naming the file and the ONNX to rebuild from."""
+    trt = pytest.importorskip("tensorrt")
+    from qdeploy.engines.tensorrt_engine import deserialize_engine
+    from qdeploy.errors import VariantUnavailable
+
+    gpu, cc = torch.cuda.get_device_name(0), "%d.%d" % torch.cuda.get_device_capability(0)
+    engine = _sidecar(tmp_path, _plan_bytes(1 << 16), tensorrt_version=trt.__version__, gpu_name=gpu, compute_capability=cc)
+    assert engine_problem(engine, trt.__version__, gpu, cc) is None
+    with pytest.raises(VariantUnavailable) as e:
+        deserialize_engine(engine, "model-int8.onnx")
+    assert f"could not deserialize {engine}" in str(e.value) and "rebuild it from model-int8.onnx" in str(e.value)
+
+
+@needs_cuda
+def test_a_tiny_workspace_either_builds_or_says_the_workspace_may_be_too_small(tmp_path):
+    """workspace_mib=1 on the demo model: TensorRT may find tactics that fit in 1 MiB (then a real engine is built) or
+    fail the build (then the message names the workspace limit). Nothing else is acceptable."""
+    trt = pytest.importorskip("tensorrt")
+    from qdeploy.demo.model import digits_cnn
+
+    model = digits_cnn(num_classes=10).eval()
+    onnx_path = tmp_path / "digits.onnx"
+    torch.onnx.export(model, (torch.randn(1, 1, 16, 16),), str(onnx_path), input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, dynamo=False)
+    engine = tmp_path / "digits.engine"
+    try:
+        out = eb.build_engine(onnx_path, engine, plan_build(trt.__version__, "fp32"),
+                              [derive_profile("input", 1, (16, 16), [1, 8])], workspace_mib=1)
+    except eb.TrtBuildError as e:
+        assert "a workspace limit of 1 MiB may be too small" in str(e) and str(onnx_path) in str(e)
+        assert not engine.exists()
+    else:
+        assert engine.stat().st_size > 0 and out["precisions"]["compute_layers"] >= 1
+
+
+def test_deserialize_engine_refuses_a_missing_file_by_name(tmp_path):
+    """The part of the runner's load path that needs no TensorRT: a missing engine file is refused before import."""
+    from qdeploy.engines.tensorrt_engine import deserialize_engine
+    from qdeploy.errors import VariantUnavailable
+
+    with pytest.raises(VariantUnavailable, match=r"TensorRT engine .*gone\.engine does not exist; rebuild it from m\.onnx"):
+        deserialize_engine(tmp_path / "gone.engine", "m.onnx")
 
 
 def test_a_mostly_fp32_engine_is_degraded_and_shown_in_the_report():

@@ -78,6 +78,23 @@ def test_bad_profile_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+@pytest.mark.parametrize("workspace", [0, -256])
+def test_a_workspace_that_is_not_positive_is_refused_before_any_work(tmp_path, workspace):
+    """A workspace of 0 MiB would leave TensorRT no scratch memory (and `if workspace_mib:` would read it as "no
+    limit"): refused at config time, naming the variant and the key, before anything is exported or built."""
+    from qdeploy.errors import ConfigError
+
+    cfg = _config(tmp_path, "distill")
+    cfg.pop("qat")
+    cfg["variants"] = [{"engine": "onnxruntime", "precision": "fp32"},
+                       {"engine": "tensorrt", "precision": "fp16", "workspace_mib": workspace}]
+    with pytest.raises(ConfigError, match=rf"(?s)variants\[1\] \(engine tensorrt\).*workspace_mib: .*greater than 0 "
+                                          rf"\(got {workspace}\)"):
+        api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out" / "results.json").exists()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.onnx"))
+
+
 def test_qdeploy_build_writes_onnx_and_trtexec_lines(tmp_path, no_tensorrt, capsys):
     import yaml
 

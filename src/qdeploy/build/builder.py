@@ -180,10 +180,10 @@ class Builder:
 
     def _trt_engine(self, request: ArtifactRequest) -> Artifact:
         """A TensorRT engine for this GPU and TensorRT version (build_engine), cached with its sidecar; a cached engine
-        whose sidecar names another GPU or version is rebuilt from its ONNX (the portability guard)."""
-        from qdeploy.build.tensorrt import plan_build, portability_problem, read_sidecar, write_sidecar
+        that is missing, differs from the size and sha256 its sidecar recorded, or whose sidecar is missing or names
+        another GPU or version is rebuilt from its ONNX (engine_problem: the integrity and portability guard)."""
+        from qdeploy.build.tensorrt import engine_problem, plan_build, write_sidecar
         from qdeploy.build.tensorrt.engine_build import build_engine, precision_shortfall
-        from qdeploy.build.tensorrt.sidecar import EngineNotPortable
         from qdeploy.lint.tensorrt_confirm import tensorrt_version
 
         opts = json.loads(request.options or "{}")
@@ -204,11 +204,8 @@ class Builder:
         path = folder / f"{ArtifactKind.TRT_ENGINE.value}-{fingerprint[:20]}.engine"
         meta = path.with_suffix(".json")
         hit = False
-        if path.is_file() and meta.is_file():
-            try:
-                problem = portability_problem(read_sidecar(path), version, gpu, cc)
-            except EngineNotPortable as e:
-                problem = str(e)
+        if meta.is_file():  # built before: the engine file must be intact (size, sha256) and from this GPU and version
+            problem = engine_problem(path, version, gpu, cc)
             hit = problem is None
             log(f"build: cache hit {path}" if hit else f"build: cached engine {path} is not usable here ({problem}); rebuilding")
         if hit:

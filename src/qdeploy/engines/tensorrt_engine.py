@@ -8,6 +8,7 @@ tests/test_tensorrt_build.py). Nothing in this module has run against a real Ten
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Callable, Literal, Optional
 
 import numpy as np
@@ -136,6 +137,29 @@ def reproduction(variant: Variant, builder, name_of: Callable) -> tuple[list, di
                        "tensorrt": installed or "not installed: one command line per supported major version"}
 
 
+def deserialize_engine(path: Path, source_onnx: Optional[str], runtime=None):
+    """The ``ICudaEngine`` in ``path``, or VariantUnavailable naming the file and the ONNX to rebuild it from when the
+    file is missing or TensorRT cannot deserialize it (it returns None for a corrupt plan or one from another
+    TensorRT version). ``runtime``: a ``trt.Runtime`` the caller keeps alive with the engine; one is made if None."""
+    path = Path(path)
+    rebuild = f"rebuild it from {source_onnx or 'its source ONNX'} (qdeploy build)"
+    if not path.is_file():
+        raise VariantUnavailable(f"TensorRT engine {path} does not exist; {rebuild}")
+    import tensorrt as trt
+
+    if runtime is None:
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    try:
+        engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    except Exception as e:  # some bindings raise instead of returning None: the same refusal, not a crash
+        raise VariantUnavailable(f"TensorRT {tensorrt_version()} could not deserialize {path} ({type(e).__name__}: {e}); "
+                                 f"{rebuild}") from None
+    if engine is None:
+        raise VariantUnavailable(f"TensorRT {tensorrt_version()} could not deserialize {path} (corrupt, or built by "
+                                 f"another TensorRT version; its log above says which); {rebuild}")
+    return engine
+
+
 @register_engine
 class TensorRTEngine(Engine):
     name = "tensorrt"
@@ -192,12 +216,8 @@ class TensorRTEngine(Engine):
         import tensorrt as trt
 
         self.device = "cuda"
-        info = self.artifact.info
-        logger = trt.Logger(trt.Logger.WARNING)
-        self.engine = trt.Runtime(logger).deserialize_cuda_engine(self.artifact.path.read_bytes())
-        if self.engine is None:
-            raise VariantUnavailable(f"TensorRT could not deserialize {self.artifact.path} (corrupt, or built by another "
-                                     f"TensorRT version); rebuild it from {info.get('source_onnx')}")
+        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))  # kept as long as the engine
+        self.engine = deserialize_engine(self.artifact.path, self.artifact.info.get("source_onnx"), self.runtime)
         self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -253,4 +273,4 @@ class TensorRTEngine(Engine):
                 "layer_precisions": {k: v for k, v in (info.get("precisions") or {}).items() if k != "layers"}}
 
     def close(self) -> None:
-        self.graph = self.context = self.engine = None
+        self.graph = self.context = self.engine = self.runtime = None
