@@ -348,6 +348,19 @@ class OptimizeConfig(_Strict):
     methods: list[Literal["max", "entropy", "percentile", "mse", "mean-minmax"]] = Field(
         default_factory=lambda: ["mean-minmax", "max", "percentile", "mse", "entropy"],
         description="PTQ range methods tried (one statistics pass serves them all)")
+    fallback: bool = Field(True, description="when no PTQ candidate is within budget, keep the most harmful layers in float, "
+                                             "one at a time (sensitivity-ranked, NNCF-style refinement)")
+    subset_size: int = Field(300, gt=0, description="search-split samples the fallback ranks layers on: the ones the best "
+                                                    "PTQ model disagrees with FP32 on most (NNCF's default 300)")
+    refine_top: int = Field(8, ge=1, description="layers of the one-pass SQNR ranking refined by reverting each alone on "
+                                                 "the subset, per ranking")
+    sensitivity_images: int = Field(32, gt=0, description="images of the search split for the one-pass SQNR ranking")
+    max_float_fraction: float = Field(0.25, ge=0, le=1, description="share of compute (MACs) the fallback may leave in "
+                                                                    "float before it stops (then QAT, when allowed)")
+    qat: Literal["off", "distill", "supervised", "both"] = Field(
+        "off", description="QAT on the partially quantized model when fallback alone misses the budget or would leave "
+                           "more than max_float_fraction in float: the objective (the qat: section sets the rest); off: "
+                           "never train")
 
 
 class RunConfig(_Strict):

@@ -20,10 +20,10 @@ from qdeploy.data.datasets import (
     read_class_file,
     subset,
 )
-from qdeploy.data.loader import Batches, make_batches
+from qdeploy.data.loader import ArrayBatches, Batches, make_batches, take
 from qdeploy.data.transforms import load_image, load_label, normalize
 
 __all__ = [
-    "IMAGE_EXTENSIONS", "Batches", "ImageFolderDataset", "SegNetDataset", "SubsetDataset", "build_dataset",
-    "load_image", "load_label", "make_batches", "normalize", "read_class_file", "subset",
+    "IMAGE_EXTENSIONS", "ArrayBatches", "Batches", "ImageFolderDataset", "SegNetDataset", "SubsetDataset", "build_dataset",
+    "load_image", "load_label", "make_batches", "normalize", "read_class_file", "subset", "take",
 ]

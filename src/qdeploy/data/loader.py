@@ -187,3 +187,42 @@ def make_batches(spec: DatasetSpec, preprocess: Preprocess, task: Task, batch_si
     return Batches(dataset, task=task, preprocess=preprocess, batch_size=batch_size or spec.batch_size,
                    workers=spec.workers if spec.workers is not None else default_workers(), desc=desc,
                    cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress, on_error=spec.on_error)
+
+
+class ArrayBatches:
+    """Batches over images and labels already in memory (a subset picked by index): the same interface as
+    :class:`Batches` for evaluation (iteration, ``num_samples``, ``class_names``, ``first``)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, class_names=None, num_classes=None):
+        self.images, self.labels, self.batch_size = images, labels, max(1, int(batch_size))
+        self.num_samples = len(images)
+        self.class_names, self.num_classes = class_names, num_classes
+        self.cached = True
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for start in range(0, self.num_samples, self.batch_size):
+            yield self.images[start:start + self.batch_size], self.labels[start:start + self.batch_size]
+
+    def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.images[:n], self.labels[:n]
+
+
+def take(batches, indices) -> tuple[np.ndarray, np.ndarray]:
+    """The samples at ``indices`` (positions in iteration order) of re-iterable batches, in the order given."""
+    indices = np.asarray(indices, dtype=np.int64)
+    wanted = {int(i): k for k, i in enumerate(indices)}
+    images, labels = [None] * len(indices), [None] * len(indices)
+    pos = 0
+    for x, y in batches:
+        for j in range(len(x)):
+            k = wanted.get(pos + j)
+            if k is not None:
+                images[k], labels[k] = x[j], y[j]
+        pos += len(x)
+    missing = [int(indices[k]) for k, im in enumerate(images) if im is None]
+    if missing:
+        raise IndexError(f"samples {missing[:5]} are beyond the {pos} samples of the split")
+    return np.stack(images), np.stack(labels)

@@ -1,0 +1,182 @@
+"""Per-layer quantization sensitivity of a Q/DQ ONNX in one pass: each compute layer's output SQNR, quantized vs float.
+
+Why this proxy: the fallback needs an order in which to try keeping layers in float, and it must be cheap (one pass over
+a few dozen images) and work for any model and quantizer, PyTorch or ONNX. For every compute op (Conv, ConvTranspose,
+Gemm, MatMul) whose inputs go through QuantizeLinear/DequantizeLinear, a twin op is added that reads the *float*
+tensors in front of those Q/DQ pairs; both outputs are compared on the same images. The SQNR is *local*: the layer's
+own input and weight quantization error, given what reaches it. A low SQNR marks a layer whose INT8 ranges fit its
+data badly (outlier channels, wide activations). It says nothing about how much the network downstream amplifies that
+error, which is why the fallback refines the top of this ranking by reverting each layer alone and measuring (NNCF's
+way), and uses the SQNR only to choose which layers are worth that cost.
+
+Weights stored as int8 initializers (ONNX Runtime's QDQ format) have no float twin in the graph; their layers are
+measured with the dequantized weights, i.e. activation error only, and flagged ``weights_float: false``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from qdeploy.utils.onnx_graph import OnnxGraph
+from qdeploy.utils.ort_options import exact_qdq
+
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_SUFFIX = "__qdeploy_float"
+
+
+def _float_source(g: OnnxGraph, tensor: str) -> tuple[str, bool, bool]:
+    """(the float tensor in front of a DQ(Q(x)) pair, whether there was such a pair, whether that Q clamps at zero).
+    A DQ of a constant (int8 weights) has no float source: the tensor itself is returned, with False."""
+    dq = g.producer.get(tensor)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return tensor, False, False
+    q = g.producer.get(dq.input[0])
+    if q is None or q.op_type != "QuantizeLinear":
+        return tensor, False, False
+    return q.input[0], True, _clamps_at_zero(g, q)
+
+
+def _clamps_at_zero(g: OnnxGraph, q: onnx.NodeProto) -> bool:
+    """A Q whose zero point is its type's minimum represents nothing below 0. ONNX Runtime's QDQ quantizer relies on
+    that to delete a Relu in front of it (the Q does the clamp), so the float tensor before such a Q is the
+    *pre*-Relu value: the float twin must clamp it too, or the SQNR counts the Relu's work as quantization error."""
+    zp = g.constant_value(q.input[2]) if len(q.input) > 2 and q.input[2] else None
+    if zp is None:
+        return not (len(q.input) > 2 and q.input[2])  # no zero point at all: uint8 with zero point 0 (ONNX's default)
+    lowest = np.iinfo(zp.dtype).min if np.issubdtype(zp.dtype, np.integer) else None
+    return lowest is not None and bool(np.all(zp == lowest))
+
+
+def _weight_shape(g: OnnxGraph, tensor: str) -> Optional[tuple]:
+    for _ in range(3):  # through DQ and Q to the initializer
+        value = g.constant_value(tensor)
+        if value is not None:
+            return tuple(value.shape)
+        node = g.producer.get(tensor)
+        if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear", "Transpose", "Cast", "Identity"):
+            return None
+        tensor = node.input[0]
+    return None
+
+
+def compute_layers(g: OnnxGraph) -> list[onnx.NodeProto]:
+    """The compute ops in graph order (ONNX keeps nodes topologically sorted)."""
+    return [n for n in g.nodes if n.op_type in COMPUTE_OPS]
+
+
+def layer_names_map(fp32_onnx: Path, qdq_onnx: Path) -> Optional[dict[str, str]]:
+    """{compute-op name in the Q/DQ ONNX: its name in the FP32 ONNX}, or None when they cannot be paired.
+
+    ``exclude`` regexes are matched against the FP32 ONNX's node names (the namespace every quantizer maps from), but a
+    Q/DQ ONNX exported from a traced, quantized PyTorch model names its nodes its own way (``/model/conv1_1/Conv`` for
+    ``layer1.0.conv1``). Same names where they exist; otherwise the two lists of compute ops are paired in graph order,
+    and only when their op types and weight shapes agree one by one, so a wrong pairing cannot pass silently.
+    """
+    gf, gq = OnnxGraph.load(fp32_onnx), OnnxGraph.load(qdq_onnx)
+    lf, lq = compute_layers(gf), compute_layers(gq)
+    names_f = {n.name for n in lf}
+    if all(n.name in names_f for n in lq):
+        return {n.name: n.name for n in lq}
+    if len(lf) != len(lq):
+        return None
+    for a, b in zip(lf, lq):
+        if a.op_type != b.op_type or (len(a.input) > 1 and _weight_shape(gf, a.input[1]) != _weight_shape(gq, b.input[1])):
+            return None
+    return {b.name: a.name for a, b in zip(lf, lq)}
+
+
+def _with_float_twins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dict]]:
+    g = OnnxGraph(model)
+    twins, outputs, layers = [], [], []
+    for n in compute_layers(g):
+        inputs, quantized = list(n.input), []
+        pending = []
+        for i in range(min(2, len(inputs))):
+            src, was_q, clamps = _float_source(g, inputs[i])
+            if clamps and i == 0:
+                relu = helper.make_node("Relu", [src], [src + _SUFFIX + "_relu"], name=(n.name or n.output[0]) + _SUFFIX + "_relu")
+                pending.append(relu)
+                src = relu.output[0]
+            inputs[i] = src
+            quantized.append(was_q)
+        w_dq = len(n.input) > 1 and g.producer.get(n.input[1]) is not None and g.producer[n.input[1]].op_type == "DequantizeLinear"
+        is_quantized = quantized[0] or (len(quantized) > 1 and quantized[1]) or w_dq
+        weight = _weight_shape(g, n.input[1]) if len(n.input) > 1 else None
+        layer = {"name": n.name or n.output[0], "op": n.op_type, "output": n.output[0], "quantized": bool(is_quantized),
+                 "input_quantized": quantized[0], "weights_float": len(quantized) > 1 and quantized[1],
+                 "weight_elements": int(np.prod(weight)) if weight else None}
+        outputs.append(n.output[0])
+        if is_quantized:
+            twin = helper.make_node(n.op_type, inputs, [n.output[0] + _SUFFIX], name=(n.name or n.output[0]) + _SUFFIX,
+                                    domain=n.domain)
+            twin.attribute.extend(n.attribute)
+            twins += pending + [twin]
+            outputs.append(twin.output[0])
+        layers.append(layer)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.node.extend(twins)
+    existing = {o.name for o in m.graph.output}
+    for name in outputs:
+        if name not in existing:
+            m.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return m, layers
+
+
+def _macs(layer: dict, out_shape: tuple) -> Optional[int]:
+    """Multiply-accumulates per sample: output elements x (weight elements / output channels). Conv: Cout is dim 1 of
+    the output; Gemm/MatMul: the last dim."""
+    if not layer["weight_elements"] or len(out_shape) < 2:
+        return None
+    per_sample = int(np.prod(out_shape[1:]))
+    channels = out_shape[1] if layer["op"] in ("Conv", "ConvTranspose") else out_shape[-1]
+    return int(per_sample * layer["weight_elements"] // max(1, channels))
+
+
+def layer_sensitivity(qdq_onnx: Path, images: np.ndarray, batch_size: int = 8, threads: Optional[int] = None) -> list[dict]:
+    """One pass of ``images`` (normalized NCHW float32) through the Q/DQ model with float twins: per compute layer
+    {name, op, quantized, macs, sqnr_db (None when the layer is not quantized), input_quantized, weights_float}, the
+    quantized layers lowest SQNR (most damaged) first, then the float ones."""
+    model, layers = _with_float_twins(onnx.load(str(qdq_onnx)))
+    if not layers:
+        return []
+    opts = exact_qdq(ort.SessionOptions())
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # measure the graph as written
+    if threads:
+        opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    input_name = sess.get_inputs()[0].name
+    wanted = [x for layer in layers for x in ([layer["output"], layer["output"] + _SUFFIX] if layer["quantized"] else [layer["output"]])]
+    index = {name: i for i, name in enumerate(wanted)}
+    signal = np.zeros(len(layers))
+    noise = np.zeros(len(layers))
+    shapes: dict[int, tuple] = {}
+    for start in range(0, len(images), batch_size):
+        outs = sess.run(wanted, {input_name: np.ascontiguousarray(images[start:start + batch_size], dtype=np.float32)})
+        for i, layer in enumerate(layers):
+            q = outs[index[layer["output"]]]
+            shapes.setdefault(i, tuple(q.shape))
+            if layer["quantized"]:
+                f = outs[index[layer["output"] + _SUFFIX]].astype(np.float64)
+                q = q.astype(np.float64)
+                signal[i] += float(np.sum(f * f))
+                noise[i] += float(np.sum((f - q) ** 2))
+    out = []
+    for i, layer in enumerate(layers):
+        sqnr = None
+        if layer["quantized"]:
+            s_, e_ = signal[i], noise[i]
+            sqnr = math.inf if e_ <= 0 else (10.0 * math.log10(s_ / e_) if s_ > 0 else -math.inf)
+            sqnr = round(sqnr, 3) if math.isfinite(sqnr) else sqnr
+        out.append({k: v for k, v in layer.items() if k not in ("output", "weight_elements")}
+                   | {"macs": _macs(layer, shapes.get(i, ())), "sqnr_db": sqnr})
+    return sorted(out, key=lambda d: (not d["quantized"], d["sqnr_db"] if d["sqnr_db"] is not None else 0.0))
+
+
+__all__ = ["COMPUTE_OPS", "compute_layers", "layer_names_map", "layer_sensitivity"]
