@@ -103,7 +103,7 @@ def run_fallback(start: dict, hooks: FallbackHooks, *, refine_top: int, max_floa
         worse = _moved_away(trial, current)
         agree = trial.get("agreement")
         hooks.log(f"fallback: {name} in float -> {trial.get('budget')}"
-                  + (f", agreement {100 * agree:.2f} %" if agree is not None else "")
+                  + (f", agreement {100 * agree:.2f} %" if agree is not None and "agreement" not in str(trial.get("budget")) else "")
                   + ("; further from FP32 than without it: undone, re-ranking" if worse else ""))
         if worse:
             rejected.add(name)

@@ -28,6 +28,7 @@ from qdeploy.utils.ort_options import exact_qdq
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _SUFFIX = "__qdeploy_float"
+SQNR_LIMIT = 200.0  # dB: beyond float32's own resolution
 
 
 def _float_source(g: OnnxGraph, tensor: str) -> tuple[str, bool, bool]:
@@ -172,8 +173,9 @@ def layer_sensitivity(qdq_onnx: Path, images: np.ndarray, batch_size: int = 8, t
         sqnr = None
         if layer["quantized"]:
             s_, e_ = signal[i], noise[i]
-            sqnr = math.inf if e_ <= 0 else (10.0 * math.log10(s_ / e_) if s_ > 0 else -math.inf)
-            sqnr = round(sqnr, 3) if math.isfinite(sqnr) else sqnr
+            # clamped to +-SQNR_LIMIT: no error at all (or no signal) stays a number that JSON and sorting can take
+            sqnr = SQNR_LIMIT if e_ <= 0 else (10.0 * math.log10(s_ / e_) if s_ > 0 else -SQNR_LIMIT)
+            sqnr = round(max(-SQNR_LIMIT, min(SQNR_LIMIT, sqnr)), 3)
         out.append({k: v for k, v in layer.items() if k not in ("output", "weight_elements")}
                    | {"macs": _macs(layer, shapes.get(i, ())), "sqnr_db": sqnr})
     return sorted(out, key=lambda d: (not d["quantized"], d["sqnr_db"] if d["sqnr_db"] is not None else 0.0))
