@@ -286,3 +286,68 @@ def test_sqnr_ranks_the_outlier_layer_first_and_layer_names_pair_with_the_fp32_o
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3])])
     onnx.save(helper.make_model(g), other)
     assert layer_names_map(other, qdq) is None
+
+
+# ---------------------------------------------------------------------------- without labels
+
+def _flatten(src, dst):
+    """The same images with no class folders (any layout): what a user without labels has."""
+    import shutil
+
+    (dst / "nested").mkdir(parents=True, exist_ok=True)
+    for i, p in enumerate(sorted(src.rglob("*.png"))):
+        shutil.copy(p, (dst / "nested" if i % 2 else dst) / f"{i}.png")
+
+
+def test_a_max_drop_budget_without_labels_is_refused_naming_min_agreement(tmp_path):
+    cfg = _fragile_config(tmp_path, budget={"max_drop": 0.3})
+    _flatten(tmp_path / "colour-eval", tmp_path / "flat")
+    cfg["data"]["eval"] = {"root": str(tmp_path / "flat"), "labels": False, "batch_size": 4, "workers": 0}
+    with pytest.raises(ConfigError, match="use optimize.budget.min_agreement"):
+        api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out").exists()
+
+
+def test_min_agreement_without_labels_runs_the_whole_search(tmp_path):
+    cfg = _fragile_config(tmp_path, max_float_fraction=1.0)
+    _flatten(tmp_path / "colour-eval", tmp_path / "flat")
+    cfg["data"]["eval"] = {"root": str(tmp_path / "flat"), "labels": False, "batch_size": 4, "workers": 0}
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert s["splits"]["search"] + s["splits"]["confirm"] == 24
+    assert s["chosen"]["search_metric"] is None and s["chosen"]["confirm_metric"] is None  # no labels: no top-1
+    assert s["budget_met"] is True and s["chosen"]["float_layers"] == ["/model/conv2/Conv"]
+
+
+def test_unlabelled_images_count_for_agreement_and_never_for_accuracy(tmp_path):
+    import numpy as np
+
+    from qdeploy.config import DatasetSpec, Preprocess
+    from qdeploy.data import build_dataset
+    from qdeploy.errors import DataError
+    from qdeploy.evaluate.metrics import ClassificationMetrics
+
+    _colour_folder(tmp_path / "labelled", 2, 0)
+    _flatten(tmp_path / "labelled", tmp_path / "flat")
+    pre = Preprocess(input_size=[16, 16])
+    ds = build_dataset(DatasetSpec(root=str(tmp_path / "flat"), labels=False), pre, "classification")
+    assert len(ds) == 6 and ds[0][1] == -1 and ds.num_classes is None      # nested folders included
+    seg = build_dataset(DatasetSpec(root=str(tmp_path / "flat"), labels=False, ignore_index=7), pre, "segmentation")
+    image, mask = seg[0]
+    assert mask.shape == image.shape[1:] and (mask == 7).all()
+    import shutil
+
+    shutil.rmtree(tmp_path / "flat" / "nested")  # only loose images left: no class folder at all
+    with pytest.raises(DataError, match="set labels: false"):
+        build_dataset(DatasetSpec(root=str(tmp_path / "flat")), pre, "classification")
+    m = ClassificationMetrics()
+    m.update(np.eye(3, dtype=np.float32), np.array([-1, -1, -1]))
+    assert m.result()["top1"] is None and m.result()["samples"] == 3 and len(m.predictions) == 3
+
+
+def test_supervised_qat_on_unlabelled_images_is_refused():
+    from qdeploy.config import parse_config
+
+    cfg = parse_config({"model": {"source": "x.py:f", "preprocess": {"input_size": [8, 8]}}, "data": {"eval": {"root": "e"}, "train": {"root": "t", "labels": False}},
+                        "qat": {"objective": "supervised"}})
+    with pytest.raises(ConfigError, match="labels: false; use qat.objective: distill"):
+        cfg.qat_training_data()

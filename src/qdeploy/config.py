@@ -86,6 +86,9 @@ class ModelSpec(_Strict):
 class DatasetSpec(_Strict):
     format: Literal["imagefolder", "segnet"] = "imagefolder"
     root: str
+    labels: bool = Field(True, description="false: images without labels (every image under root, any layout, for either "
+                                           "task): only agreement with a reference can be measured (optimize: "
+                                           "budget.min_agreement); calibration and QAT distill need no labels either")
     classes: Optional[str] = Field(None, description="class-list file: one class per line in index order, first word = folder name")
     class_names: Optional[list[str]] = Field(None, description="names in label-index order (alternative to a classes file)")
     split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/)")
@@ -385,6 +388,9 @@ class RunConfig(_Strict):
             if spec is None:
                 raise ConfigError(f"qat.objective {q.objective} trains on labels: add data.train (labelled images) or qat.data; "
                                   "with unlabelled images only, use qat.objective: distill")
+            if not spec.labels:
+                raise ConfigError(f"qat.objective {q.objective} trains on labels but {spec.root} has labels: false; "
+                                  "use qat.objective: distill")
             return spec
         spec = q.data or self.data.calibration or self.data.train
         if spec is None:

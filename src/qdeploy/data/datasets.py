@@ -100,7 +100,9 @@ class ImageFolderDataset(Dataset):
             files = sorted(p for p in (self.root / name).rglob("*") if _is_image(p))
             self.samples.extend((str(p), index[name]) for p in files)
         if not self.samples:
-            raise DataError(f"no images found under {self.root} (expected {self.root}/<class>/<image>)")
+            loose = any(_is_image(p) for p in self.root.iterdir())
+            hint = " (the images there have no class folders: for images without labels set labels: false)" if loose else ""
+            raise DataError(f"no images found under {self.root} (expected {self.root}/<class>/<image>){hint}")
         self.num_classes = len(self.class_names)
 
     def __len__(self) -> int:
@@ -148,6 +150,33 @@ class SegNetDataset(Dataset):
         image = image_to_array(img, self.preprocess, image_path)
         label = load_label(label_path, size_hw, self.preprocess, image_path=image_path, fill=self.ignore_index)
         return image, label
+
+
+UNLABELLED = -1  # the classification label of an image without one; segmentation gets a mask of ignore_index
+
+
+class UnlabelledImages(Dataset):
+    """Every image under ``root`` (recursively, sorted), without labels: for agreement-only evaluation, calibration
+    and distillation. Labels are UNLABELLED (classification) or all ``ignore_index`` (segmentation), which every
+    metric leaves out, so a task metric over these images is None rather than a silently wrong number."""
+
+    def __init__(self, root: PathLike, preprocess: Preprocess, task: Task, ignore_index: int = 255):
+        self.root = _existing_dir(root, "dataset folder")
+        self.preprocess, self.task, self.ignore_index = preprocess, task, ignore_index
+        self.samples = [(str(p), UNLABELLED) for p in sorted(self.root.rglob("*")) if _is_image(p)
+                        and not any(part.startswith(".") for part in p.relative_to(self.root).parts)]
+        if not self.samples:
+            raise DataError(f"no images found under {self.root}")
+        self.class_names, self.num_classes = None, None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        image = load_image(self.samples[i][0], self.preprocess)
+        if self.task == "segmentation":
+            return image, np.full(image.shape[1:], self.ignore_index, dtype=np.int64)
+        return image, UNLABELLED
 
 
 class SubsetDataset(Dataset):
@@ -198,6 +227,8 @@ _FORMAT_TASK = {"imagefolder": "classification", "segnet": "segmentation"}
 
 def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     """The dataset ``spec`` describes, checked against the model's task, subset to ``spec.count``."""
+    if not spec.labels:
+        return subset(UnlabelledImages(spec.root, preprocess, task, spec.ignore_index), spec.count, spec.seed, spec.complement)
     needed = _FORMAT_TASK.get(spec.format)
     if needed is None:
         raise DataError(f"unknown dataset format '{spec.format}' for {spec.root} (expected one of {sorted(_FORMAT_TASK)})")

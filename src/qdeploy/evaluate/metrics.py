@@ -12,7 +12,8 @@ class ClassificationMetrics:
     def __init__(self, topk: Sequence[int] = (1, 5)):
         self.topk = tuple(topk)
         self.correct = {k: 0 for k in self.topk}
-        self.count = 0
+        self.count = 0      # labelled samples
+        self.samples = 0    # all samples
         self._preds: list[np.ndarray] = []
 
     def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
@@ -23,10 +24,12 @@ class ClassificationMetrics:
         top = np.argpartition(-logits, k_max - 1, axis=1)[:, :k_max]
         order = np.argsort(-np.take_along_axis(logits, top, 1), axis=1, kind="stable")
         top = np.take_along_axis(top, order, 1)
-        hits = top == labels[:, None]
+        labelled = labels >= 0  # images without a label (data labels: false) count for agreement, not accuracy
+        hits = (top == labels[:, None]) & labelled[:, None]
         for k in self.topk:
             self.correct[k] += int(hits[:, :k].any(axis=1).sum())
-        self.count += len(labels)
+        self.count += int(labelled.sum())
+        self.samples += len(labels)
         self._preds.append(top[:, 0].astype(np.int32))
 
     @property
@@ -35,7 +38,9 @@ class ClassificationMetrics:
 
     def result(self) -> dict:
         out = {f"top{k}": (self.correct[k] / self.count if self.count else None) for k in self.topk}
-        out["samples"] = self.count
+        out["samples"] = self.samples
+        if self.count != self.samples:
+            out["labelled_samples"] = self.count
         return out
 
 

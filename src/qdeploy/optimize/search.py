@@ -124,6 +124,10 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     if o.target == "torch-cuda" and not torch.cuda.is_available():
         raise ConfigError("optimize.target torch-cuda: no CUDA GPU is visible to PyTorch")
     ev = cfg.data.eval
+    if not ev.labels and o.budget.min_agreement is None:
+        kind = "max_drop" if o.budget.max_drop is not None else "relative"
+        raise ConfigError(f"optimize.budget.{kind} compares the task metric, which needs labels, but data.eval has labels: "
+                          "false; without labels use optimize.budget.min_agreement (the share of FP32's predictions kept)")
     if ev.count is not None or ev.complement:
         raise ConfigError("optimize splits data.eval into search and confirm itself: remove count/complement from data.eval")
     trt = tensorrt_version() is not None and torch.cuda.is_available()

@@ -179,6 +179,10 @@ def _nothing_qualifies(results: Mapping, metric: str, ref_value: float | None, t
     if results.get("reference") is None:
         return f"there is no reference variant to compare {metric} with (was the eval stage run?)."
     if ref_value is None:
+        samples = ((results.get("variants") or [{}])[0].get("metrics") or {})
+        if samples.get("labelled_samples") == 0:
+            return (f"data.eval has no labels (labels: false), so there is no {metric}: compare the variants by their "
+                    "agreement with the reference, or use qdeploy optimize with budget.min_agreement.")
         return f"the reference {results['reference']} has no {metric} (was the eval stage run?)."
     if not accurate:
         return (f"no variant that ran ok, with its deployment engine's speed, is within {tolerance:g} points "
