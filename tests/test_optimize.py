@@ -65,6 +65,7 @@ def _opt_config(tmp_path, **optimize):
 
 def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     s = api.optimize(_opt_config(tmp_path, budget={"max_drop": 100.0}), tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert s["splits"] == {"search": 12, "confirm": 12, "seed": 0}
     on_disk = json.loads((tmp_path / "out" / "optimize.json").read_text())
     c = on_disk["chosen"]
     assert set(c) >= {"variant", "artifact", "search_metric", "confirm_metric", "reference_confirm_metric",
@@ -104,8 +105,8 @@ def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_p
 
 def test_bad_optimize_inputs_are_refused_before_work(tmp_path):
     cfg = _opt_config(tmp_path, budget={"max_drop": 1.0})
-    cfg["data"]["eval"]["count"] = 10
-    with pytest.raises(ConfigError, match="remove count/complement from data.eval"):
+    cfg["data"]["eval"]["subsplit"] = {"count": 10}
+    with pytest.raises(ConfigError, match="remove subsplit from data.eval"):
         api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     cfg = _opt_config(tmp_path, budget={"max_drop": 1.0}, time_limit=0.001)
     with pytest.raises(ConfigError, match="shorter than one evaluation"):
@@ -351,3 +352,12 @@ def test_supervised_qat_on_unlabelled_images_is_refused():
                         "qat": {"objective": "supervised"}})
     with pytest.raises(ConfigError, match="labels: false; use qat.objective: distill"):
         cfg.qat_training_data()
+
+
+def test_eval_count_complement_is_kept_and_optimize_splits_within_it(tmp_path):
+    """Calibration images drawn from the eval folder stay out: optimize splits what data.eval's count/complement left."""
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0})
+    cfg["data"]["calibration"] = {**cfg["data"]["eval"], "count": 8, "seed": 3}
+    cfg["data"]["eval"] = {**cfg["data"]["eval"], "count": 8, "seed": 3, "complement": True}
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert s["splits"] == {"search": 8, "confirm": 8, "seed": 0}

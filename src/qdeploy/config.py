@@ -83,6 +83,14 @@ class ModelSpec(_Strict):
     preprocess: Preprocess
 
 
+class Subsplit(_Strict):
+    """A second seeded split, of the samples that count/complement already selected."""
+
+    count: int = Field(gt=0)
+    seed: int = 0
+    complement: bool = False
+
+
 class DatasetSpec(_Strict):
     format: Literal["imagefolder", "segnet"] = "imagefolder"
     root: str
@@ -96,6 +104,9 @@ class DatasetSpec(_Strict):
     count: Optional[int] = Field(None, gt=0, description="seeded random subset of this many samples")
     seed: int = 0
     complement: bool = Field(False, description="take every sample except the seeded `count` subset (disjoint eval/calibration splits of one folder)")
+    subsplit: Optional[Subsplit] = Field(None, description="{count, seed, complement} applied to the samples count/complement "
+                                                           "selected (qdeploy optimize splits data.eval into search and "
+                                                           "confirm this way)")
     batch_size: int = Field(32, gt=0)
     on_error: Literal["error", "skip"] = Field("error", description="an unreadable image: stop with its name (error) or leave it out and list it (skip)")
     workers: Optional[int] = Field(None, ge=0, description="decoding worker processes (default: min(4, CPUs))")

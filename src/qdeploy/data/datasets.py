@@ -227,6 +227,13 @@ _FORMAT_TASK = {"imagefolder": "classification", "segnet": "segmentation"}
 
 def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     """The dataset ``spec`` describes, checked against the model's task, subset to ``spec.count``."""
+    ds = _selected(spec, preprocess, task)
+    if spec.subsplit is not None:
+        ds = subset(ds, spec.subsplit.count, spec.subsplit.seed, spec.subsplit.complement)
+    return ds
+
+
+def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     if not spec.labels:
         return subset(UnlabelledImages(spec.root, preprocess, task, spec.ignore_index), spec.count, spec.seed, spec.complement)
     needed = _FORMAT_TASK.get(spec.format)

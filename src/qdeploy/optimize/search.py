@@ -1,7 +1,8 @@
 """``qdeploy optimize``: the fastest artifact within an accuracy budget, chosen on a search split and confirmed once on
 a split the search never saw.
 
-Protocol: data.eval is split, seeded, into a search split (``search_fraction``) and its complement, the confirm split.
+Protocol: data.eval (after its own count/complement, which keep calibration images out) is split, seeded, into a search
+split (``search_fraction``) and its complement, the confirm split.
 Every decision uses only the search split; the chosen artifact and the FP32 reference are evaluated once on the
 confirm split, and a confirm result outside the budget is reported as such (exit code 3 from the CLI).
 
@@ -128,8 +129,9 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
         kind = "max_drop" if o.budget.max_drop is not None else "relative"
         raise ConfigError(f"optimize.budget.{kind} compares the task metric, which needs labels, but data.eval has labels: "
                           "false; without labels use optimize.budget.min_agreement (the share of FP32's predictions kept)")
-    if ev.count is not None or ev.complement:
-        raise ConfigError("optimize splits data.eval into search and confirm itself: remove count/complement from data.eval")
+    if ev.subsplit is not None:
+        raise ConfigError("optimize splits data.eval into search and confirm itself (data.eval.subsplit): remove subsplit "
+                          "from data.eval (count/complement, to keep calibration images out, stay as they are)")
     trt = tensorrt_version() is not None and torch.cuda.is_available()
     bs = o.batch_size or max(cfg.bench.batch_sizes)
     listing = make_batches(ev, cfg.model.preprocess, task, progress=False)
@@ -146,7 +148,8 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     base = cfg.model_dump(mode="json", exclude_none=True)
     base.pop("optimize", None)
     base["bench"] = {**base.get("bench", {}), "batch_sizes": [bs], "enabled": measured}
-    search_cfg = dict(base, variants=specs, data={**base["data"], "eval": {**base["data"]["eval"], "count": n_search, "seed": o.seed}})
+    search_cfg = dict(base, variants=specs, data={**base["data"], "eval": {**base["data"]["eval"],
+                                                                           "subsplit": {"count": n_search, "seed": o.seed}}})
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     store = _Store(cache_root / "optimize" / sha256_json({"search": search_cfg, "optimize": o.model_dump(
         mode="json", include={"target", "seed", "search_fraction", "subset_size", "sensitivity_images"}),
@@ -270,7 +273,8 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
         # ---- confirm: the reference and the chosen candidate, once, on the complement
         confirm_specs = [specs[0]] + ([spec_of[chosen["variant"]]] if chosen and chosen["variant"] != specs[0]["name"] else [])
         confirm_cfg = dict(base, variants=confirm_specs, bench={**base["bench"], "enabled": False},
-                           data={**base["data"], "eval": {**base["data"]["eval"], "count": n_search, "seed": o.seed, "complement": True}})
+                           data={**base["data"], "eval": {**base["data"]["eval"],
+                                                          "subsplit": {"count": n_search, "seed": o.seed, "complement": True}}})
         cctx = open_run(parse_config(confirm_cfg), out_dir, stages=("eval",), cache_dir=cache_dir)
         try:
             crecords = [run_variant(cctx, v) for v in cctx.variants]
