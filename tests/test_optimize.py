@@ -24,6 +24,29 @@ def test_budget_check_in_points_relative_and_agreement():
     assert not v.within and "use budget.min_agreement" in v.why
 
 
+def test_decisions_on_the_confidence_bound_of_a_paired_drop():
+    import numpy as np
+
+    from qdeploy.optimize.decide import agreement_se, paired_drop_se, z_of
+
+    ref = np.ones(1000, bool)
+    cand = ref.copy()
+    cand[:20] = False                      # 20 of 1,000 flipped to wrong: drop 2 points
+    se = paired_drop_se(ref, cand)
+    assert abs(se - 100 * np.std(np.r_[np.ones(20), np.zeros(980)], ddof=1) / np.sqrt(1000)) < 1e-12
+    assert paired_drop_se(ref, ref) == 0.0  # identical predictions: no uncertainty about the drop at all
+    z = z_of(0.9)
+    assert abs(z - 1.2816) < 1e-3 and z_of(0.5) == 0.0
+    # 0.10-point drop with a 0.20-point standard error: inside on the point estimate, outside on the 90 % bound
+    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None).within
+    v = budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.2, z=z)
+    assert not v.within and "upper bound 0.36" in v.why
+    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.1, z=z).within
+    a = agreement_se(np.r_[np.ones(985), np.zeros(15)])
+    assert not budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.985, se=a, z=z).within
+    assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.985, se=a, z=0.0).within
+
+
 def test_exactly_one_budget_kind():
     with pytest.raises(ValueError, match="exactly one of max_drop, relative, min_agreement"):
         BudgetSpec(max_drop=0.3, min_agreement=0.98)

@@ -362,6 +362,9 @@ class OptimizeConfig(_Strict):
     methods: list[Literal["max", "entropy", "percentile", "mse", "mean-minmax"]] = Field(
         default_factory=lambda: ["mean-minmax", "max", "percentile", "mse", "entropy"],
         description="PTQ range methods tried (one statistics pass serves them all)")
+    confidence: float = Field(0.9, ge=0.5, lt=1, description="decide on the one-sided bound of this confidence (drop + z*SE, "
+                                                              "agreement - z*SE, paired over the search split's samples); 0.5: "
+                                                              "the point estimate. mIoU has no per-sample SE: point estimate")
     fallback: bool = Field(True, description="when no PTQ candidate is within budget, keep the most harmful layers in float, "
                                              "one at a time (sensitivity-ranked, NNCF-style refinement)")
     subset_size: int = Field(300, gt=0, description="search-split samples the fallback ranks layers on: the ones the best "

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Optional
+
+import numpy as np
 
 from qdeploy.config import BudgetSpec
 
@@ -19,19 +22,48 @@ class Verdict:
     why: str
 
 
-def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optional[float], agreement: Optional[float]) -> Verdict:
-    """Is a candidate within ``budget`` of the FP32 reference? Metrics are fractions (0.9173), drops in points."""
+def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optional[float], agreement: Optional[float],
+                 se: Optional[float] = None, z: float = 0.0) -> Verdict:
+    """Is a candidate within ``budget`` of the FP32 reference? Metrics are fractions (0.9173), drops in points.
+
+    ``se`` (points for a drop, a fraction for agreement) and ``z``: decide on the one-sided confidence bound
+    (drop + z*se, agreement - z*se) instead of the point estimate, so that a candidate at the edge of the budget on the
+    search split is not taken for one that is inside it (on held-out images it lands on either side)."""
+    k = z * se if se is not None and z > 0 else 0.0
     if budget.min_agreement is not None:
         if agreement is None:
             return Verdict(False, -1.0, "no agreement with FP32 measured")
-        margin = agreement - budget.min_agreement
-        return Verdict(margin >= -1e-12, margin, f"agreement {100 * agreement:.2f} % vs minimum {100 * budget.min_agreement:.2f} %")
+        margin = agreement - k - budget.min_agreement
+        bound = f" (lower bound {100 * (agreement - k):.2f} %)" if k else ""
+        return Verdict(margin >= -1e-12, margin,
+                       f"agreement {100 * agreement:.2f} %{bound} vs minimum {100 * budget.min_agreement:.2f} %")
     if reference is None or metric is None:
         return Verdict(False, -1.0, "no task metric (labels) measured; use budget.min_agreement without labels")
     drop_points = 100.0 * (reference - metric)
     allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
-    margin = allowed - drop_points
-    return Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points vs allowed {allowed:.2f}")
+    margin = allowed - drop_points - k
+    bound = f" (upper bound {drop_points + k:.2f})" if k else ""
+    return Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points{bound} vs allowed {allowed:.2f}")
+
+
+def paired_drop_se(reference_correct: np.ndarray, candidate_correct: np.ndarray) -> float:
+    """Standard error (points) of the accuracy drop between two models on the *same* samples: only the samples on which
+    they differ carry variance (McNemar), so it is far below the binomial error of either accuracy."""
+    d = reference_correct.astype(np.float64) - candidate_correct.astype(np.float64)
+    n = len(d)
+    return 100.0 * float(np.std(d, ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+
+
+def agreement_se(per_sample: np.ndarray) -> float:
+    """Standard error of the mean agreement over samples (per image for segmentation: pixels of one image are not
+    independent draws, images are)."""
+    n = len(per_sample)
+    return float(np.std(per_sample.astype(np.float64), ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+
+
+def z_of(confidence: float) -> float:
+    """One-sided normal quantile; confidence 0.5 gives 0 (decide on the point estimate)."""
+    return max(0.0, NormalDist().inv_cdf(confidence))
 
 
 def metric_standard_error(metric: float, n: int) -> float:

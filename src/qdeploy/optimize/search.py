@@ -39,7 +39,8 @@ from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.lint.tensorrt_confirm import tensorrt_version
-from qdeploy.optimize.decide import best_effort, budget_check, fastest_within, resolution_warning
+from qdeploy.optimize.decide import (agreement_se, best_effort, budget_check, fastest_within, paired_drop_se,
+                                     resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
 from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
@@ -160,6 +161,13 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
         decisions.append("TensorRT is not installed: TensorRT-placement artifacts are evaluated in ONNX Runtime with exact "
                          "Q/DQ and ranked by the share of compute in INT8; TensorRT latency was not measured")
 
+    z = z_of(o.confidence)
+    if z > 0:
+        decisions.append(f"decisions on the one-sided {100 * o.confidence:g} % bound (z {z:.2f}) of each candidate's drop or "
+                         "agreement, with its standard error paired over the search split"
+                         + ("; mIoU has no per-sample standard error, so mIoU budgets use the point estimate"
+                            if task == "segmentation" and o.budget.min_agreement is None else ""))
+
     def time_left() -> Optional[float]:
         return None if o.time_limit is None else o.time_limit - (time.perf_counter() - t_start)
 
@@ -198,7 +206,9 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 if first:
                     ref.update(cand)
                     ref["_predictions"] = p
-                cand = {**_rescore(cand, ref, o, p), "reference": first}
+                    if task == "classification" and ev.labels:  # for the paired standard error of each drop
+                        ref["_labels"] = np.concatenate([np.asarray(y) for _, y in ctx.eval_batches])
+                cand = {**_rescore(cand, ref, o, p, z), "reference": first}
                 spec_of[cand["variant"]] = spec
                 preds[cand["variant"]] = p
                 candidates.append(cand)
@@ -403,13 +413,22 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
             "subset_size": int(len(subset_idx)), "trials": [c["variant"] for c in res.candidates]}
 
 
-def _rescore(cand: dict, ref: dict, o: OptimizeConfig, p: Optional[np.ndarray]) -> dict:
-    """Budget verdict against the reference (replayed candidates and the reference itself included)."""
-    ref_p = ref.get("_predictions")
+def _rescore(cand: dict, ref: dict, o: OptimizeConfig, p: Optional[np.ndarray], z: float) -> dict:
+    """Budget verdict against the reference (replayed candidates and the reference itself included), on the one-sided
+    confidence bound: the standard error is paired over the search split's samples (the same images for both)."""
+    ref_p, labels = ref.get("_predictions"), ref.get("_labels")
     agree = agreement(p, ref_p) if p is not None and ref_p is not None else None
-    v = budget_check(o.budget, ref.get("search_metric"), cand.get("search_metric"), agree)
+    se = None
+    if agree is not None and p.shape == ref_p.shape:
+        if o.budget.min_agreement is not None:
+            se = agreement_se((p == ref_p).reshape(len(p), -1).mean(axis=1))
+        elif labels is not None and p.ndim == 1 and len(labels) == len(p):
+            valid = labels >= 0
+            se = paired_drop_se(ref_p[valid] == labels[valid], p[valid] == labels[valid])
+    v = budget_check(o.budget, ref.get("search_metric"), cand.get("search_metric"), agree, se, z)
     ok = cand["status"] == "ok"
-    return {**cand, "agreement": agree, "within_budget": ok and v.within, "margin": v.margin if ok else None, "budget": v.why}
+    return {**cand, "agreement": agree, "se": se, "within_budget": ok and v.within, "margin": v.margin if ok else None,
+            "budget": v.why}
 
 
 def _candidate(r, key: str, bs: int, measured: bool, seconds: float) -> dict:
