@@ -42,9 +42,9 @@ def test_decisions_on_the_confidence_bound_of_a_paired_drop():
     v = budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.2, z=z)
     assert not v.within and "upper bound 0.36" in v.why
     assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.1, z=z).within
-    a = agreement_se(np.r_[np.ones(985), np.zeros(15)])
-    assert not budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.985, se=a, z=z).within
-    assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.985, se=a, z=0.0).within
+    a = agreement_se(np.r_[np.ones(983), np.zeros(17)])
+    assert not budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=z).within
+    assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=0.0).within
 
 
 def test_exactly_one_budget_kind():
