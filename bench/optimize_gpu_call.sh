@@ -13,6 +13,7 @@ fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160
 mkdir -p /tmp/dd
 [ -d ".devdata/$tag" ] && cp -r ".devdata/$tag/." /tmp/dd/
+[ -d /tmp/dd/site-packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/dd/site-packages
 echo "staged in /tmp/dd: $(ls /tmp/dd | tr '\n' ' ')"
 [ $# -eq 0 ] && exit 0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
