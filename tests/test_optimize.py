@@ -47,6 +47,23 @@ def test_decisions_on_the_confidence_bound_of_a_paired_drop():
     assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=0.0).within
 
 
+def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_a_missed_budget():
+    from qdeploy.optimize.decide import choose
+
+    fp32 = {"variant": "fp32", "reference": True, "within_budget": True, "rank_key": 0.93, "latency_p50_ms": 0.93, "margin": 0.3}
+    slow_int8 = {"variant": "int8-a", "within_budget": True, "rank_key": 2.38, "latency_p50_ms": 2.38, "margin": 0.1}
+    fast_int8 = {**slow_int8, "variant": "int8-b", "rank_key": 0.5, "latency_p50_ms": 0.5}
+    chosen, met, why = choose([fp32, slow_int8], measured=True)
+    assert chosen is fp32 and met and "the answer is FP32" in why[-1]
+    assert choose([fp32, slow_int8, fast_int8], measured=True)[0] is fast_int8
+    # unmeasured target (TensorRT without TensorRT): ranked by INT8 share, FP32 is never preferred
+    assert choose([{**fp32, "rank_key": 0.0}, {**slow_int8, "rank_key": -1.0}], measured=False)[0]["variant"] == "int8-a"
+    # nothing but FP32 within budget: a missed budget with the best candidate, not FP32
+    missed = {**slow_int8, "within_budget": False, "margin": -0.2}
+    chosen, met, _ = choose([fp32, missed], measured=True)
+    assert chosen is missed and not met
+
+
 def test_exactly_one_budget_kind():
     with pytest.raises(ValueError, match="exactly one of max_drop, relative, min_agreement"):
         BudgetSpec(max_drop=0.3, min_agreement=0.98)
@@ -384,3 +401,15 @@ def test_eval_count_complement_is_kept_and_optimize_splits_within_it(tmp_path):
     cfg["data"]["eval"] = {**cfg["data"]["eval"], "count": 8, "seed": 3, "complement": True}
     s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert s["splits"] == {"search": 8, "confirm": 8, "seed": 0}
+
+
+def test_tied_logits_resolve_to_the_lowest_class_like_argmax():
+    import numpy as np
+
+    from qdeploy.evaluate.metrics import ClassificationMetrics
+
+    logits = np.array([[0.0, 2.0, 2.0, 1.0], [3.0, 3.0, 3.0, 3.0], [1.0, 0.0, 5.0, 5.0]], dtype=np.float32)
+    m = ClassificationMetrics()
+    m.update(logits, np.array([1, 0, 2]))
+    assert m.predictions.tolist() == logits.argmax(1).tolist() == [1, 0, 2]
+    assert m.result()["top1"] == 1.0

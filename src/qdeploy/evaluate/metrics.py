@@ -20,10 +20,9 @@ class ClassificationMetrics:
         if logits.ndim != 2:
             raise ValueError(f"classification output must be (N, classes); got shape {logits.shape}")
         k_max = min(max(self.topk), logits.shape[1])
-        # argpartition + sort of the k largest: O(N·C) instead of a full sort of every row
-        top = np.argpartition(-logits, k_max - 1, axis=1)[:, :k_max]
-        order = np.argsort(-np.take_along_axis(logits, top, 1), axis=1, kind="stable")
-        top = np.take_along_axis(top, order, 1)
+        # a stable sort: equal logits (INT8 outputs tie often) rank by class index, so top-1 is exactly argmax's choice
+        # and every tool that reads these logits agrees on it (argpartition breaks ties arbitrarily)
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :k_max]
         labelled = labels >= 0  # images without a label (data labels: false) count for agreement, not accuracy
         hits = (top == labels[:, None]) & labelled[:, None]
         for k in self.topk:

@@ -110,3 +110,26 @@ def best_effort(candidates: list[dict]) -> Optional[dict]:
     """When none is within budget: the one closest to it (largest margin), then the fastest."""
     scored = [c for c in candidates if c.get("margin") is not None]
     return max(scored, key=lambda c: (c["margin"], -(c.get("rank_key") or 0.0))) if scored else None
+
+
+def choose(candidates: list[dict], measured: bool) -> tuple[Optional[dict], bool, list[str]]:
+    """(chosen candidate, within budget on the search split, decision lines). ``candidates[0]`` is the FP32 reference.
+
+    The reference is what the budget is measured against: when no other candidate is within budget that is a missed
+    budget (exit 3, the best candidate written), never FP32 "meeting" it. But when candidates are within budget and the
+    target's measured latency says FP32 is at least as fast (ONNX Runtime runs some INT8 graphs slower than FP32:
+    unfused activations, requantization), FP32 is the fastest deployable artifact and the answer."""
+    offers = [c for c in candidates if not c.get("reference")]
+    chosen = fastest_within(offers)
+    if chosen is None:
+        chosen = best_effort(offers) or (candidates[0] if candidates else None)
+        return chosen, False, [f"no candidate within budget on the search split; best effort: {chosen['variant'] if chosen else 'none'}"]
+    why = [f"chosen: {chosen['variant']} (fastest within budget on the search split"
+           + ("" if measured else ", by INT8 share of compute") + ")"]
+    ref = candidates[0]
+    if measured and ref.get("reference") and fastest_within(offers + [ref]) is ref:
+        why.append(f"FP32 (p50 {ref['latency_p50_ms']:.3f} ms) is at least as fast as every candidate within budget (best "
+                   f"{chosen['variant']}: {chosen['latency_p50_ms']:.3f} ms) on this target: the answer is FP32, INT8 brings "
+                   "no speed here")
+        chosen = ref
+    return chosen, True, why

@@ -39,7 +39,7 @@ from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.lint.tensorrt_confirm import tensorrt_version
-from qdeploy.optimize.decide import (agreement_se, best_effort, budget_check, fastest_within, paired_drop_se,
+from qdeploy.optimize.decide import (agreement_se, best_effort, budget_check, choose, paired_drop_se,
                                      resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
@@ -267,17 +267,8 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 timed_out = True
         finally:
             ctx.output.abort()
-        # the FP32 reference is what the budget is measured against, not an answer: "nothing faster is within budget"
-        # must read as a missed budget (exit 3, best candidate written), never as FP32 "meeting" it
-        offers = [c for c in candidates if not c.get("reference")]
-        chosen = fastest_within(offers)
-        budget_met_search = chosen is not None
-        if chosen is None:
-            chosen = best_effort(offers) or (candidates[0] if candidates else None)
-            decisions.append(f"no candidate within budget on the search split; best effort: {chosen['variant'] if chosen else 'none'}")
-        else:
-            decisions.append(f"chosen: {chosen['variant']} (fastest within budget on the search split"
-                             + ("" if measured else ", by INT8 share of compute") + ")")
+        chosen, budget_met_search, why = choose(candidates, measured)
+        decisions += why
         if timed_out:
             decisions.append(f"time limit {o.time_limit:g} s: the chosen candidate is the best found so far")
         # ---- confirm: the reference and the chosen candidate, once, on the complement
@@ -309,7 +300,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                            "reference_latency_p50_ms": ref_latency, "float_layers": chosen.get("float_layers") if chosen else None,
                            "int8_share": chosen.get("int8_share") if chosen else None,
                            "float_macs_share": chosen.get("float_macs_share") if chosen else None,
-                           "stage": chosen.get("stage", "ptq") if chosen else None,
+                           "stage": ("reference" if chosen.get("reference") else chosen.get("stage", "ptq")) if chosen else None,
                            "setting": spec_of.get(chosen["variant"]) if chosen else None,
                            "best_so_far": timed_out},
                 "budget_met": bool(budget_met_search and confirm.within), "budget_met_search": budget_met_search,
