@@ -111,14 +111,17 @@ def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     assert set(c) >= {"variant", "artifact", "search_metric", "confirm_metric", "reference_confirm_metric",
                       "latency_p50_ms", "reference_latency_p50_ms", "float_layers"}
     assert on_disk["budget_met"] is True and on_disk["splits"] == {"search": 12, "confirm": 12, "seed": 0}
-    assert [x["variant"] for x in on_disk["candidates"]] == ["fp32", "int8-max", "int8-mean-minmax"]
-    assert all(x["latency_p50_ms"] > 0 for x in on_disk["candidates"])
-    # chosen = the fastest candidate within the (loose) budget on the search split, near ties (3 %) to the more accurate
-    fastest = min(x["latency_p50_ms"] for x in on_disk["candidates"])
+    assert {x["variant"] for x in on_disk["candidates"]} == {"fp32", "int8-max", "int8-mean-minmax"}
+    full = [x for x in on_disk["candidates"] if x["search_metric"] is not None]
+    assert all(x["latency_p50_ms"] > 0 for x in full)
+    # the two methods give one graph: ranked on a subset, only the better one evaluated on the whole search split
+    assert on_disk["evaluations"]["subset"] == 2 and any(d.startswith("PTQ methods ranked on a seeded subset") for d in s["decisions"])
+    # chosen = the fastest within the (loose) budget on the search split, near ties (3 %) to the more accurate; FP32
+    # when the target measures it at least as fast (tiny convs: Q/DQ overhead can dominate)
+    fastest = min(x["latency_p50_ms"] for x in full)
     assert c["latency_p50_ms"] <= fastest * 1.03
     assert (tmp_path / "out" / c["artifact"]).is_file()
-    assert c["variant"] != "fp32"  # the reference is what the budget is measured against, never the answer
-    assert on_disk["evaluations"] == {"full": 3 + 2, "subset": 0, "sensitivity": 0, "cached": 0}
+    assert on_disk["evaluations"]["full"] == len(full) + (1 if c["variant"] == "fp32" else 2)
     assert s["decisions"][0].startswith("target onnxruntime-cpu: candidates fp32, int8-max, int8-mean-minmax")
     page = (tmp_path / "out" / "optimize.html").read_text()
     assert "Pareto front" in page and page.count("data:image/png;base64,") == 1 and "Decision log" in page
@@ -139,7 +142,9 @@ def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_p
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     code = main(["optimize", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
     s = json.loads((tmp_path / "out" / "optimize.json").read_text())
-    assert code == 0 and s["budget_met"] is True and s["chosen"]["variant"] == "int8-max"  # FP32 is the reference only
+    assert code == 0 and s["budget_met"] is True
+    # int8-max, or FP32 when this machine times FP32 at least as fast (then the decision log says so)
+    assert s["chosen"]["variant"] == "int8-max" or any("the answer is FP32" in d for d in s["decisions"])
     assert "budget met on the confirm split" in capsys.readouterr().out
 
 

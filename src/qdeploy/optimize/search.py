@@ -218,7 +218,10 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                                  + (" [replayed from an earlier run]" if cached is not None else ""))
                 return cand
 
-            for i, spec in enumerate(specs):
+            int8_specs = [sp for sp in specs if sp["precision"] == "int8"]
+            plain = [sp for sp in specs if sp["precision"] != "int8"]
+            full_specs = plain + (int8_specs if len(int8_specs) <= 1 else [])
+            for i, spec in enumerate(full_specs):
                 left = time_left()
                 if i > 0 and left is not None and left <= 0:
                     timed_out = True
@@ -235,6 +238,43 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                     if warning:
                         warn(warning)
                         decisions.append(warning)
+            if len(int8_specs) > 1 and not timed_out:
+                # Every PTQ method gives the same graph (one placement, only the scales differ), hence the same speed:
+                # the methods are ranked by agreement with FP32 on a seeded subset, and only the best gets a full
+                # evaluation (the runner-up too when the best misses the budget: near-equal methods swap places on a
+                # few hundred samples). One statistics pass still serves every method.
+                rng = np.random.default_rng(o.seed + 1)
+                idx = np.sort(rng.choice(n_search, size=min(o.subset_size, n_search), replace=False))
+                sctx, ref_sub = _subset_context(ctx, idx, ref["_predictions"])
+                scored = []
+                for spec in int8_specs:
+                    cached = store.get(spec, "subset-methods")
+                    if cached is None:
+                        r = run_variant(sctx, resolve_variant(VariantSpec.model_validate(spec), 0))
+                        evaluations["subset"] += 1
+                        score = agreement(r.predictions, ref_sub) if r.status == "ok" else None
+                        cached = {"agreement": score, "status": r.status, "reason": r.reason}
+                        store.put(spec, "subset-methods", cached, None)
+                    else:
+                        evaluations["cached"] += 1
+                    scored.append((spec, cached))
+                scored.sort(key=lambda t: -(t[1]["agreement"] if t[1]["agreement"] is not None else -1.0))
+                decisions.append(f"PTQ methods ranked on a seeded subset of {len(idx)} search samples by agreement with FP32: "
+                                 + ", ".join(f"{sp['name']} {100 * c['agreement']:.2f} %" if c["agreement"] is not None else
+                                             f"{sp['name']} failed ({c['reason']})" for sp, c in scored))
+                for rank, (spec, sub) in enumerate(scored):
+                    if sub["agreement"] is None:
+                        continue
+                    if rank > 0 and (rank > 1 or any(c["within_budget"] for c in candidates if c["precision"] == "int8")):
+                        candidates.append({"variant": spec["name"], "precision": "int8", "method": spec.get("method"),
+                                           "status": "ranked on the subset only", "reason": None, "search_metric": None,
+                                           "subset_agreement": sub["agreement"], "within_budget": False, "margin": None,
+                                           "rank_key": None, "budget": "not evaluated on the whole search split",
+                                           "latency_p50_ms": None, "int8_share": None, "float_layers": []})
+                        spec_of[spec["name"]] = spec
+                        continue
+                    cand = full(spec)
+                    cand["subset_agreement"] = sub["agreement"]
             ptq = [c for c in candidates if c["precision"] == "int8" and c["status"] == "ok"]
             stages["ptq"] = {"within_budget": [c["variant"] for c in ptq if c["within_budget"]]}
             # ---- per-layer fallback, then QAT: when no INT8 candidate is within budget (FP16 may be, and slower)
@@ -345,10 +385,7 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
     rng = np.random.default_rng(o.seed)
     order = np.lexsort((rng.random(len(per_sample)), -per_sample))
     subset_idx = np.sort(order[: min(o.subset_size, len(order))])
-    images, labels = take(ctx.eval_batches, subset_idx)
-    sub = ArrayBatches(images, labels, ctx.eval_batches.batch_size, ctx.eval_batches.class_names)
-    sctx = dataclasses.replace(ctx, eval_batches=sub, stages={"eval"})
-    ref_sub = ref_p[subset_idx]
+    sctx, ref_sub = _subset_context(ctx, subset_idx, ref_p)
     sens_idx = np.sort(rng.choice(n_search, size=min(o.sensitivity_images, n_search), replace=False))
     sens_images = normalize(take(ctx.eval_batches, sens_idx)[0], ctx.cfg.model.preprocess)
     decisions.append(f"fallback from {start['variant']}: subset of {len(subset_idx)} search samples "
@@ -369,7 +406,7 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
 
     def subset_score(layers: list[str]) -> float:
         spec = spec_for(layers)
-        cached = store.get(spec, "subset")
+        cached = store.get(spec, "subset-fallback")
         if cached is not None:
             evaluations["cached"] += 1
             return cached["agreement"]
@@ -378,7 +415,7 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
         if r.status != "ok":
             raise QDeployError(f"fallback: {spec['name']} failed on the subset: {r.reason}")
         score = agreement(r.predictions, ref_sub)
-        store.put(spec, "subset", {"agreement": score}, None)
+        store.put(spec, "subset-fallback", {"agreement": score}, None)
         return score
 
     def full_eval(layers: list[str]) -> dict:
@@ -402,6 +439,13 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
     return {"start": start["variant"], "float_layers": res.float_layers, "within_budget": res.within_budget,
             "stop": res.stop, "float_fraction": round(res.float_fraction, 4), "rankings": res.rankings,
             "subset_size": int(len(subset_idx)), "trials": [c["variant"] for c in res.candidates]}
+
+
+def _subset_context(ctx, idx: np.ndarray, ref_predictions: np.ndarray):
+    """A run context that evaluates on the search-split samples ``idx`` only (no timing), and FP32's predictions there."""
+    images, labels = take(ctx.eval_batches, idx)
+    sub = ArrayBatches(images, labels, ctx.eval_batches.batch_size, ctx.eval_batches.class_names)
+    return dataclasses.replace(ctx, eval_batches=sub, stages={"eval"}), ref_predictions[idx]
 
 
 def _rescore(cand: dict, ref: dict, o: OptimizeConfig, p: Optional[np.ndarray], z: float) -> dict:
