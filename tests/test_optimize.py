@@ -418,3 +418,38 @@ def test_tied_logits_resolve_to_the_lowest_class_like_argmax():
     m.update(logits, np.array([1, 0, 2]))
     assert m.predictions.tolist() == logits.argmax(1).tolist() == [1, 0, 2]
     assert m.result()["top1"] == 1.0
+
+
+NO_ONNX = '''
+import torch
+from torch import nn
+
+
+class NoOnnx(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return torch.linalg.eigvals(torch.diag_embed(y)).real  # diag_embed / eigvals: no ONNX export
+
+
+def noonnx():
+    torch.manual_seed(0)
+    return NoOnnx()
+'''
+
+
+def test_tensorrt_target_without_tensorrt_and_without_an_onnx_path_says_why(tmp_path):
+    from qdeploy.lint.tensorrt_confirm import tensorrt_version
+
+    if tensorrt_version() is not None:
+        pytest.skip("TensorRT is installed")
+    cfg = _opt_config(tmp_path, target="tensorrt", budget={"min_agreement": 0.9}, methods=["max"])
+    (tmp_path / "noonnx.py").write_text(NO_ONNX)
+    cfg["model"]["source"] = f"{tmp_path / 'noonnx.py'}:noonnx"
+    with pytest.raises(ConfigError, match=r"optimize.target tensorrt works from the model's ONNX .* TensorRT is not "
+                                          r"installed here, so there is no other path: ONNX export of .* failed"):
+        api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -152,7 +153,8 @@ def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxA
         except ModelError:
             raise
         except Exception as e:
-            first_line = (str(e).strip().splitlines() or [""])[0]
+            # first line only, without the terminal colour codes the dynamo exporter puts in its messages
+            first_line = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])
             errors.append(f"{name}: {type(e).__name__}: {first_line}")
             continue
         return OnnxArtifact(path, INPUT_NAME, OUTPUT_NAME, opset, name, False, None, fingerprint)

@@ -218,6 +218,13 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                                  + (" [replayed from an earlier run]" if cached is not None else ""))
                 return cand
 
+            if placement is not None:  # every candidate of these targets starts from the ONNX: fail now, saying why
+                try:
+                    ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+                except QDeployError as e:
+                    alone = " and TensorRT is not installed here, so there is no other path" if o.target == "tensorrt" and not trt else ""
+                    raise ConfigError(f"optimize.target {o.target} works from the model's ONNX (TensorRT and ONNX Runtime "
+                                      f"both parse it){alone}: {e}") from None
             int8_specs = [sp for sp in specs if sp["precision"] == "int8"]
             plain = [sp for sp in specs if sp["precision"] != "int8"]
             full_specs = plain + (int8_specs if len(int8_specs) <= 1 else [])
