@@ -64,6 +64,17 @@ def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_
     assert chosen is missed and not met
 
 
+def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
+    from qdeploy.optimize.search import _int8_slower_than_fp32
+
+    fp32 = {"variant": "fp32", "latency_p50_ms": 0.93}
+    slow = [{"variant": "int8-a", "latency_p50_ms": 2.4}, {"variant": "int8-b", "latency_p50_ms": 2.9}]
+    assert "slower than FP32" in _int8_slower_than_fp32([fp32, *slow], slow, measured=True)
+    assert _int8_slower_than_fp32([fp32, *slow], slow, measured=False) is None       # TensorRT not timed: no claim
+    fast = [{"variant": "int8-c", "latency_p50_ms": 0.5}]
+    assert _int8_slower_than_fp32([fp32, *fast], fast, measured=True) is None
+
+
 def test_exactly_one_budget_kind():
     with pytest.raises(ValueError, match="exactly one of max_drop, relative, min_agreement"):
         BudgetSpec(max_drop=0.3, min_agreement=0.98)
@@ -302,6 +313,10 @@ def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
     again = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "c", cache_dir=tmp_path / "cache")
     assert again["evaluations"]["full"] == 2 and again["evaluations"]["subset"] == 0  # only the confirm split runs
     assert again["chosen"]["variant"] == second["chosen"]["variant"]
+    # other methods: the store is keyed by model, data and split, not by the candidate list, so FP32 still replays
+    other = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0, methods=["max", "mean-minmax"]), tmp_path / "d",
+                         cache_dir=tmp_path / "cache")
+    assert any(d.startswith("fp32:") and d.endswith("[replayed from an earlier run]") for d in other["decisions"])
 
 
 def test_sqnr_ranks_the_outlier_layer_first_and_layer_names_pair_with_the_fp32_onnx(tmp_path):

@@ -39,7 +39,7 @@ from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.lint.tensorrt_confirm import tensorrt_version
-from qdeploy.optimize.decide import (agreement_se, best_effort, budget_check, choose, paired_drop_se,
+from qdeploy.optimize.decide import (LATENCY_TIE, agreement_se, best_effort, budget_check, choose, paired_drop_se,
                                      resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
@@ -152,7 +152,10 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
     search_cfg = dict(base, variants=specs, data={**base["data"], "eval": {**base["data"]["eval"],
                                                                            "subsplit": {"count": n_search, "seed": o.seed}}})
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    store = _Store(cache_root / "optimize" / sha256_json({"search": search_cfg, "optimize": o.model_dump(
+    # keyed by what decides a candidate's numbers (model, data, split, timing settings), not by the candidate list: a
+    # search resumed with other methods or fallback settings still replays the candidates it shares
+    store = _Store(cache_root / "optimize" / sha256_json({"search": {k: v for k, v in search_cfg.items() if k != "variants"},
+                                                          "optimize": o.model_dump(
         mode="json", include={"target", "seed", "search_fraction", "subset_size", "sensitivity_images"}),
         "qdeploy": qdeploy.__version__, "tensorrt": trt})[:20])
     decisions = [f"target {o.target}: candidates {', '.join(s['name'] for s in specs)} on engine {engine}; search split "
@@ -285,7 +288,10 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
             ptq = [c for c in candidates if c["precision"] == "int8" and c["status"] == "ok"]
             stages["ptq"] = {"within_budget": [c["variant"] for c in ptq if c["within_budget"]]}
             # ---- per-layer fallback, then QAT: when no INT8 candidate is within budget (FP16 may be, and slower)
-            if ptq and not any(c["within_budget"] for c in ptq) and not timed_out:
+            slower = _int8_slower_than_fp32(candidates, ptq, measured)
+            if slower:
+                decisions.append(slower)
+            if ptq and not any(c["within_budget"] for c in ptq) and not timed_out and not slower:
                 start = best_effort(ptq)
                 decisions.append(f"no PTQ candidate within budget on the search split; best: {start['variant']} "
                                  f"({start['budget']})")
@@ -446,6 +452,22 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
     return {"start": start["variant"], "float_layers": res.float_layers, "within_budget": res.within_budget,
             "stop": res.stop, "float_fraction": round(res.float_fraction, 4), "rankings": res.rankings,
             "subset_size": int(len(subset_idx)), "trials": [c["variant"] for c in res.candidates]}
+
+
+def _int8_slower_than_fp32(candidates: list[dict], ptq: list[dict], measured: bool) -> Optional[str]:
+    """A sentence when the target measures every PTQ candidate clearly slower than FP32 (ONNX Runtime on EfficientNet:
+    3x). A partially quantized model (fallback, QAT) keeps most of that INT8 graph, so it is not expected to beat FP32,
+    and the search does not spend evaluations on it; FP32 is then the answer (``decide.choose``)."""
+    ref = candidates[0] if candidates else None
+    times = [c["latency_p50_ms"] for c in ptq if c.get("latency_p50_ms")]
+    if not measured or ref is None or not ref.get("latency_p50_ms") or not times:
+        return None
+    fastest = min(times)
+    if fastest <= ref["latency_p50_ms"] * (1 + LATENCY_TIE):
+        return None
+    return (f"every PTQ candidate is slower than FP32 on this target (fastest {fastest:.3f} ms vs FP32 "
+            f"{ref['latency_p50_ms']:.3f} ms): no fallback or QAT, a partially quantized model keeps most of that INT8 "
+            "graph")
 
 
 def _subset_context(ctx, idx: np.ndarray, ref_predictions: np.ndarray):
