@@ -58,10 +58,13 @@ def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_
     assert choose([fp32, slow_int8, fast_int8], measured=True)[0] is fast_int8
     # unmeasured target (TensorRT without TensorRT): ranked by INT8 share, FP32 is never preferred
     assert choose([{**fp32, "rank_key": 0.0}, {**slow_int8, "rank_key": -1.0}], measured=False)[0]["variant"] == "int8-a"
-    # nothing but FP32 within budget: a missed budget with the best candidate, not FP32
-    missed = {**slow_int8, "within_budget": False, "margin": -0.2}
+    # nothing but FP32 within budget: a missed budget with the best candidate, not FP32 ...
+    missed = {**fast_int8, "within_budget": False, "margin": -0.2}
     chosen, met, _ = choose([fp32, missed], measured=True)
     assert chosen is missed and not met
+    # ... unless the target times FP32 at least as fast as every candidate: then FP32 is simply the fastest answer
+    chosen, met, why = choose([fp32, {**slow_int8, "within_budget": False, "margin": -0.2}], measured=True)
+    assert chosen is fp32 and met and "INT8 brings no speed" in why[0]
 
 
 def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():

@@ -120,13 +120,18 @@ def choose(candidates: list[dict], measured: bool) -> tuple[Optional[dict], bool
     target's measured latency says FP32 is at least as fast (ONNX Runtime runs some INT8 graphs slower than FP32:
     unfused activations, requantization), FP32 is the fastest deployable artifact and the answer."""
     offers = [c for c in candidates if not c.get("reference")]
+    ref = candidates[0] if candidates else None
+    timed = [c["rank_key"] for c in offers if c.get("rank_key") is not None]
+    if measured and ref is not None and ref.get("reference") and ref.get("rank_key") is not None and timed \
+            and ref["rank_key"] <= min(timed) * (1 + LATENCY_TIE):
+        return ref, True, [f"FP32 (p50 {ref['latency_p50_ms']:.3f} ms) is at least as fast as every candidate (fastest "
+                           f"{min(timed):.3f} ms) on this target: the answer is FP32, INT8 brings no speed here"]
     chosen = fastest_within(offers)
     if chosen is None:
         chosen = best_effort(offers) or (candidates[0] if candidates else None)
         return chosen, False, [f"no candidate within budget on the search split; best effort: {chosen['variant'] if chosen else 'none'}"]
     why = [f"chosen: {chosen['variant']} (fastest within budget on the search split"
            + ("" if measured else ", by INT8 share of compute") + ")"]
-    ref = candidates[0]
     if measured and ref.get("reference") and fastest_within(offers + [ref]) is ref:
         why.append(f"FP32 (p50 {ref['latency_p50_ms']:.3f} ms) is at least as fast as every candidate within budget (best "
                    f"{chosen['variant']}: {chosen['latency_p50_ms']:.3f} ms) on this target: the answer is FP32, INT8 brings "
