@@ -235,7 +235,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 left = time_left()
                 if i > 0 and left is not None and left <= 0:
                     timed_out = True
-                    decisions.append(f"time limit {o.time_limit:g} s reached: {', '.join(s['name'] for s in specs[i:])} not tried")
+                    decisions.append(f"time limit {o.time_limit:g} s reached: {', '.join(s['name'] for s in full_specs[i:])} not tried")
                     break
                 t0 = time.perf_counter()
                 full(spec)
