@@ -269,6 +269,8 @@ def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
     c = s["chosen"]
     assert c["stage"] == "fallback" and c["float_layers"] == ["/model/conv2/Conv"] and s["budget_met"] is True
     assert c["setting"]["exclude"] == ["^/model/conv2/Conv$"] and 0 < c["float_macs_share"] < 1
+    # INT8 share of compute weighted by MACs: everything but conv2 (the op count would say 3 of 4)
+    assert abs(c["int8_share"] + c["float_macs_share"] - 1) < 1e-3 and c["int8_ops_share"] == 0.75
     assert s["evaluations"]["subset"] >= 4 and s["evaluations"]["sensitivity"] == 1
     assert any(d.startswith("fallback: /model/conv2/Conv in float") for d in s["decisions"])
     assert (tmp_path / "out" / c["artifact"]).is_file()

@@ -186,6 +186,8 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                        cache_dir=cache_dir)
         try:
             ref: dict = {}
+            macs: dict = {}
+            fp32_onnx: Optional[Path] = None
 
             def full(spec: dict) -> dict:
                 """Evaluate (and time) one candidate on the whole search split, or replay it from the store."""
@@ -203,7 +205,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                     if not ref:
                         if r.status != "ok" or (r.metrics.get(key) is None and o.budget.min_agreement is None):
                             raise ConfigError(f"the FP32 reference could not be evaluated on the search split: {r.reason}")
-                    cand = _candidate(r, key, bs, measured, time.perf_counter() - t0)
+                    cand = _candidate(r, key, bs, measured, time.perf_counter() - t0, macs, fp32_onnx)
                     store.put(spec, "full", cand, p)
                 first = not ref
                 if first:
@@ -223,11 +225,14 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
 
             if placement is not None:  # every candidate of these targets starts from the ONNX: fail now, saying why
                 try:
-                    ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+                    fp32_onnx = ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32)).path
                 except QDeployError as e:
                     alone = " and TensorRT is not installed here, so there is no other path" if o.target == "tensorrt" and not trt else ""
                     raise ConfigError(f"optimize.target {o.target} works from the model's ONNX (TensorRT and ONNX Runtime "
                                       f"both parse it){alone}: {e}") from None
+                # MACs per compute layer of the FP32 model (one image): the INT8 share of compute is weighted by them
+                one = normalize(ctx.eval_batches.first(1)[0], ctx.cfg.model.preprocess)
+                macs.update({d["name"]: d["macs"] or 0 for d in layer_sensitivity(fp32_onnx, one)})
             int8_specs = [sp for sp in specs if sp["precision"] == "int8"]
             plain = [sp for sp in specs if sp["precision"] != "int8"]
             full_specs = plain + (int8_specs if len(int8_specs) <= 1 else [])
@@ -352,6 +357,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                            "latency_p50_ms": chosen.get("latency_p50_ms") if chosen else None,
                            "reference_latency_p50_ms": ref_latency, "float_layers": chosen.get("float_layers") if chosen else None,
                            "int8_share": chosen.get("int8_share") if chosen else None,
+                           "int8_ops_share": chosen.get("int8_ops_share") if chosen else None,
                            "float_macs_share": chosen.get("float_macs_share") if chosen else None,
                            "stage": ("reference" if chosen.get("reference") else chosen.get("stage", "ptq")) if chosen else None,
                            "setting": spec_of.get(chosen["variant"]) if chosen else None,
@@ -495,15 +501,33 @@ def _rescore(cand: dict, ref: dict, o: OptimizeConfig, p: Optional[np.ndarray], 
             "budget": v.why}
 
 
-def _candidate(r, key: str, bs: int, measured: bool, seconds: float) -> dict:
+def _int8_macs_share(r, structure: dict, macs: Optional[dict], fp32_onnx: Optional[Path]) -> Optional[float]:
+    """Share of the model's MACs in compute layers whose input and weights are both INT8 (what TensorRT runs in INT8),
+    from the FP32 model's per-layer MACs; None when the Q/DQ layers cannot be paired with the FP32 ONNX's."""
+    if not macs or fp32_onnx is None or r.artifact is None or r.artifact.path is None or not structure.get("ops"):
+        return None
+    mapping = layer_names_map(fp32_onnx, r.artifact.path)
+    if mapping is None:
+        return None
+    total = sum(macs.values()) or 1
+    int8 = sum(macs.get(mapping.get(op["name"], op["name"]), 0) for op in structure["ops"] if op["int8_input"] and op["int8_weights"])
+    return round(int8 / total, 4)
+
+
+def _candidate(r, key: str, bs: int, measured: bool, seconds: float, macs: Optional[dict] = None,
+               fp32_onnx: Optional[Path] = None) -> dict:
     metric = r.metrics.get(key) if r.metrics else None
     structure = (r.artifact.info.get("structure") if r.artifact is not None else None) or {}
     ops = structure.get("compute_ops")
-    int8_share = (structure.get("compute_ops_int8", 0) / ops) if ops else (0.0 if r.variant.precision != "int8" else None)
+    int8_ops = (structure.get("compute_ops_int8", 0) / ops) if ops else (0.0 if r.variant.precision != "int8" else None)
+    int8_share = (_int8_macs_share(r, structure, macs, fp32_onnx) if r.variant.precision == "int8" else 0.0)
+    if int8_share is None:  # layers not pairable: the share of compute ops instead
+        int8_share = int8_ops
     p50 = T.p50({"latency_ms": r.bench.get("latency_ms", {})}, str(bs)) if measured and r.status == "ok" else None
     rank = p50 if measured else (-(int8_share or 0.0))
     return {"variant": r.label, "precision": r.variant.precision, "method": r.variant.int8.method if r.variant.int8 else None,
             "quantizer": r.variant.int8.quantizer if r.variant.int8 else None,
             "status": r.status, "reason": r.reason, "search_metric": metric,
             "latency_p50_ms": p50, "rank_key": rank if r.status == "ok" else None, "int8_share": int8_share,
+            "int8_ops_share": int8_ops,
             "float_layers": list(structure.get("compute_ops_float") or []), "time_s": round(seconds, 2)}
