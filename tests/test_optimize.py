@@ -473,3 +473,17 @@ def test_tensorrt_target_without_tensorrt_and_without_an_onnx_path_says_why(tmp_
                                           r"installed here, so there is no other path: ONNX export of .* failed"):
         api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tensorrt_engine_candidate_is_analysed_through_the_onnx_it_was_built_from():
+    """With TensorRT installed the candidates are engines; sensitivity, layer names and the Q/DQ structure read the
+    Q/DQ ONNX behind each engine (its companion), never the .engine file."""
+    from pathlib import Path
+
+    from qdeploy.build import ArtifactKind
+    from qdeploy.build.artifacts import Artifact
+    from qdeploy.optimize.search import _onnx_of
+
+    qdq = Artifact(ArtifactKind.ONNX_INT8, "f" * 20, "quantizer", path=Path("m.onnx"), info={"structure": {"compute_ops": 4}})
+    engine = Artifact(ArtifactKind.TRT_ENGINE, "e" * 20, "TensorRT", path=Path("m.engine"), companions=[qdq])
+    assert _onnx_of(engine) is qdq and _onnx_of(qdq) is qdq and _onnx_of(None) is None

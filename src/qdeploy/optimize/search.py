@@ -393,7 +393,7 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
                 + sha256_json(sorted(layers))[:6]}
 
     def artifact(layers: list[str]):
-        return ctx.builder.build(int8_of(spec_for(layers)).artifact_request())
+        return _onnx_of(ctx.builder.build(int8_of(spec_for(layers)).artifact_request()))
 
     # the subset: the search samples the best PTQ model disagrees with FP32 on most (NNCF: the 300 "worst"), seeded ties
     ref_p, start_p = ref.get("_predictions"), preds.get(start["variant"])
@@ -501,12 +501,21 @@ def _rescore(cand: dict, ref: dict, o: OptimizeConfig, p: Optional[np.ndarray], 
             "budget": v.why}
 
 
+def _onnx_of(artifact):
+    """The (Q/DQ) ONNX behind an artifact: itself, or for a TensorRT engine the ONNX it was built from (its companion),
+    which is what sensitivity, layer names and the Q/DQ structure read."""
+    if artifact is None or artifact.kind != ArtifactKind.TRT_ENGINE:
+        return artifact
+    return next((c for c in artifact.companions if c.kind != ArtifactKind.TRT_ENGINE), None)
+
+
 def _int8_macs_share(r, structure: dict, macs: Optional[dict], fp32_onnx: Optional[Path]) -> Optional[float]:
     """Share of the model's MACs in compute layers whose input and weights are both INT8 (what TensorRT runs in INT8),
     from the FP32 model's per-layer MACs; None when the Q/DQ layers cannot be paired with the FP32 ONNX's."""
-    if not macs or fp32_onnx is None or r.artifact is None or r.artifact.path is None or not structure.get("ops"):
+    onnx_art = _onnx_of(r.artifact)
+    if not macs or fp32_onnx is None or onnx_art is None or onnx_art.path is None or not structure.get("ops"):
         return None
-    mapping = layer_names_map(fp32_onnx, r.artifact.path)
+    mapping = layer_names_map(fp32_onnx, onnx_art.path)
     if mapping is None:
         return None
     total = sum(macs.values()) or 1
@@ -517,7 +526,8 @@ def _int8_macs_share(r, structure: dict, macs: Optional[dict], fp32_onnx: Option
 def _candidate(r, key: str, bs: int, measured: bool, seconds: float, macs: Optional[dict] = None,
                fp32_onnx: Optional[Path] = None) -> dict:
     metric = r.metrics.get(key) if r.metrics else None
-    structure = (r.artifact.info.get("structure") if r.artifact is not None else None) or {}
+    onnx_art = _onnx_of(r.artifact)
+    structure = (onnx_art.info.get("structure") if onnx_art is not None else None) or {}
     ops = structure.get("compute_ops")
     int8_ops = (structure.get("compute_ops_int8", 0) / ops) if ops else (0.0 if r.variant.precision != "int8" else None)
     int8_share = (_int8_macs_share(r, structure, macs, fp32_onnx) if r.variant.precision == "int8" else 0.0)
