@@ -410,8 +410,15 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
     decisions.append(f"fallback from {start['variant']}: subset of {len(subset_idx)} search samples "
                      f"({int((per_sample > 0).sum())} disagree with FP32); SQNR on {len(sens_idx)} images")
     names_map: dict = {}
+    ranked: dict = {}  # the SQNR pass is deterministic per float set: a re-ranking after an undo reuses it
 
     def sensitivity(layers: list[str]) -> list[dict]:
+        key = tuple(sorted(layers))
+        if key not in ranked:
+            ranked[key] = _sensitivity(layers)
+        return ranked[key]
+
+    def _sensitivity(layers: list[str]) -> list[dict]:
         art = artifact(layers)
         evaluations["sensitivity"] += 1
         mapping = layer_names_map(fp32_onnx, art.path)
