@@ -274,6 +274,8 @@ def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
     assert s["evaluations"]["subset"] >= 4 and s["evaluations"]["sensitivity"] == 1
     assert any(d.startswith("fallback: /model/conv2/Conv in float") for d in s["decisions"])
     assert (tmp_path / "out" / c["artifact"]).is_file()
+    page = (tmp_path / "out" / "optimize.html").read_text()
+    assert "Per-layer fallback: the refined ranking" in page and "/model/conv2/Conv" in page and "found by" in page
 
 
 def test_a_budget_no_candidate_meets_writes_the_best_and_exits_3(tmp_path, capsys):

@@ -66,19 +66,34 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     head.add(["confirm split metric", T.pct(c.get("confirm_metric")), T.pct(c.get("reference_confirm_metric"))])
     head.add(["search split metric", T.pct(c.get("search_metric")), "–"])
     head.add(["p50 latency (ms)", T.fmt(c.get("latency_p50_ms"), 3), T.fmt(c.get("reference_latency_p50_ms"), 3)])
-    head.add(["INT8 share of compute", T.pct(c.get("int8_share")), "–"])
+    head.add(["found by", str(c.get("stage") or "–"), "–"])
+    head.add(["INT8 share of compute (MACs)", T.pct(c.get("int8_share")), "–"])
     head.add(["layers left in float", ", ".join(c.get("float_layers") or []) or "none", "all"])
     head.add(["artifact", str(c.get("artifact") or "–"), "–"])
+    ev = T.section(summary, "evaluations")
+    head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}", "–"])
     cands = T.Table("candidates", "Candidates (search split)",
                     ["Variant", "Status", "Metric", "Agreement", "Budget", "p50 ms", "INT8 share", "Seconds"],
                     [False, False, True, True, False, True, True, True])
     for x in summary.get("candidates") or []:
         cands.add([str(x.get("variant")), str(x.get("status")), T.pct(x.get("search_metric")), T.pct(x.get("agreement")),
                    str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")), T.fmt(x.get("time_s"), 1)])
+    tables = [head, cands]
+    fb = T.section(T.section(summary, "stages"), "fallback")
+    if fb.get("rankings"):
+        rank = T.Table("fallback", "Per-layer fallback: the refined ranking",
+                       ["Ranking", "Layer", "SQNR (dB)", "Subset agreement gain"], [True, False, True, True],
+                       caption=f"From {fb.get('start')} on a subset of {fb.get('subset_size')} search samples; stopped: "
+                               f"{fb.get('stop')}; float layers: {', '.join(fb.get('float_layers') or []) or 'none'} "
+                               f"({T.pct(fb.get('float_fraction'))} of the MACs).")
+        for i, r in enumerate(fb["rankings"], 1):
+            for x in r.get("refined") or []:
+                rank.add([str(i), str(x.get("layer")), T.fmt(x.get("sqnr_db"), 1), T.fmt(x.get("subset_gain"), 4)])
+        tables.append(rank)
     log = T.Table("decisions", "Decision log", ["#", "Decision"], [True, False])
     for i, d in enumerate(summary.get("decisions") or [], 1):
         log.add([str(i), str(d)])
-    return [head, cands, log]
+    return tables + [log]
 
 
 def write_optimize_report(summary: Mapping, path: Path, title: str) -> Path:
