@@ -259,7 +259,8 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 # evaluation (the runner-up too when the best misses the budget: near-equal methods swap places on a
                 # few hundred samples). One statistics pass still serves every method.
                 rng = np.random.default_rng(o.seed + 1)
-                idx = np.sort(rng.choice(n_search, size=min(o.subset_size, n_search), replace=False))
+                n_eval = len(ref["_predictions"])  # the images really decoded (on_error: skip may leave some out)
+                idx = np.sort(rng.choice(n_eval, size=min(o.subset_size, n_eval), replace=False))
                 sctx, ref_sub = _subset_context(ctx, idx, ref["_predictions"])
                 scored = []
                 for spec in int8_specs:
@@ -304,7 +305,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
                 missed_by_fallback = True
                 if o.fallback:
                     fb = _fallback(ctx, o, start, spec_of[start["variant"]], full, ref, preds, store, evaluations, decisions,
-                                   time_left, n_search)
+                                   time_left)
                     stages["fallback"] = fb
                     if fb is not None:
                         float_layers = fb["float_layers"]
@@ -381,7 +382,7 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
 
 
 def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: dict, preds: dict, store: _Store,
-              evaluations: dict, decisions: list, time_left, n_search: int) -> Optional[dict]:
+              evaluations: dict, decisions: list, time_left) -> Optional[dict]:
     """Per-layer fallback from ``start`` (see fallback.py); None when the layers cannot be named for ``exclude``."""
     fp32_onnx = ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32)).path
     int8_of = lambda spec: resolve_variant(VariantSpec.model_validate(spec), 0)  # noqa: E731
@@ -405,7 +406,8 @@ def _fallback(ctx, o: OptimizeConfig, start: dict, start_spec: dict, full, ref: 
     order = np.lexsort((rng.random(len(per_sample)), -per_sample))
     subset_idx = np.sort(order[: min(o.subset_size, len(order))])
     sctx, ref_sub = _subset_context(ctx, subset_idx, ref_p)
-    sens_idx = np.sort(rng.choice(n_search, size=min(o.sensitivity_images, n_search), replace=False))
+    n_eval = len(ref_p)  # the images really decoded (on_error: skip may leave some out)
+    sens_idx = np.sort(rng.choice(n_eval, size=min(o.sensitivity_images, n_eval), replace=False))
     sens_images = normalize(take(ctx.eval_batches, sens_idx)[0], ctx.cfg.model.preprocess)
     decisions.append(f"fallback from {start['variant']}: subset of {len(subset_idx)} search samples "
                      f"({int((per_sample > 0).sum())} disagree with FP32); SQNR on {len(sens_idx)} images")
