@@ -132,7 +132,8 @@ def _with_float_twins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dic
 
 def _macs(layer: dict, out_shape: tuple) -> Optional[int]:
     """Multiply-accumulates per sample: output elements x (weight elements / output channels). Conv: Cout is dim 1 of
-    the output; Gemm/MatMul: the last dim."""
+    the output; Gemm/MatMul: the last dim. ConvTranspose is overestimated by its stride product (its MACs scale with
+    the input, not the output); only the shares between layers are used."""
     if not layer["weight_elements"] or len(out_shape) < 2:
         return None
     per_sample = int(np.prod(out_shape[1:]))
