@@ -159,7 +159,9 @@ def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_p
     assert code == 0 and s["budget_met"] is True
     # int8-max, or FP32 when this machine times FP32 at least as fast (then the decision log says so)
     assert s["chosen"]["variant"] == "int8-max" or any("the answer is FP32" in d for d in s["decisions"])
-    assert "budget met on the confirm split" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "budget met on the confirm split" in out
+    assert "Candidates (search split)" in out and "int8-max" in out  # the human-readable table before the answer
 
 
 def test_bad_optimize_inputs_are_refused_before_work(tmp_path):

@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             from qdeploy import api
 
             summary = api.optimize(args.config, args.out, cache_dir=args.cache_dir)
+            if not args.quiet:
+                from qdeploy.report.console import print_optimize
+
+                print_optimize(summary)
             c = summary["chosen"]
             print(f"chosen: {c['variant']} ({c['artifact']}); search {c['search_metric']}, confirm {c['confirm_metric']} vs FP32 "
                   f"{c['reference_confirm_metric']}; budget {'met' if summary['budget_met'] else 'MISSED'} on the confirm split")

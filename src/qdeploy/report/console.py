@@ -138,3 +138,29 @@ def print_lint(report: Mapping, console: Console | None = None) -> None:
         if f.get("confirmed"):
             line.append(f"\n    TensorRT: {f['confirmed']}", style="dim")
         console.print(line)
+
+
+def print_report_table(table: T.Table, console: Console | None = None) -> Table:
+    """Any :class:`tables.Table` (the cells the HTML page shows) as a terminal table, caption and notes under it."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=200)
+    out = Table(title=table.title, box=box.SIMPLE_HEAD, title_justify="left")
+    for header, numeric in zip(table.headers, table.numeric):
+        out.add_column(header, justify="right" if numeric else "left", overflow="fold")
+    for i, row in enumerate(table.rows):
+        style = STYLES.get(table.styles[i] if i < len(table.styles) else "", None)
+        out.add_row(*row, style=style)
+    console.print(out)
+    for line in ([table.caption] if table.caption else []) + list(table.notes):
+        console.print(Text(line, style="dim"))
+    return out
+
+
+def print_optimize(summary: Mapping, console: Console | None = None) -> None:
+    """``qdeploy optimize``'s answer first (the chosen row), then every candidate on the search split."""
+    from qdeploy.report.optimize_page import optimize_tables
+
+    for table in optimize_tables(summary)[:2]:
+        print_report_table(table, console)

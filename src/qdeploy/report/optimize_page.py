@@ -76,7 +76,9 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
                     ["Variant", "Status", "Metric", "Agreement", "Budget", "p50 ms", "INT8 share", "Seconds"],
                     [False, False, True, True, False, True, True, True])
     for x in summary.get("candidates") or []:
-        cands.add([str(x.get("variant")), str(x.get("status")), T.pct(x.get("search_metric")), T.pct(x.get("agreement")),
+        agree = T.pct(x.get("agreement")) if x.get("agreement") is not None else \
+            (f"{T.pct(x.get('subset_agreement'))} (subset)" if x.get("subset_agreement") is not None else "–")
+        cands.add([str(x.get("variant")), str(x.get("status")), T.pct(x.get("search_metric")), agree,
                    str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")), T.fmt(x.get("time_s"), 1)])
     tables = [head, cands]
     fb = T.section(T.section(summary, "stages"), "fallback")
