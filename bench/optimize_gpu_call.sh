@@ -6,15 +6,7 @@
 set -u
 tag=$1; shift
 OUT=${OUT:-/tmp/optimize-gpu-out}; mkdir -p "$OUT"
-if [ ! -d /tmp/site/modelopt ]; then
-  [ -f .devsite.tar.xz ] || { echo "no /tmp/site and no .devsite.tar.xz carried: a fresh machine, stage again"; exit 3; }
-  python3 -c "import tarfile; tarfile.open('.devsite.tar.xz').extractall('/tmp')" && mkdir -p /tmp/site && cp -r /tmp/.devsite/. /tmp/site/
-fi
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160
-mkdir -p /tmp/dd
-[ -d ".devdata/$tag" ] && cp -r ".devdata/$tag/." /tmp/dd/
-[ -d /tmp/dd/site-packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/dd/site-packages
-echo "staged in /tmp/dd: $(ls /tmp/dd | tr '\n' ' ')"
+. bench/device_stage.sh  # wheels, data merge, PYTHONPATH
 [ $# -eq 0 ] && exit 0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 [ -f /tmp/optimize_gpu.json ] && cp /tmp/optimize_gpu.json "$OUT/"
