@@ -147,7 +147,7 @@ def main() -> None:
 
     from qdeploy import api
     from qdeploy.data import make_batches, normalize
-    from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
+    from qdeploy.artifacts import ArtifactKind, ArtifactRequest, Builder
 
     cfg = api.parse_config(cifar10_dev_config(args.model, args.count)) if args.model else api.load_config(args.config)
     calib_spec = cfg.data.calibration.model_copy(update={"count": args.count})

@@ -24,7 +24,7 @@ import torch
 import torchvision
 
 from qdeploy.benchmark import benchmark
-from qdeploy.build import Builder
+from qdeploy.artifacts import Builder
 from qdeploy.config import RunConfig, VariantSpec
 from qdeploy.engines import create_engine, resolve_variant
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import write_image_folder
-from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest, Builder
 from qdeploy.config import Int8Config, VariantSpec, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import ENGINES, create_engine, resolve_variant

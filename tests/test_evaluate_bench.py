@@ -7,7 +7,7 @@ import pytest
 from qdeploy.benchmark.latency import NOISY_CV, benchmark, best_repeat, fill_batch, latency_stats
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import Engine
-from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import NoOptions, Variant
 from qdeploy.utils.memory import MemoryProbe
 from qdeploy.evaluate import ClassificationMetrics, SegmentationMetrics, agreement

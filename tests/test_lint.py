@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdeploy.cli import main
 from qdeploy.lint import FloatModel, LintInputError, RULES, fix_onnx, lint_model, lint_onnx
 from qdeploy.lint.fixes import FIXERS, apply_fixes
-from qdeploy.lint.tensorrt_rules import conv_int8_supported
+from qdeploy.facts.tensorrt import conv_int8_supported
 
 C = 16  # channels: wide enough for TensorRT's INT8 kernels unless a test says otherwise
 

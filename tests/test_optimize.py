@@ -181,7 +181,7 @@ def test_bad_optimize_inputs_are_refused_before_work(tmp_path):
 
 
 def test_tensorrt_target_without_tensorrt_ranks_by_int8_share_and_says_so(tmp_path):
-    from qdeploy.lint.tensorrt_confirm import tensorrt_version
+    from qdeploy.facts.tensorrt import tensorrt_version
 
     if tensorrt_version() is not None:
         pytest.skip("TensorRT is installed")
@@ -466,7 +466,7 @@ def noonnx():
 
 
 def test_tensorrt_target_without_tensorrt_and_without_an_onnx_path_says_why(tmp_path):
-    from qdeploy.lint.tensorrt_confirm import tensorrt_version
+    from qdeploy.facts.tensorrt import tensorrt_version
 
     if tensorrt_version() is not None:
         pytest.skip("TensorRT is installed")
@@ -484,8 +484,8 @@ def test_a_tensorrt_engine_candidate_is_analysed_through_the_onnx_it_was_built_f
     Q/DQ ONNX behind each engine (its companion), never the .engine file."""
     from pathlib import Path
 
-    from qdeploy.build import ArtifactKind
-    from qdeploy.build.artifacts import Artifact
+    from qdeploy.artifacts import ArtifactKind
+    from qdeploy.artifacts.types import Artifact
     from qdeploy.optimize.search import _onnx_of
 
     qdq = Artifact(ArtifactKind.ONNX_INT8, "f" * 20, "quantizer", path=Path("m.onnx"), info={"structure": {"compute_ops": 4}})

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from conftest import shared_path
-from qdeploy.build.tensorrt import (
+from qdeploy.artifacts.tensorrt import (
     EngineNotPortable, InputProfile, TrtUnsupported, check_profile, derive_profile, engine_problem, explicit_profiles,
     plan_build, portability_problem, read_sidecar, trtexec_command, write_sidecar,
 )
-from qdeploy.build.tensorrt import engine_build as eb
+from qdeploy.artifacts.tensorrt import engine_build as eb
 from qdeploy.errors import ConfigError
+from qdeploy.facts.tensorrt import REMOVED_IN_11
 
 # ---------------------------------------------------------------------------- strategy
 
@@ -255,6 +256,7 @@ def test_the_11_path_touches_no_name_removed_in_11():
     for removed in ("BuilderFlag.FP16", "BuilderFlag.INT8", "IBuilderConfig.int8_calibrator", "IInt8EntropyCalibrator2"):
         assert _entry(s11, removed) is None, f"{removed} exists in 11.4 after all"
         assert removed not in eb.TRT_NAMES_USED["11"] + eb.TRT_NAMES_USED["common"]
+    assert set(REMOVED_IN_11).isdisjoint(eb.TRT_NAMES_USED["11"] + eb.TRT_NAMES_USED["common"])
     assert all(plan_build("11.4.0", p).builder_flags == () for p in ("fp32", "fp16", "int8"))
     # and the 10.x plans' flags are exactly the BuilderFlag members the 10 path declares
     flags = {f"BuilderFlag.{f}" for p in ("fp32", "fp16", "int8") for f in plan_build("10.3.0", p).builder_flags}
@@ -291,7 +293,7 @@ def _declared(module):
     return {n for v in names.values() for n in v} if isinstance(names, dict) else set(names)
 
 
-@pytest.mark.parametrize("module", ["qdeploy.build.tensorrt.engine_build", "qdeploy.engines.tensorrt_engine"])
+@pytest.mark.parametrize("module", ["qdeploy.artifacts.tensorrt.engine_build", "qdeploy.engines.tensorrt_engine"])
 def test_every_trt_attribute_in_the_source_is_declared(module):
     """The declared lists cannot drift from the code: every ``trt.X`` / ``trt.X.Y`` chain in the module is in its list."""
     import importlib
@@ -422,3 +424,24 @@ def test_a_mostly_fp32_engine_is_degraded_and_shown_in_the_report():
     assert variants[0]["status"] == "degraded" and "asked for FP16 but 4 of 4 compute layers run in FP32" in variants[0]["reason"]
     t = tables.tensorrt_table({"variants": variants})
     assert t.rows[0][3] == "0 / 0 / 4" and t.rows[0][4] == "c0, c1, c2, c3" and "mostly FP32" in t.rows[0][5]
+
+
+def test_tensorrt_facts_have_one_home():
+    """The lint, the quantizers, the engine builder and the runner read one facts module: no consumer keeps its own copy
+    of a TensorRT fact (version strategy, kernel constraints, API names)."""
+    import qdeploy.facts.tensorrt as facts
+    from qdeploy.engines import tensorrt_engine as te
+    from qdeploy.lint import qdq_graph, rules, tensorrt_confirm as tc
+    from qdeploy.optimize import sensitivity
+
+    assert eb.TRT_NAMES_USED is facts.NAMES_USED["engine_build"] and tc.TRT_NAMES_USED is facts.NAMES_USED["lint_confirm"]
+    assert te.TRT_NAMES_USED is facts.NAMES_USED["runner"]["common"]
+    assert rules.conv_int8_supported is facts.conv_int8_supported and te.plan_build is facts.plan_build
+    assert qdq_graph.COMPUTE_OPS is facts.COMPUTE_OPS and sensitivity.COMPUTE_OPS is facts.COMPUTE_OPS
+    src = Path(facts.__file__).parents[1]
+    for path in src.rglob("*.py"):  # no second definition of a fact anywhere else
+        if path.name == "tensorrt.py" and path.parent.name == "facts":
+            continue
+        text = path.read_text()
+        for name in ("COMPUTE_OPS = ", "SUPPORTED_MAJORS = ", "def plan_build", "def conv_int8_supported", "def tensorrt_version"):
+            assert name not in text, f"{path}: defines {name.strip(' =')} (it belongs in qdeploy/facts/tensorrt.py)"

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from qdeploy import api
-from qdeploy.lint.tensorrt_confirm import tensorrt_version
+from qdeploy.facts.tensorrt import tensorrt_version
 from test_qat import _config
 
 

@@ -5,7 +5,7 @@ Each stage is also usable on its own: ``build_torch_model``, ``export_onnx``, ``
 ``write_reports``, ``lint``; ``open_run`` + ``run_variant`` run single variants programmatically.
 """
 from qdeploy.benchmark import benchmark
-from qdeploy.build import Artifact, ArtifactKind, ArtifactRequest, Builder
+from qdeploy.artifacts import Artifact, ArtifactKind, ArtifactRequest, Builder
 from qdeploy.config import Int8Config, RunConfig, VariantSpec, load_config, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import ENGINES, create_engine, engine_table, resolve_variants

@@ -138,7 +138,7 @@ def _cmd_doctor(args) -> int:
 
 def _tensorrt_line() -> str:
     """The TensorRT version or its absence, and what that implies for tensorrt variants."""
-    from qdeploy.lint.tensorrt_confirm import tensorrt_version
+    from qdeploy.facts.tensorrt import tensorrt_version
 
     version = tensorrt_version()
     if version is None:

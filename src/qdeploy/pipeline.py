@@ -25,7 +25,7 @@ import yaml
 
 from qdeploy import __version__
 from qdeploy.benchmark import benchmark
-from qdeploy.build import Artifact, ArtifactKind, ArtifactRequest, Builder
+from qdeploy.artifacts import Artifact, ArtifactKind, ArtifactRequest, Builder
 from qdeploy.config import RunConfig, load_config, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
@@ -575,7 +575,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     """
     import dataclasses
 
-    from qdeploy.build.builder import dataset_identity
+    from qdeploy.artifacts.builder import dataset_identity
     from qdeploy.config import Int8Config
     from qdeploy.errors import ConfigError
     from qdeploy.quantize.modelopt_quantizer import export_checked

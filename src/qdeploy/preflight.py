@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from qdeploy.build import ArtifactKind, ArtifactRequest, Builder
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest, Builder
 from qdeploy.config import RunConfig
 from qdeploy.data import make_batches, normalize
 from qdeploy.errors import DataError, ModelError, QDeployError

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from qdeploy.build import Artifact, ArtifactRequest
+from qdeploy.artifacts import Artifact, ArtifactRequest
 from qdeploy.config import Int8Config, RunConfig, VariantSpec, format_validation_error
 from qdeploy.errors import ConfigError
 from qdeploy.quantize import get_quantizer

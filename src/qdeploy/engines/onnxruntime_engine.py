@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field
 
-from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.utils.ort_options import exact_qdq

@@ -15,19 +15,14 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from qdeploy.build import ArtifactKind, ArtifactRequest
-from qdeploy.build.tensorrt import SUPPORTED_MAJORS, TrtUnsupported, plan_build, trtexec_command
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts.tensorrt import trtexec_command
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import QDeployError, VariantUnavailable
-from qdeploy.lint.tensorrt_confirm import tensorrt_version
+from qdeploy.facts.tensorrt import (NAMES_USED, REFERENCE_VERSIONS, SUPPORTED_MAJORS, TrtUnsupported, plan_build,
+                                    tensorrt_version)
 
-TRT_NAMES_USED = ["Logger", "Logger.WARNING", "Runtime", "Runtime.deserialize_cuda_engine",
-                  "ICudaEngine.create_execution_context", "ICudaEngine.num_io_tensors", "ICudaEngine.get_tensor_name",
-                  "ICudaEngine.get_tensor_mode", "TensorIOMode.INPUT", "ICudaEngine.device_memory_size_v2",
-                  "IExecutionContext.set_input_shape", "IExecutionContext.get_tensor_shape",
-                  "IExecutionContext.set_tensor_address", "IExecutionContext.execute_async_v3"]
-# the supported majors' representative versions, for the trtexec lines written when TensorRT is absent
-REFERENCE_VERSIONS = {10: "10.16.1", 11: "11.4.0"}
+TRT_NAMES_USED = NAMES_USED["runner"]["common"]  # the runner's TensorRT names (declared with the other TensorRT facts)
 
 
 class TensorRTOptions(BaseModel):
@@ -49,7 +44,7 @@ class TensorRTOptions(BaseModel):
     @classmethod
     def _valid_profiles(cls, v):
         if v is not None:
-            from qdeploy.build.tensorrt import explicit_profiles
+            from qdeploy.artifacts.tensorrt import explicit_profiles
             from qdeploy.errors import ConfigError
 
             try:

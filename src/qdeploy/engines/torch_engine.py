@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.utils.malloc import tune_glibc_malloc

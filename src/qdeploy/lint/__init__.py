@@ -3,7 +3,7 @@
     report = lint_onnx("model-int8.onnx")          # LintReport: findings, structure, verdict
     fixed = fix_onnx("model-int8.onnx", "fixed.onnx")   # the safe fixes, then a fresh report
 
-- tensorrt_rules.py  facts about TensorRT's INT8 kernels (conv support, fusible chains)
+- (TensorRT kernel facts: qdeploy.facts.tensorrt, shared with the quantizers and the engine builder)
 - qdq_graph.py       the Q/DQ-aware graph view every rule, fix and report reads
 - rules.py           the rules (ids QD001...), each yielding Findings with a severity and a fix
 - fixes.py           the safe fixes (``--fix``), also used by the ONNX TensorRT placement

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from qdeploy.lint.tensorrt_rules import COMPUTE_OPS, FUSIBLE_ACTIVATIONS
+from qdeploy.facts.tensorrt import COMPUTE_OPS, FUSIBLE_ACTIVATIONS
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")

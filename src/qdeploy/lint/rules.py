@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from qdeploy.lint.qdq_graph import QdqGraph
-from qdeploy.lint.tensorrt_rules import COMPUTE_OPS, conv_int8_supported
+from qdeploy.facts.tensorrt import COMPUTE_OPS, conv_int8_supported
 
 SEVERITIES = ("blocks-int8", "costs-reformat", "fine")
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")

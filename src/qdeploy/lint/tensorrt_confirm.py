@@ -25,32 +25,16 @@ import re
 import onnx
 
 from qdeploy.lint.qdq_graph import QdqGraph
-from qdeploy.lint.tensorrt_rules import COMPUTE_OPS
+from qdeploy.facts.tensorrt import COMPUTE_OPS, NAMES_USED, tensorrt_version  # noqa: F401 (tensorrt_version: re-exported)
 
-# Path "10": TensorRT 10.x; path "11": TensorRT 11.x. Names Polygraphy touches for us are listed too.
-TRT_NAMES_USED = {
-    "10": ["__version__", "ProfilingVerbosity.DETAILED", "LayerInformationFormat.JSON",
-           "ICudaEngine.create_engine_inspector", "EngineInspector.get_engine_information",
-           "BuilderFlag.INT8", "BuilderFlag.FP16"],  # via CreateConfig(int8=True, fp16=True)
-    "11": ["__version__", "ProfilingVerbosity.DETAILED", "LayerInformationFormat.JSON",
-           "ICudaEngine.create_engine_inspector", "EngineInspector.get_engine_information",
-           "NetworkDefinitionCreationFlag.STRONGLY_TYPED"],  # via NetworkFromOnnxPath(strongly_typed=True)
-}
+# Path "10": TensorRT 10.x; path "11": TensorRT 11.x (declared with the other TensorRT facts)
+TRT_NAMES_USED = NAMES_USED["lint_confirm"]
 # Checked in this order: BF16 before Half/Float, UInt8 before Int8. Covers "Int8"/"Half"/"Float" (kgen names),
 # "FP16"/"FP32"/"INT8" inside long format strings ("Channel major FP16 format where channel % 8 == 0").
 _PRECISIONS = [("UInt8", r"uint8"), ("BF16", r"bf16|bfloat16"), ("Half", r"fp16|half"), ("Float", r"fp32|float"),
                ("FP8", r"fp8"), ("FP4", r"fp4"), ("Int8", r"int8"), ("Int4", r"int4"), ("Int32", r"int32"),
                ("Int64", r"int64"), ("Bool", r"bool")]
 _REFORMAT = re.compile(r"reformat|scale|quantiz", re.I)  # layer types of requantize/reformat kernels
-
-
-def tensorrt_version() -> str | None:
-    """The importable tensorrt's version string, or None (any import error counts as "not installed")."""
-    try:
-        import tensorrt as trt
-        return str(trt.__version__)
-    except Exception:
-        return None
 
 
 def precision_of(fmt: str) -> str:

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 import qdeploy
-from qdeploy.build import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, parse_config
 from qdeploy.data import ArrayBatches, make_batches, normalize, take
 from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.metrics import agreement
-from qdeploy.lint.tensorrt_confirm import tensorrt_version
+from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.optimize.decide import (LATENCY_TIE, agreement_se, best_effort, budget_check, choose, paired_drop_se,
                                      resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback

@@ -23,10 +23,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from qdeploy.facts.tensorrt import COMPUTE_OPS
 from qdeploy.utils.onnx_graph import OnnxGraph
 from qdeploy.utils.ort_options import exact_qdq
 
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _SUFFIX = "__qdeploy_float"
 SQNR_LIMIT = 200.0  # dB: beyond float32's own resolution
 

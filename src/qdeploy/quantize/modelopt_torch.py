@@ -296,7 +296,7 @@ _BN_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _MAXPOOL_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
 _POOL_MODULES = _MAXPOOL_MODULES + (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
                                     nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)  # ModelOpt's QuantInputBase pools
-# element-wise activations TensorRT fuses into the producing Conv (tensorrt_rules.FUSIBLE_ACTIVATIONS, as modules/functions)
+# element-wise activations TensorRT fuses into the producing Conv (facts.tensorrt.FUSIBLE_ACTIVATIONS, as modules/functions)
 _ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid,
                 nn.Sigmoid, nn.Tanh, nn.Softplus, nn.GELU, nn.Mish, nn.Hardtanh)
 _ACT_FUNCTIONS = {torch.relu, torch.relu_, F.relu, F.relu_, F.relu6, F.leaky_relu, F.elu, F.selu, F.silu, F.hardswish,
@@ -472,7 +472,7 @@ def tensorrt_placement(qm: fx.GraphModule, residual_quantizers: bool = True) -> 
     Returns a JSON-serialisable dict, plus ``"_groups"``: lists of quantizer names that must share one amax
     (with the names whose amax decides, or an empty list: the largest of the group) — see apply_shared_scales.
     """
-    from qdeploy.lint.tensorrt_rules import conv_int8_supported
+    from qdeploy.facts.tensorrt import conv_int8_supported
 
     nodes = list(qm.graph.nodes)
     mod = {n: qm.get_submodule(n.target) for n in nodes if n.op == "call_module"}

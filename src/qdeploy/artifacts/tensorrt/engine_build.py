@@ -13,32 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from qdeploy.build.tensorrt.profiles import InputProfile
-from qdeploy.build.tensorrt.strategy import TrtPlan
+from qdeploy.artifacts.tensorrt.profiles import InputProfile
 from qdeploy.errors import QDeployError
+from qdeploy.facts.tensorrt import NAMES_USED, PATH_VERSIONS, TrtPlan
 from qdeploy.lint.tensorrt_confirm import parse_engine_information
 from qdeploy.utils.atomic import atomic_path
 
-# Every TensorRT name a build path touches: "common" for all, then per path. Class members as "Class.member".
-TRT_NAMES_USED = {
-    "common": ["__version__", "Logger", "Logger.WARNING", "Builder", "OnnxParser", "Runtime",
-               "Builder.create_network", "Builder.create_builder_config", "Builder.create_optimization_profile",
-               "Builder.build_serialized_network", "OnnxParser.parse_from_file", "OnnxParser.num_errors",
-               "OnnxParser.get_error", "ParserError.desc", "ParserError.node_name", "ParserError.node_operator",
-               "IBuilderConfig.set_memory_pool_limit", "MemoryPoolType.WORKSPACE", "IBuilderConfig.builder_optimization_level",
-               "IBuilderConfig.profiling_verbosity", "ProfilingVerbosity.DETAILED", "IBuilderConfig.add_optimization_profile",
-               "IOptimizationProfile.set_shape", "IBuilderConfig.create_timing_cache", "IBuilderConfig.set_timing_cache",
-               "IBuilderConfig.get_timing_cache", "ITimingCache.serialize", "Runtime.deserialize_cuda_engine",
-               "ICudaEngine.create_engine_inspector", "EngineInspector.get_engine_information", "LayerInformationFormat.JSON"],
-    "10": ["IBuilderConfig.set_flag", "BuilderFlag.FP16", "BuilderFlag.INT8"],
-    "10-calibration-cache": ["IBuilderConfig.int8_calibrator", "IInt8EntropyCalibrator2",
-                             "IInt8EntropyCalibrator2.read_calibration_cache", "IInt8EntropyCalibrator2.get_batch",
-                             "IInt8EntropyCalibrator2.get_batch_size"],
-    "11": ["NetworkDefinitionCreationFlag.STRONGLY_TYPED"],
-}
-# The versions each path is meant for (the conformance test checks these surfaces)
-PATH_VERSIONS = {"common": ["10.3.0", "10.16.1", "11.4.0"], "10": ["10.3.0", "10.16.1"],
-                 "10-calibration-cache": ["10.3.0", "10.16.1"], "11": ["11.4.0"]}
+
+# every TensorRT name each build path touches (declared with the other TensorRT facts)
+TRT_NAMES_USED = NAMES_USED["engine_build"]
 
 
 class TrtBuildError(QDeployError):

@@ -25,7 +25,7 @@ from torch import nn
 
 import qdeploy
 from qdeploy import __version__
-from qdeploy.build.artifacts import Artifact, ArtifactKind, ArtifactRequest
+from qdeploy.artifacts.types import Artifact, ArtifactKind, ArtifactRequest
 from qdeploy.config import Int8Config, RunConfig
 from qdeploy.errors import DataError, ModelError
 from qdeploy.export import convert_fp16, export_onnx, use_onnx_file
@@ -171,7 +171,7 @@ class Builder:
 
     def trt_profiles(self, input_name: str, explicit: Optional[list]) -> list:
         """The optimization profile of a TensorRT variant: explicit, or from bench.batch_sizes and the input size."""
-        from qdeploy.build.tensorrt import derive_profile, explicit_profiles
+        from qdeploy.artifacts.tensorrt import derive_profile, explicit_profiles
 
         if explicit:
             return explicit_profiles(explicit)
@@ -182,9 +182,9 @@ class Builder:
         """A TensorRT engine for this GPU and TensorRT version (build_engine), cached with its sidecar; a cached engine
         that is missing, differs from the size and sha256 its sidecar recorded, or whose sidecar is missing or names
         another GPU or version is rebuilt from its ONNX (engine_problem: the integrity and portability guard)."""
-        from qdeploy.build.tensorrt import engine_problem, plan_build, write_sidecar
-        from qdeploy.build.tensorrt.engine_build import build_engine, precision_shortfall
-        from qdeploy.lint.tensorrt_confirm import tensorrt_version
+        from qdeploy.artifacts.tensorrt import engine_problem, plan_build, write_sidecar
+        from qdeploy.artifacts.tensorrt.engine_build import build_engine, precision_shortfall
+        from qdeploy.facts.tensorrt import tensorrt_version
 
         opts = json.loads(request.options or "{}")
         version = tensorrt_version()

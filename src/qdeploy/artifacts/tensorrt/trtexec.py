@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 from typing import Optional
 
-from qdeploy.build.tensorrt.profiles import InputProfile
-from qdeploy.build.tensorrt.strategy import TrtPlan
+from qdeploy.artifacts.tensorrt.profiles import InputProfile
+from qdeploy.facts.tensorrt import TrtPlan
 
 
 def trtexec_command(plan: TrtPlan, onnx_file: str, engine_file: str, profiles: list[InputProfile],
