@@ -33,6 +33,7 @@ from qdeploy.models import build_torch_model, is_onnx_source, model_fingerprint,
 from qdeploy.quantize import QuantizeInputs, quantize
 from qdeploy.utils.atomic import write_json
 from qdeploy.utils.cache import default_cache_dir
+from qdeploy.facts.onnxruntime import u8s8_saturates
 from qdeploy.utils.hashing import sha256_file, sha256_json, source_fingerprint
 from qdeploy.utils.log import log
 
@@ -109,7 +110,7 @@ class Builder:
 
     def _pytorch(self) -> Artifact:
         model = self.torch_model()
-        path = resolve_weights_path(self.spec.weights) if self.spec.weights else None
+        path = resolve_weights_path(self.spec.weights_file) if self.spec.weights_file else None  # None for weights: random
         return Artifact(ArtifactKind.PYTORCH, model_fingerprint(self.spec, model), f"model source {self.spec.source}",
                         inputs=[str(path)] if path else [], path=path, module=model)
 
@@ -261,6 +262,8 @@ class Builder:
             "preprocess": self.spec.preprocess.model_dump(mode="json"),
             "export": self.cfg.export.model_dump(mode="json", exclude={"verify", "cache"}),
             "code": _quantize_code_fingerprint(),
+            # the ONNX Runtime placement's weights depend on the CPU's kernels (facts/onnxruntime.py)
+            "u8s8_saturates": u8s8_saturates() if int8.placement == "onnxruntime" else None,
             "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
                          "nvidia-modelopt": _version("nvidia-modelopt")},
         }

@@ -27,6 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from qdeploy.errors import ConfigError
+from qdeploy.facts.onnxruntime import reduce_range_reason, u8s8_saturates
 from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
@@ -168,9 +169,12 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         op_types = sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(exclude_ops or []))
         extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
         act_type = QuantType.QUInt8
+    # ONNX Runtime's CPU kernels saturate U8S8 sums on x86-64 without VNNI: 7-bit weights there (facts/onnxruntime.py)
+    reduce_range = target == "onnxruntime" and u8s8_saturates()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, act_type, tensors_range, [], excluded, op_types, extra)
+        quantizer = QDQQuantizer(model, True, reduce_range, QuantType.QInt8, act_type, tensors_range, [], excluded, op_types,
+                                 extra)
         quantizer.quantize_model()
     qmodel = quantizer.model.model
     fixes = {}
@@ -182,7 +186,8 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         onnx.save(qmodel, str(tmp))
     return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
             "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
-            "excluded_squeeze_excitation": se_nodes, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes}
+            "excluded_squeeze_excitation": se_nodes, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
+            "reduce_range": reduce_range_reason(reduce_range)}
 
 
 # lint's safe fixes that turn ONNX Runtime's placement into TensorRT's (rule ids in qdeploy.lint.rules)
