@@ -14,7 +14,8 @@ from qdeploy.report import (SCHEMA_VERSION, print_table, render_html, render_mar
                             write_reports)
 from qdeploy.report import writer
 from qdeploy.report.tables import NOISY_HINT
-from qdeploy.report.verdict import mark_degraded, recommend
+from qdeploy.evaluate.stats import accuracy_change
+from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FP16_REASON = "FP16 needs a CUDA GPU; none is available"
@@ -120,8 +121,11 @@ def v2_results() -> dict:
                         "eval": {"status": "not_run", "time_s": None, "error": None},
                         "bench": {"status": "not_run", "time_s": None, "error": None}}
     vs[-2]["failed_stage"] = "check"
+    # the paired test on the same 10,000 images: 60 images right only for the reference, 37 only for the variant
+    vs[2]["accuracy_change"] = accuracy_change(n=10000, reference_correct=9173, b=60, c=37)
     mark_degraded(vs, "classification")
     res["recommendation"] = recommend(res)
+    res["warnings"] = run_warnings(res)
     res["bench"]["repeats"] = 3
     res["artifacts"] = [
         {"variant": "onnxruntime-int8", "kind": "onnx", "path": "artifacts/onnxruntime-int8.onnx", "sha256": SHA,
@@ -449,6 +453,15 @@ DELETE = object()
     ("data.eval.skipped_files", {"a": 1}, r"data\.eval\.skipped_files must be a list"),
     ("data.eval.skipped_files.0.reason", "", r"data\.eval\.skipped_files\[0\]\.reason must be a non-empty"),
     ("data.calibration.skipped_files.0", "calib/x.png", r"data\.calibration\.skipped_files\[0\] must be a dict"),
+    ("variants.2.accuracy_change", 0.23, r"variants\[2\].*accuracy_change must be a dict"),
+    ("variants.2.accuracy_change.verdict", "meh", r"accuracy_change\.verdict must be one of 'no detectable change'"),
+    ("variants.2.accuracy_change.p_value", 1.5, r"accuracy_change\.p_value must be a probability in \[0, 1\]"),
+    ("variants.2.accuracy_change.n", 0, r"accuracy_change\.n must be an integer >= 1"),
+    ("variants.2.accuracy_change.ci_low_points", 9.0, r"accuracy_change: ci_low_points 9\.0 is above ci_high_points"),
+    ("recommendation.speedup.ratio", -1.0, r"recommendation\.speedup\.ratio must be a positive number"),
+    ("recommendation.speedup.noisy", "yes", r"recommendation\.speedup\.noisy must be a list"),
+    ("warnings", {}, r"results\.warnings must be a list"),
+    ("warnings", [{"code": "", "message": "m"}], r"results\.warnings\[0\]\.code must be a non-empty string"),
 ])
 def test_validate_rejects_malformed_v2_keys(path, value, message):
     bad = _mutate(v2_results(), path, value)
@@ -456,13 +469,38 @@ def test_validate_rejects_malformed_v2_keys(path, value, message):
         validate_results(bad)
 
 
+def test_accuracy_change_is_reported_beside_agreement(tmp_path):
+    """A detectable drop within the tolerance: reported ("worse", with its interval and p), not degraded, still
+    recommended; agreement stays in its column."""
+    res = v2_results()
+    int8 = res["variants"][2]
+    assert int8["status"] == "ok" and int8["accuracy_change"]["verdict"] == "worse"
+    assert int8["accuracy_change"]["p_value"] == pytest.approx(0.0251, abs=0.002)
+    assert res["recommendation"]["variant"] == "onnxruntime-int8"
+    assert "(-0.23: worse, 95 % CI -0.42 to -0.04, exact McNemar p = 0.025 on 10,000 images)" in \
+        res["recommendation"]["reason"]
+    paths = write_reports(res, tmp_path)
+    md = paths["markdown"].read_text(encoding="utf-8")
+    accuracy = md[md.index("## Accuracy"):md.index("## Latency, batch size 1")]
+    assert "| Change vs reference (95 % CI, p) |" in accuracy and "exact McNemar" in accuracy
+    assert "| onnxruntime-int8 | 91.50 | – | -0.23 | 98.12 | 10,000 | worse (-0.23, CI -0.42 to -0.04, p 0.025) | accuracy" \
+        in accuracy
+    assert "| torch-fp32 | 91.73 | 99.78 | ref | ref | 10,000 | ref |" in accuracy
+    assert "| onnxruntime-fp32 | 91.71 | 99.78 | -0.02 | 99.94 | 10,000 | – |" in accuracy  # no paired test: –
+    # speed-ups carry their bootstrap interval in the latency tables
+    latency = md[md.index("## Latency, batch size 32"):md.index("## Memory")]
+    assert re.search(r"\| onnxruntime-fp32 \|.*\| \d\.\d\d× \(\d\.\d\d–\d\.\d\d\) \|", latency), latency
+    assert "worse (-0.23" in paths["html"].read_text(encoding="utf-8")
+    assert json.loads(paths["results"].read_text())["warnings"] == []
+
+
 def test_validate_accepts_records_without_the_v2_keys():
     """Absent new keys mean "not measured": a results/1-shaped record (schema string aside) stays valid."""
     res = v2_results()
-    for key in ("recommendation", "artifacts"):
+    for key in ("recommendation", "artifacts", "warnings"):
         del res[key]
     for v in res["variants"]:
-        for key in ("stages", "failed_stage", "speed_is_deployment"):
+        for key in ("stages", "failed_stage", "speed_is_deployment", "accuracy_change"):
             v.pop(key, None)
     del res["data"]["eval"]["skipped_files"], res["data"]["calibration"]
     validate_results(res)

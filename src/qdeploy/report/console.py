@@ -22,13 +22,17 @@ def print_verdict(results: Mapping, console: Console) -> None:
     v = T.verdict(results)
     if v is None:
         return
-    text = Text(v.headline, style="bold")
-    text.append(f" — {v.why}")
+    text = Text()
+    for line in v.warnings:  # first: what makes the rest of the answer doubtful
+        text.append(("\n" if text else "") + f"{T.WARNING_MARK} {line}", style="bold red")
+    if v.headline:
+        text.append(("\n" if text else "") + v.headline, style="bold")
+        text.append(f" — {v.why}")
     for line in v.lines:
         text.append("\n" + line)
     for name, why in v.excluded:
         text.append(f"\n  not {name}: {why}", style="dim")
-    console.print(Panel(text, border_style="green" if v.found else "yellow", expand=False))
+    console.print(Panel(text, border_style="green" if v.clean else "red" if v.warnings else "yellow", expand=False))
 
 
 def print_table(results: Mapping, console: Console | None = None) -> Table:

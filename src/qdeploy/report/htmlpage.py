@@ -21,6 +21,7 @@ tr:nth-child(even) td{background:#fafbfc}tr.muted td{color:#8a93a3;font-style:it
 tr.degraded td{background:#fff4e0;color:#7a4b00}ul.notes{color:#5b6475;font-size:13px;margin:0 0 8px;padding-left:20px}
 .verdict{background:#eaf6ec;border:1px solid #8cc79a;border-left:6px solid #2e8b47;padding:10px 14px;margin:8px 0 16px}
 .verdict.none{background:#fff6e5;border-color:#e0b060;border-left-color:#c88a12}
+.verdict.warned{background:#fdecec;border-color:#e0a0a0;border-left-color:#b42318}.verdict p.warning{color:#b42318}
 .verdict p{margin:3px 0}.verdict p.headline{font-size:15px}.verdict strong{font-size:17px}.verdict ul{margin:4px 0;font-size:13px}
 table.kv th{width:130px}figure{margin:10px 0;background:#fff;border:1px solid #d8dce3;padding:8px;display:inline-block}
 figure img{max-width:100%;height:auto;display:block}figcaption{color:#5b6475;font-size:13px;margin-top:4px}
@@ -54,8 +55,10 @@ def _verdict(results: Mapping) -> list[str]:
     v = T.verdict(results)
     if v is None:
         return []
-    out = [f'<section class="verdict{"" if v.found else " none"}" id="recommendation">',
-           f'<p class="headline"><strong>{escape(v.headline)}</strong> — {escape(v.why)}</p>']
+    out = [f'<section class="verdict{"" if v.clean else " warned" if v.warnings else " none"}" id="recommendation">']
+    out += [f'<p class="warning"><strong>{escape(T.WARNING_MARK)} {escape(line)}</strong></p>' for line in v.warnings]
+    if v.headline:
+        out.append(f'<p class="headline"><strong>{escape(v.headline)}</strong> — {escape(v.why)}</p>')
     out += [f"<p>{escape(line)}</p>" for line in v.lines]
     if v.excluded:
         out.append("<details><summary>Why not the others</summary><ul>"

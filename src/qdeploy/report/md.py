@@ -25,7 +25,12 @@ def verdict_lines(results: Mapping) -> list[str]:
     v = T.verdict(results)
     if v is None:
         return []
-    out = [f"> **{_cell(v.headline)}** — {_cell(v.why)}", ">"]
+    out = [f"> **{T.WARNING_MARK} {_cell(line)}**" + ("  " if i + 1 < len(v.warnings) else "")
+           for i, line in enumerate(v.warnings)]
+    if out:
+        out.append(">")
+    if v.headline:
+        out += [f"> **{_cell(v.headline)}** — {_cell(v.why)}", ">"]
     out += [f"> {_cell(line)}  " for line in v.lines]
     if v.excluded:
         out += [">", "> Not recommended:", ">"]

@@ -20,6 +20,8 @@ STATUSES = ("ok", "degraded", "skipped", "failed")
 FAILED_STAGES = ("check", "build", "load", "eval", "bench")
 STAGES = ("build", "load", "eval", "bench")
 STAGE_STATUSES = ("ok", "failed", "skipped", "not_run")
+# accuracy_change.verdict: the paired test's answer (qdeploy.evaluate.stats)
+CHANGE_VERDICTS = ("no detectable change", "worse", "better")
 # Only the keys the reports cannot do without; the others (config, data, created, ...) are shown when present.
 REQUIRED_TOP = ("schema", "model", "environment", "bench", "reference", "variants")
 REQUIRED_VARIANT = ("name", "engine", "precision", "status", "metrics", "agreement",
@@ -37,9 +39,12 @@ def validate_results(results: Any) -> dict:
     strict JSON cannot hold them, and a missing measurement must be ``None``.
 
     The keys added in results/2 are optional (absent = not measured) but checked when present:
-    per variant ``failed_stage``, ``stages``, ``speed_is_deployment`` and ``latency_ms[bs]``'s ``cv``,
-    ``noisy``, ``repeats``, ``repeat_p50s``; top-level ``recommendation`` (names only ok variants) and
-    ``artifacts`` (paths relative to the output folder); ``data.eval/calibration.skipped_files``.
+    per variant ``failed_stage``, ``stages``, ``speed_is_deployment``, ``latency_ms[bs]``'s ``cv``,
+    ``noisy``, ``repeats``, ``repeat_p50s`` and ``accuracy_change`` (the paired test against the reference:
+    ``verdict`` one of :data:`CHANGE_VERDICTS`, ``p_value`` in [0, 1], ``n``, points); top-level ``recommendation``
+    (names only ok variants; optional ``speedup``), ``warnings`` (``[{code, message, ...}]``, codes such as
+    ``reference-near-chance`` and ``every-int8-variant-failed``) and ``artifacts`` (paths relative to the output
+    folder); ``data.eval/calibration.skipped_files``.
     """
     if not isinstance(results, Mapping):
         raise ValueError(f"results must be a dict, got {type(results).__name__}")
@@ -94,6 +99,8 @@ def validate_results(results: Any) -> dict:
         _check_recommendation(data["recommendation"], statuses)
     if "artifacts" in data:
         _check_artifacts(data["artifacts"], names)
+    if "warnings" in data:
+        _check_warnings(data["warnings"])
     _check_skipped_files(data.get("data"))
     return data
 
@@ -152,6 +159,26 @@ def _check_variant_v2(v: dict, where: str) -> None:
     for bs, stats in (v.get("latency_ms") or {}).items():
         if isinstance(stats, dict):
             _check_latency(stats, f"{where}.latency_ms.{bs}")
+    if v.get("accuracy_change") is not None:
+        _check_change(v["accuracy_change"], f"{where}.accuracy_change")
+
+
+def _check_change(change: Any, where: str) -> None:
+    if not isinstance(change, dict):
+        raise ValueError(f"{where} must be a dict, got {type(change).__name__}")
+    if change.get("verdict") not in CHANGE_VERDICTS:
+        raise ValueError(f"{where}.verdict must be one of {', '.join(map(repr, CHANGE_VERDICTS))}, got {change.get('verdict')!r}")
+    p = change.get("p_value")
+    if p is not None and (not _is_num(p) or not 0.0 <= p <= 1.0):
+        raise ValueError(f"{where}.p_value must be a probability in [0, 1] or None, got {p!r}")
+    n = change.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"{where}.n must be an integer >= 1 (images compared), got {n!r}")
+    for key in ("drop_points", "ci_low_points", "ci_high_points"):
+        _opt_num(change, key, where, minimum=None)
+    lo, hi = change.get("ci_low_points"), change.get("ci_high_points")
+    if _is_num(lo) and _is_num(hi) and lo > hi:
+        raise ValueError(f"{where}: ci_low_points {lo} is above ci_high_points {hi}")
 
 
 def _check_latency(stats: dict, where: str) -> None:
@@ -188,6 +215,16 @@ def _check_recommendation(rec: Any, statuses: dict[str, str]) -> None:
     _nonempty_str(rec, "metric", where)
     _nonempty_str(rec, "reason", where)
     _opt_str(rec, "batch_size", where)
+    gain = rec.get("speedup")
+    if gain is not None:
+        if not isinstance(gain, dict):
+            raise ValueError(f"{where}.speedup must be a dict, got {type(gain).__name__}")
+        if not _is_num(gain.get("ratio")) or gain["ratio"] <= 0:
+            raise ValueError(f"{where}.speedup.ratio must be a positive number, got {gain.get('ratio')!r}")
+        for key in ("ci_low", "ci_high"):
+            _opt_num(gain, key, f"{where}.speedup")
+        if not isinstance(gain.get("noisy", []), list):
+            raise ValueError(f"{where}.speedup.noisy must be a list of variant names, got {gain.get('noisy')!r}")
     excluded = rec.get("excluded", {})
     if not isinstance(excluded, dict):
         raise ValueError(f"{where}.excluded must be a dict variant -> why, got {type(excluded).__name__}")
@@ -218,6 +255,16 @@ def _check_artifacts(artifacts: Any, names: set[str]) -> None:
         inputs = a.get("inputs", [])
         if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
             raise ValueError(f"{where}.inputs must be a list of strings, got {inputs!r}")
+
+
+def _check_warnings(warnings: Any) -> None:
+    if not isinstance(warnings, list):
+        raise ValueError(f"results.warnings must be a list of {{code, message}}, got {type(warnings).__name__}")
+    for i, w in enumerate(warnings):
+        if not isinstance(w, dict):
+            raise ValueError(f"results.warnings[{i}] must be a dict with code and message, got {type(w).__name__}")
+        _nonempty_str(w, "code", f"results.warnings[{i}]")
+        _nonempty_str(w, "message", f"results.warnings[{i}]")
 
 
 def _check_skipped_files(data: Any) -> None:

@@ -6,9 +6,11 @@ dict was validated: renderers may be called on partial results.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,7 @@ from qdeploy.benchmark.latency import NOISY_CV
 
 DASH = "–"
 NOISY_MARK = "⚠"
+WARNING_MARK = "⚠"  # before each results["warnings"] line that opens the reports
 NOT_DEPLOYMENT_MARK = "†"
 NOISY_HINT = (f"{NOISY_MARK} CV above {100 * NOISY_CV:.0f} %: the timing is noisy (busy machine?); "
               "re-run with more bench.iterations or bench.repeats.")
@@ -198,12 +201,14 @@ def accuracy_table(results: Mapping) -> Table:
     ref = reference(results)
     ref_value = num(section(ref, "metrics").get(head_key)) if ref else None
     with_note = any(v.get("note") for v in variants(results))
+    with_change = any(section(v, "accuracy_change") for v in variants(results))
     t = Table("accuracy", "Accuracy",
               ["Variant", *[m[1] for m in metrics], f"Δ {head_label.split()[0]} (pts)", "Agreement %", "Samples"]
-              + (["Note"] if with_note else []),
-              [False] + [True] * (len(metrics) + 3) + ([False] if with_note else []),
+              + (["Change vs reference (95 % CI, p)"] if with_change else []) + (["Note"] if with_note else []),
+              [False] + [True] * (len(metrics) + 3) + ([False] if with_change else []) + ([False] if with_note else []),
               caption=(f"Δ is in percentage points against the reference variant {results.get('reference')}; "
                        "agreement is the share of predictions identical to the reference's."
+                       + (f" {CHANGE_CAPTION}" if with_change else "")
                        if ref else "No reference variant: Δ and agreement are not available."))
     shown = _shown(results, lambda v: bool(section(v, "metrics")))
     t.notes = _degraded_notes(shown)
@@ -215,9 +220,26 @@ def accuracy_table(results: Mapping) -> Table:
                                       else f"{100 * (value - ref_value):+.2f}")
         agreement = "ref" if is_ref else pct(v.get("agreement"))  # producers store None or 1.0 for it
         samples = fmt(m.get("samples"), 0, sep=True)
+        change = "ref" if is_ref else change_cell(section(v, "accuracy_change"))
         t.add([label(v), *[pct(m.get(k)) for k, _ in metrics], delta, agreement, samples]
-              + ([str(v.get("note") or "")] if with_note else []), row_style(v))
+              + ([change] if with_change else []) + ([str(v.get("note") or "")] if with_note else []), row_style(v))
     return t
+
+
+CHANGE_CAPTION = ("Change vs reference: a paired test on the same images (top-1: exact McNemar test on the images only "
+                  "one of the two gets right, with an Agresti–Min interval; mIoU: bootstrap over images): \"no "
+                  "detectable change\" unless p < 0.05. It, not agreement, decides whether an INT8 variant is degraded "
+                  "(with a drop beyond the tolerance).")
+
+
+def change_cell(change: Mapping) -> str:
+    """An ``accuracy_change`` in a cell: "no detectable change (-0.05, CI -2.01 to +1.91, p 1)"; – when absent."""
+    if not change or not change.get("verdict"):
+        return DASH
+    drop, lo, hi, p = (num(change.get(k)) for k in ("drop_points", "ci_low_points", "ci_high_points", "p_value"))
+    ci = f", CI {-hi:+.2f} to {-lo:+.2f}" if lo is not None and hi is not None else ""
+    return (f"{change['verdict']} ({DASH if drop is None else f'{-drop:+.2f}'}{ci}"
+            + (f", p {p:.2g}" if p is not None else "") + ")")
 
 
 def latency_tables(results: Mapping) -> list[Table]:
@@ -234,7 +256,8 @@ def latency_tables(results: Mapping) -> list[Table]:
                   + (["Repeat p50s ms"] if multi else []),
                   [False] + [True] * 7 + ([True] if multi else []),
                   caption=f"Time for one batch of {bs}. p50 (median) is the headline latency; speed-up is the "
-                          "reference's p50 over the variant's; CV = std/mean of the timed iterations; throughput is "
+                          "reference's p50 over the variant's, with its 95 % bootstrap interval (ratio of medians of "
+                          "the timed iterations); CV = std/mean of the timed iterations; throughput is "
                           "sustained throughput (batch size / mean latency of back-to-back batches)."
                           + (" With several repeats, the repeat with the lowest median is kept; the last column "
                              "lists every repeat's median." if multi else ""))
@@ -245,7 +268,9 @@ def latency_tables(results: Mapping) -> list[Table]:
             lat = latency_stats(v, bs)
             mean, std, median = num(lat.get("mean")), num(lat.get("std")), num(lat.get("p50"))
             mean_std = DASH if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
-            speedup = DASH if not (median and ref_p50 and deploys_speed(v)) else f"{ref_p50 / median:.2f}×"
+            speedup = DASH if not (median and ref_p50 and deploys_speed(v)) else \
+                speedup_cell(ref_p50 / median, at_batch(section(ref, "latency_samples_ms"), bs),
+                             at_batch(section(v, "latency_samples_ms"), bs), v is ref)
             name = label(v) + ("" if deploys_speed(v) else f" {NOT_DEPLOYMENT_MARK}")
             repeats = [f for f in map(num, lat.get("repeat_p50s") or []) if f is not None]
             t.add([name, fmt(median), mean_std, fmt(lat.get("p95")), fmt(lat.get("p99")), cv_cell(lat),
@@ -260,6 +285,26 @@ def latency_tables(results: Mapping) -> list[Table]:
             t.notes.append(NOISY_HINT)
         tables.append(t)
     return tables
+
+
+def speedup_cell(ratio: float, ref_samples, samples, is_ref: bool = False) -> str:
+    """"2.93× (2.85–3.01)": the ratio of p50s and its 95 % percentile-bootstrap interval when both samples exist."""
+    text = f"{ratio:.2f}×"
+    if is_ref or not (isinstance(ref_samples, list) and ref_samples and isinstance(samples, list) and samples):
+        return text
+    try:
+        boot = _ratio_interval(tuple(ref_samples), tuple(samples))
+    except (TypeError, ValueError):  # entries that are not numbers: no interval
+        return text
+    return text if boot is None else f"{text} ({boot[1]:.2f}–{boot[2]:.2f})"
+
+
+@functools.lru_cache(maxsize=256)
+def _ratio_interval(ref_samples: tuple, samples: tuple):
+    """Cached: the Markdown and HTML reports show the same tables, and a bootstrap of 1,000 samples takes ~0.1 s."""
+    from qdeploy.evaluate.stats import ratio_of_medians
+
+    return ratio_of_medians(ref_samples, samples)
 
 
 def latency_stats(v: Mapping, bs: str) -> Mapping:
@@ -309,7 +354,8 @@ def iou_table(results: Mapping) -> Table | None:
 def skipped_table(results: Mapping) -> Table:
     t = Table("skipped", "Skipped, failed and degraded variants", ["Variant", "Engine", "Precision", "Status", "Why"],
               [False] * 5, caption="Degraded variants ran and are measured in the tables above, but their INT8 "
-                                   "accuracy collapsed: they are never recommended.")
+                                   "accuracy dropped (a paired test's detectable drop beyond the tolerance; without "
+                                   "labels, agreement below the minimum): they are never recommended.")
     for v in variants(results):
         if not is_ok(v):
             t.add([str(v.get("name") or "?"), str(v.get("engine") or DASH), str(v.get("precision") or DASH),
@@ -496,21 +542,36 @@ def all_tables(results: Mapping) -> list[Table]:
 
 
 # ---------------------------------------------------------------------------- header
+def warnings(results: Mapping) -> list[str]:
+    """``results["warnings"]``' messages (reference near chance, every INT8 variant failed): the lines every report
+    opens with, before the recommendation."""
+    items = results.get("warnings") if isinstance(results, Mapping) else None
+    return [str(w.get("message") or w.get("code")) for w in items or [] if isinstance(w, Mapping)
+            and (w.get("message") or w.get("code"))]
+
+
 @dataclass
 class Verdict:
     """The recommendation as every report opens with it."""
     found: bool                   # a variant is recommended
-    headline: str                 # "Recommended: X" or "No variant recommended on this machine" (shown bold)
+    headline: str                 # "Recommended: X" or "No variant recommended on this machine" (shown bold); "" = none
     why: str                      # the recommendation's reason, after the headline and a dash
     lines: list[str]              # runner-up, then the basis (metric, tolerance, batch size)
     excluded: list[tuple[str, str]]  # (variant, why it was not recommended)
+    warnings: list[str] = field(default_factory=list)  # shown first, before the headline
+
+    @property
+    def clean(self) -> bool:
+        """A recommendation with nothing to warn about: the only case shown in green."""
+        return self.found and not self.warnings
 
 
 def verdict(results: Mapping) -> Verdict | None:
-    """``results["recommendation"]`` ready to show, or None when it was not computed."""
+    """``results["recommendation"]`` ready to show, after ``results["warnings"]``; None when neither is there."""
     rec = section(results, "recommendation")
+    warned = warnings(results)
     if not rec:
-        return None
+        return Verdict(False, "", "", [], [], warned) if warned else None
     name, reason = rec.get("variant"), str(rec.get("reason") or "no reason given")
     # The reason must read alone in results.json, so it names the winner (or says "No variant …") itself;
     # that opening becomes the headline here instead of being said twice.
@@ -524,7 +585,7 @@ def verdict(results: Mapping) -> Verdict | None:
     metric = dict(METRICS[task(results)]).get(rec.get("metric"), str(rec.get("metric") or "?")).removesuffix(" %")
     lines = []
     runner_up = rec.get("runner_up")
-    if name and not (runner_up and f"Runner-up {runner_up}" in reason):  # said once is enough
+    if name and "runner-up" not in reason.lower():  # the reason already names it (or says there is none): once is enough
         bs = rec.get("batch_size")
         runner = next((v for v in variants(results) if v.get("name") == runner_up), None)
         lines.append(f"Runner-up: {runner_up}" + (f" (p50 {fmt(p50(runner, str(bs)))} ms)" if runner and bs else "")
@@ -536,11 +597,23 @@ def verdict(results: Mapping) -> Verdict | None:
         basis += f"; fastest p50 at batch size {rec['batch_size']}"
     lines.append(basis + "; speed measured on this machine.")
     excluded = [(str(k), str(why)) for k, why in section(rec, "excluded").items()]
-    return Verdict(bool(name), headline, why, lines, excluded)
+    return Verdict(bool(name), headline, why, lines, excluded, warned)
 
 
 def title(results: Mapping) -> str:
     return f"qdeploy report: {section(results, 'model').get('source') or 'unknown model'}"
+
+
+def _exporter(onnx: Mapping) -> str:
+    """Who made the ONNX: ``exporter`` when recorded, else what ``produced_by`` says (the pipeline records
+    "export (torchscript exporter, opset 17)" or "user's ONNX file")."""
+    if onnx.get("exporter"):
+        return f"{onnx['exporter']} exporter"
+    by = str(onnx.get("produced_by") or "").strip()
+    m = re.fullmatch(r"export \((\S+) exporter(?:, opset \d+)?\)", by)
+    if m:
+        return f"{m.group(1)} exporter"
+    return by or "exporter not recorded"
 
 
 def onnx_line(results: Mapping) -> str | None:
@@ -548,8 +621,7 @@ def onnx_line(results: Mapping) -> str | None:
     onnx = section(results, "model").get("onnx")
     if not isinstance(onnx, Mapping):
         return None
-    parts = [f"opset {onnx.get('opset', DASH)}", f"{onnx.get('exporter') or '?'} exporter",
-             f"{fmt(onnx.get('size_mb'), 1)} MB"]
+    parts = [f"opset {onnx.get('opset', DASH)}", _exporter(onnx), f"{fmt(onnx.get('size_mb'), 1)} MB"]
     verify = onnx.get("verify")
     if isinstance(verify, Mapping):
         passed = verify.get("passed")

@@ -1,16 +1,21 @@
-"""The answer of a run: which variants collapsed, and which one to deploy.
+"""The answer of a run: which variants collapsed, which one to deploy, and what the reader must know first.
 
 Pure functions on variant records and the results dict (no I/O, no engines), so the pipeline calls
 them once the measurements are in, and the reports only show what they decided:
 
-    mark_degraded(results["variants"], task)            # INT8 variants whose accuracy collapsed
-    results["recommendation"] = recommend(results)      # fastest variant within tolerance
+    mark_degraded(results["variants"], task, tolerance=0.5)  # INT8 variants whose accuracy really dropped
+    results["recommendation"] = recommend(results)          # fastest variant within tolerance
+    results["warnings"] = run_warnings(results, chance)     # reference near chance, every INT8 variant failed
+
+The statistics themselves (exact McNemar, Agresti–Min and bootstrap intervals, the binomial chance test) are in
+:mod:`qdeploy.evaluate.stats`.
 """
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
 
+from qdeploy.evaluate.stats import ratio_of_medians
 from qdeploy.report import tables as T
 
 # An INT8 variant whose agreement is this far (as a fraction) below the median of its INT8 siblings is
@@ -22,6 +27,14 @@ CLOSE_P50 = 0.05
 _EPS = 1e-9  # a difference of exactly the threshold (0.5 points, 0.10) is not "beyond" it
 
 METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "miou": "mIoU", "pixel_acc": "pixel accuracy"}
+
+# results["warnings"][i]["code"]: what the headline opens with (and what `qdeploy run`'s exit code reads)
+NEAR_CHANCE = "reference-near-chance"
+INT8_ALL_FAILED = "every-int8-variant-failed"
+NEAR_CHANCE_CAUSES = ("input size (model.preprocess input_size/resize/crop: a 32x32 model fed 224x224?)",
+                      "normalisation (preprocess mean/std, RGB vs L)",
+                      "class order (data.eval classes/class_names vs the order the model was trained with)",
+                      "weights (model.weights not loaded, or of another model)")
 
 
 def _metric(task: str) -> tuple[str, str]:
@@ -37,26 +50,76 @@ def _ms(x: float) -> str:
     return f"{x:.2f} ms" if x >= 0.1 else f"{x:.3f} ms"  # sub-0.1 ms models keep 3 significant-ish digits
 
 
+def change_text(change: Mapping) -> str:
+    """An ``accuracy_change`` in one phrase: "no detectable change: -0.05 points (95 % CI -2.01 to +1.91, exact
+    McNemar p = 1 on 2,000 images)"."""
+    drop = T.num(change.get("drop_points"))
+    return (f"{change.get('verdict') or '?'}: {T.DASH if drop is None else f'{-drop:+.2f}'} points "
+            f"({_evidence(change)})")
+
+
+def change_brief(change: Mapping) -> str:
+    """The verdict and its evidence, without the change itself: "no detectable change, 95 % CI -1.05 to +2.71,
+    exact McNemar p = 0.55 on 359 images"."""
+    return f"{change.get('verdict') or '?'}, {_evidence(change)}"
+
+
+def _evidence(change: Mapping) -> str:
+    conf = T.num(change.get("confidence"))
+    lo, hi, p = T.num(change.get("ci_low_points")), T.num(change.get("ci_high_points")), T.num(change.get("p_value"))
+    n = T.num(change.get("n"))
+    ci = (f"{100 * conf:.0f} % CI " if conf is not None else "CI ") + (
+        f"{-hi:+.2f} to {-lo:+.2f}" if lo is not None and hi is not None else T.DASH)
+    return (f"{ci}, {change.get('test') or 'test'} p = {T.DASH if p is None else f'{p:.2g}'}"
+            + (f" on {n:,.0f} images" if n is not None else ""))
+
+
 # ---------------------------------------------------------------------------- degraded INT8 variants
-def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9) -> None:
+def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9, tolerance: float = 0.5) -> None:
     """Set ``status = "degraded"`` (with a ``reason`` naming the numbers) on INT8 variants whose accuracy
-    collapsed. In place; only variants with ``precision == "int8"``, status ``ok`` and an ``agreement``
-    (share of predictions identical to the reference's) are considered. Two rules:
+    dropped. In place; only variants with ``precision == "int8"`` and status ``ok`` are considered.
+
+    With labels (the variant carries an ``accuracy_change`` against the reference, see
+    :mod:`qdeploy.evaluate.stats`), the verdict comes from a statistic with a stated uncertainty:
+
+    A. degraded when the change is a detectable drop (``verdict == "worse"``: exact McNemar test on the images
+       only one of the two models gets right, p < 0.05, McNemar 1947 / Dietterich 1998, for classification; a
+       95 % paired bootstrap interval over images that excludes 0 for segmentation mIoU, Efron & Tibshirani 1993)
+       **and** the measured drop exceeds ``tolerance`` points (``report.tolerance``, the recommendation's own bar).
+       A 0.05-point difference on 2,000 images is "no detectable change" however low the agreement; a
+       significant drop smaller than the tolerance is reported ("worse") without marking the variant.
+
+    Agreement (share of predictions identical to the reference's) stays a reported figure then: on a model that
+    is unsure of itself it falls without any change in accuracy. Without labels (``labels: false``) or without
+    an ``accuracy_change`` (e.g. segmentation too large to bootstrap), two agreement rules remain:
 
     1. threshold: ``agreement < min_agreement``;
     2. siblings: ``agreement`` more than ``SIBLING_GAP`` (0.10) below the median agreement of the other
-       ok INT8 variants, when there are at least ``SIBLINGS_NEEDED`` (2) of them. It catches one broken
+       such INT8 variants, when there are at least ``SIBLINGS_NEEDED`` (2) of them. It catches one broken
        calibration method among several healthy ones even when it clears the threshold.
 
-    Both rules read the agreements as they were on entry, so the result does not depend on the order of
+    The rules read the records as they were on entry, so the result does not depend on the order of
     ``variants``. Degraded variants keep all their measurements; they are never recommended.
     """
     key, metric = _metric(task)
     what = "predictions" if task == "classification" else "pixel predictions"
-    int8 = [v for v in variants if v.get("precision") == "int8" and v.get("status") == "ok"
-            and T.num(v.get("agreement")) is not None]
-    agreement = {id(v): T.num(v["agreement"]) for v in int8}
+    tolerance = float(tolerance)
+    candidates = [v for v in variants if v.get("precision") == "int8" and v.get("status") == "ok"]
     reasons = {}
+    by_change = [v for v in candidates if T.section(v, "accuracy_change").get("verdict")]
+    judged = {id(v) for v in by_change}
+    for v in by_change:
+        change = T.section(v, "accuracy_change")
+        drop = T.num(change.get("drop_points"))
+        if change.get("verdict") == "worse" and drop is not None and drop > tolerance + _EPS:
+            name = METRIC_NAMES.get(str(change.get("metric")), metric)
+            a = T.num(v.get("agreement"))
+            reasons[id(v)] = (f"INT8 {name} dropped beyond the {tolerance:g}-point tolerance: "
+                              f"{_pct(T.num(change.get('reference')) or 0)} → {_pct(T.num(change.get('variant')) or 0)}, "
+                              + change_text(change)
+                              + (f"; agreement with the reference {_pct(a)}" if a is not None else ""))
+    int8 = [v for v in candidates if id(v) not in judged and T.num(v.get("agreement")) is not None]
+    agreement = {id(v): T.num(v["agreement"]) for v in int8}
     for v in int8:
         a = agreement[id(v)]
         value = T.num(T.section(v, "metrics").get(key))
@@ -73,7 +136,7 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9) -
             reasons[id(v)] = (f"INT8 accuracy collapsed against its sibling INT8 variants: {_pct(a)} of its {what} "
                               f"agree with the reference's, {100 * (median - a):.2f} points below their median "
                               f"{_pct(median)} ({', '.join(n for n, _ in siblings)}){own}")
-    for v in int8:
+    for v in candidates:
         if id(v) in reasons:
             v["status"] = "degraded"
             v["reason"] = reasons[id(v)]
@@ -82,6 +145,46 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9) -
         shortfall = T.section(v, "tensorrt_engine").get("precision_shortfall")
         if shortfall and v.get("status") == "ok":
             v["status"], v["reason"] = "degraded", f"TensorRT built a different precision: {shortfall}"
+
+
+# ---------------------------------------------------------------------------- what the headline opens with
+def near_chance_warning(results: Mapping, check: Mapping, chance_basis: str = "") -> dict | None:
+    """The ``reference-near-chance`` warning from :func:`qdeploy.evaluate.stats.near_chance`'s ``check`` on the
+    reference's top-1, or None when the reference is clearly above chance."""
+    if not check or not check.get("near"):
+        return None
+    ref = results.get("reference")
+    n = T.num(check.get("n"))
+    message = (f"The reference {ref}'s top-1 {_pct(check['top1'])} is near chance ({_pct(check['chance'])}"
+               + (f", {chance_basis}" if chance_basis else "") + f"): not clearly above {_pct(check['threshold'])} "
+               f"(exact binomial test, one-sided p = {check['p_value']:.2g} on {n:,.0f} labelled images). The model or "
+               "its inputs are likely wrong; check the " + "; the ".join(NEAR_CHANCE_CAUSES)
+               + ". Every comparison below is against a reference that does not work.")
+    return {"code": NEAR_CHANCE, "message": message, "variant": ref,
+            **{k: check[k] for k in ("top1", "chance", "threshold", "p_value", "n", "alpha", "skill") if k in check}}
+
+
+def int8_failure_warning(variants: list[Mapping]) -> dict | None:
+    """The ``every-int8-variant-failed`` warning when the run had INT8 variants and none of them ran (each failed or
+    was skipped), naming each one's stage and reason; None otherwise."""
+    int8 = [v for v in variants if v.get("precision") == "int8"]
+    if not int8 or any(v.get("status") in ("ok", "degraded") for v in int8):
+        return None
+    parts = {}
+    for v in int8:
+        stage = str(v.get("failed_stage") or "?") + (" (skipped)" if v.get("status") == "skipped" else "")
+        parts[str(v.get("name"))] = f"{stage}: {v.get('reason') or 'no reason given'}"
+    every = "every INT8 variant failed" if all(v.get("status") == "failed" for v in int8) else \
+        "no INT8 variant ran (every one failed or was skipped)"
+    message = f"{every[0].upper()}{every[1:]}: " + "; ".join(f"{k}: {why}" for k, why in parts.items())
+    return {"code": INT8_ALL_FAILED, "message": message, "variants": parts}
+
+
+def run_warnings(results: Mapping, near_chance_check: Mapping | None = None, chance_basis: str = "") -> list[dict]:
+    """What every report must say before the recommendation: ``[{"code", "message", ...}]``, most basic first."""
+    out = [near_chance_warning(results, near_chance_check or {}, chance_basis),
+           int8_failure_warning(T.variants(results))]
+    return [w for w in out if w is not None]
 
 
 # ---------------------------------------------------------------------------- recommendation
@@ -116,7 +219,10 @@ def recommend(results: Mapping, tolerance: float = 0.5, batch_size: str | int | 
     ``batch_size`` defaults to the smallest batch size every such variant measured. Returns
     ``{"variant", "runner_up", "tolerance", "metric", "batch_size", "reason", "excluded"}``: ``variant``
     is None (and ``reason`` says why) when nothing qualifies; ``excluded`` maps every variant other than
-    the winner and the runner-up to why it is not recommended.
+    the winner and the runner-up to why it is not recommended. A winner other than the reference also gets
+    ``speedup`` (:func:`speedup`: the ratio of p50s with its 95 % bootstrap interval); the reason states the ratio
+    with that interval, and none at all when either timing is noisy (CV above the benchmark's bar): a 34.7× from a
+    timing with a CV of 143 % is not a headline.
     """
     task = T.task(results)
     key, metric = _metric(task)
@@ -168,9 +274,12 @@ def recommend(results: Mapping, tolerance: float = 0.5, batch_size: str | int | 
     for rank, v in enumerate(candidates[2:], start=3):
         excluded[str(v.get("name"))] = (f"slower: p50 {_ms(T.p50(v, bs))} at batch {bs} "
                                         f"(rank {rank} of {len(candidates)})")
+    gain = speedup(results, winner, bs) if winner is not T.reference(results) else None
+    if gain is not None:
+        out["speedup"] = gain
     out.update(variant=str(winner.get("name")), runner_up=str(runner.get("name")) if runner else None,
                excluded=excluded,
-               reason=_winner_reason(results, winner, runner, candidates, bs, key, metric, ref, ref_value, tolerance))
+               reason=_winner_reason(winner, runner, candidates, bs, key, metric, ref, ref_value, tolerance, gain))
     return out
 
 
@@ -192,14 +301,50 @@ def _nothing_qualifies(results: Mapping, metric: str, ref_value: float | None, t
             f"has a latency {where} (was the bench stage run?).")
 
 
-def _winner_reason(results, winner, runner, candidates, bs, key, metric, ref, ref_value, tolerance) -> str:
+def speedup(results: Mapping, v: Mapping, bs: str | None) -> dict | None:
+    """The reference's p50 over ``v``'s at batch ``bs``, with a 95 % percentile-bootstrap interval of the ratio of
+    medians from both latency samples (``latency_samples_ms``; :func:`qdeploy.evaluate.stats.ratio_of_medians`), and
+    whether either timing is noisy (``tables.noisy``: CV above the benchmark's bar), in which case the ratio is not
+    headlined. None without a reference whose speed is its deployment engine's, or without both p50s."""
+    ref = T.reference(results)
+    if bs is None or ref is None or not T.is_ok(ref) or not T.deploys_speed(ref) or not T.deploys_speed(v):
+        return None
+    rp, vp = T.p50(ref, bs), T.p50(v, bs)
+    if not rp or not vp:
+        return None
+    out = {"reference": str(ref.get("name")), "batch_size": bs, "ratio": rp / vp, "ci_low": None, "ci_high": None,
+           "confidence": None, "noisy": [str(x.get("name")) for x in (ref, v) if T.noisy(T.latency_stats(x, bs))]}
+    samples = [T.at_batch(T.section(x, "latency_samples_ms"), bs) for x in (ref, v)]
+    if all(isinstance(s, list) and s for s in samples):
+        boot = ratio_of_medians(*samples)
+        if boot is not None:
+            out.update(ci_low=boot[1], ci_high=boot[2], confidence=0.95)
+    return out
+
+
+def speedup_text(s: Mapping, cvs: Mapping[str, float] | None = None) -> str:
+    """``3.3× torch-fp32 (95 % CI 3.2–3.4×)``; for a noisy timing, that no ratio is given and why (with ``cvs``,
+    variant → CV, the CVs)."""
+    ref = s.get("reference")
+    if s.get("noisy"):
+        cvs = cvs or {}
+        noisy = [f"{n} CV {100 * cvs[n]:.1f} %" if cvs.get(n) is not None else n for n in s["noisy"]]
+        return f"speed-up over {ref} not stated: timing too noisy ({', '.join(noisy)})"
+    text = f"{s['ratio']:.1f}× {ref}"
+    lo, hi = T.num(s.get("ci_low")), T.num(s.get("ci_high"))
+    if lo is not None and hi is not None:
+        text += f" (95 % CI {lo:.2f}–{hi:.2f}×)"
+    return text
+
+
+def _winner_reason(winner, runner, candidates, bs, key, metric, ref, ref_value, tolerance, gain) -> str:
     name = str(winner.get("name"))
     wp = T.p50(winner, bs)
-    ref_p50 = T.p50(ref, bs) if ref is not None and T.is_ok(ref) and T.deploys_speed(ref) else None
     if winner is ref:
         speed = "; it is the reference"
-    elif ref_p50:
-        speed = f", {ref_p50 / wp:.1f}× {ref.get('name')}"
+    elif gain is not None:
+        cvs = {str(x.get("name")): T.num(T.latency_stats(x, bs).get("cv")) for x in (winner, ref)}
+        speed = ", " + speedup_text(gain, cvs)
     else:
         speed = ""
     n = len(candidates)
@@ -208,18 +353,22 @@ def _winner_reason(results, winner, runner, candidates, bs, key, metric, ref, re
             f"({_pct(ref_value)})")
     value = T.num(T.section(winner, "metrics").get(key))
     if winner is not ref and value is not None:
-        text += f"; its {metric} {_pct(value)} ({100 * (value - ref_value):+.2f})"
+        change = T.section(winner, "accuracy_change")
+        text += f"; its {metric} {_pct(value)} ({100 * (value - ref_value):+.2f}" + (
+            f": {change_brief(change)})" if change.get("verdict") else ")")
     text += "."
     if runner is None:
         return text + " No runner-up: no other variant qualifies."
     rp = T.p50(runner, bs)
     text += f" Runner-up {runner.get('name')} ({_ms(rp)})."
     noise = []
+    said = set(gain["noisy"]) if gain is not None else set()  # CVs the speed-up clause already gave
     for v in (winner, runner):
         stats = T.latency_stats(v, bs)
         if T.noisy(stats):
             cv = T.num(stats.get("cv"))
-            noise.append(f"{v.get('name')}'s timing is noisy" + (f", CV {100 * cv:.1f} %" if cv is not None else ""))
+            noise.append(f"{v.get('name')}'s timing is noisy"
+                         + (f", CV {100 * cv:.1f} %" if cv is not None and str(v.get("name")) not in said else ""))
     gap = (rp - wp) / rp if rp else 0.0
     if gap < CLOSE_P50:
         noise.append(f"their p50s differ by only {100 * gap:.1f} %")
