@@ -62,7 +62,7 @@ def bare_loop(model, bs: int, iters: int, warmup: int, channels_last: bool) -> d
 
 
 def qdeploy_variant(variant: VariantSpec, bs_list, iters, warmup) -> dict:
-    cfg = RunConfig.model_validate({"model": {"source": "torchvision:resnet50", "kwargs": {"weights": None},
+    cfg = RunConfig.model_validate({"model": {"source": "torchvision:resnet50", "kwargs": {"weights": None}, "weights": "random",
                                               "preprocess": {"input_size": [224, 224]}}, "data": {"eval": {"root": "."}}})
     resolved = resolve_variant(variant, 0)
     engine = create_engine(resolved, Builder(cfg).build(resolved.artifact_request()))

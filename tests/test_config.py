@@ -153,3 +153,72 @@ def test_unreadable_and_invalid_files(tmp_path):
     empty.write_text("")
     with pytest.raises(ConfigError, match="is empty"):
         load_config(empty)
+
+
+def test_every_config_error_is_one_line(tmp_path):
+    """The CLI prints one line per error: several problems are joined on it, YAML's caret diagram is not copied."""
+    d = _data()
+    d["bench"]["warmup"] = -1
+    d["bench"]["iterations"] = 0
+    with pytest.raises(ConfigError) as e:
+        parse_config(d, "c.yaml")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("invalid config c.yaml: bench.warmup:") and "; bench.iterations:" in msg
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {source: m.py:f\ndata: [\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert "\n" not in str(e.value)
+    assert "bad.yaml is not valid YAML" in str(e.value) and "at line 2, column 5" in str(e.value)
+
+
+@pytest.mark.parametrize("source", ["torchvision:resnet18", "timm:resnet10t"])
+def test_torchvision_and_timm_sources_need_weights_or_weights_random(source):
+    """issue #20 item 8: no weights would silently measure a randomly initialised network."""
+    d = _data()
+    d["model"]["source"] = source
+    del d["model"]["weights"]
+    with pytest.raises(ConfigError) as e:
+        parse_config(d, "c.yaml")
+    assert f"model.weights: missing for {source}" in str(e.value) and "model.weights: random" in str(e.value)
+    d["model"]["kwargs"] = {"weights": None}  # torchvision's own default: not a decision either
+    with pytest.raises(ConfigError, match="model.weights: missing"):
+        parse_config(d, "c.yaml")
+    d["model"]["weights"] = "random"
+    cfg = parse_config(d, "c.yaml")
+    assert cfg.model.weights == "random" and cfg.model.weights_file is None
+    # pretrained weights that the library itself loads are weights too
+    d["model"].pop("weights")
+    d["model"]["kwargs"] = {"weights": "DEFAULT"} if source.startswith("torchvision") else {"pretrained": True}
+    assert parse_config(d, "c.yaml").model.weights is None
+
+
+def test_weights_random_is_not_a_path_and_file_sources_keep_their_own_init(tmp_path):
+    path = tmp_path / "c.yaml"
+    d = _data()
+    d["model"]["source"] = "torchvision:resnet18"
+    d["model"]["weights"] = "random"
+    path.write_text(yaml.safe_dump(d))
+    assert load_config(path).model.weights == "random"  # not resolved to tmp_path/random
+    d = _data()
+    del d["model"]["weights"]  # a file.py factory may load its own weights
+    assert parse_config(d).model.weights is None
+
+
+def test_weights_for_an_onnx_source_are_refused():
+    d = _data()
+    d["model"]["source"] = "model.onnx"
+    with pytest.raises(ConfigError, match="model.weights: applies to PyTorch sources only"):
+        parse_config(d, "c.yaml")
+
+
+def test_dataset_specs_know_their_config_key():
+    d = _data()
+    d["qat"] = {"data": {"root": "train"}}
+    cfg = parse_config(d)
+    assert (cfg.data.eval.key, cfg.data.calibration.key, cfg.qat.data.key) == ("data.eval", "data.calibration", "qat.data")
+    # calibration never needs labels; evaluation does (it measures accuracy)
+    assert cfg.data.calibration.labels_optional and not cfg.data.eval.labels_optional
+    again = parse_config(parse_config(d).model_dump(mode="json"))  # optimize re-parses dumped configs
+    assert again.data.eval.key == "data.eval" and again.data.calibration.labels_optional

@@ -17,7 +17,8 @@ from qdeploy.data import (
     normalize,
     subset,
 )
-from qdeploy.errors import DataError
+from qdeploy.config import parse_config
+from qdeploy.errors import DataError, UnreadableImage
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 RNG = np.random.default_rng(0)
@@ -108,9 +109,11 @@ def test_corrupt_image_through_make_batches(tmp_path, workers):
     assert batches.workers == workers
     with pytest.raises(DataError) as info:
         list(batches)
-    # the original one-line message and class, not DataLoader's wrapped worker traceback
-    assert type(info.value) is DataError
-    assert str(info.value) == f"image {tmp_path / 'c' / '050.png'} is corrupt or not an image (PIL cannot identify it)"
+    # the original one-line message and class, not DataLoader's wrapped worker traceback, and the way around it
+    assert type(info.value) is UnreadableImage
+    assert str(info.value) == (f"image {tmp_path / 'c' / '050.png'} is corrupt or not an image (PIL cannot identify it); "
+                               "to leave unreadable images out (they are listed in results.json), set on_error: skip in its "
+                               "data section")
 
 
 def test_task_must_match_format(tmp_path):
@@ -295,3 +298,95 @@ def test_complement_subset_is_the_disjoint_rest(tmp_path):
     rest = build_dataset(DatasetSpec(root=str(root), count=6, seed=3, complement=True), pre, "classification")
     a, b = {p for p, _ in part.samples}, {p for p, _ in rest.samples}
     assert len(a) == 6 and len(b) == 9 and not a & b
+
+
+# ------------------------------------------------------------------------------------------
+# issue #20: messages name the config key and its on_error option; calibration takes any layout
+
+def _config(tmp_path, **data) -> dict:
+    return {"model": {"source": "m.py:f", "preprocess": {"input_size": [8, 8]}},
+            "data": {k: {"root": str(v), "workers": 0} for k, v in data.items()}}
+
+
+@pytest.mark.parametrize("section", ["eval", "calibration"])
+def test_corrupt_jpeg_names_its_sections_on_error_option(tmp_path, section):
+    write_image(tmp_path / "imgs" / "a" / "0.png", 8, 8)
+    jpg = tmp_path / "imgs" / "a" / "1.jpg"
+    write_image(jpg, 16, 16)
+    jpg.write_bytes(jpg.read_bytes()[:300])  # header intact, pixels cut
+    cfg = parse_config(_config(tmp_path, **{"eval": tmp_path / "other", section: tmp_path / "imgs"}))
+    spec = getattr(cfg.data, section)
+    batches = make_batches(spec, small(), "classification", progress=False)
+    with pytest.raises(UnreadableImage) as info:
+        list(batches)
+    msg = str(info.value)
+    assert str(jpg) in msg and f"set data.{section}.on_error: skip" in msg and "\n" not in msg
+    with pytest.raises(UnreadableImage, match=f"data.{section}.on_error: skip"):
+        make_batches(spec, small(), "classification", progress=False).first(2)
+    # and with the option set, the image is left out and listed
+    spec.on_error = "skip"
+    batches = make_batches(spec, small(), "classification", progress=False)
+    assert sum(len(x) for x, _ in batches) == 1 and [s["path"] for s in batches.skipped] == [str(jpg)]
+
+
+def test_layout_errors_start_with_the_config_key(tmp_path):
+    cfg = parse_config(_config(tmp_path, eval=tmp_path / "imgs", calibration=tmp_path / "gone"))
+    with pytest.raises(DataError, match=r"^data.calibration: dataset folder .*gone does not exist$"):
+        build_dataset(cfg.data.calibration, small(), "classification")
+
+
+def test_folder_of_non_images_says_what_is_there(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match=r"no images found under .* \(1 files, none of them an image: \.txt; images are \.bmp"):
+        ImageFolderDataset(tmp_path, small())
+
+
+def test_calibration_accepts_a_flat_folder_without_labels_false(tmp_path):
+    """issue #20 item 12: calibration never uses labels, so a flat folder of images needs no `labels: false`."""
+    for i in range(5):
+        write_image(tmp_path / "flat" / f"{i}.png", 8, 8)
+    write_image(tmp_path / "eval" / "a" / "0.png", 8, 8)
+    cfg = parse_config(_config(tmp_path, eval=tmp_path / "eval", calibration=tmp_path / "flat"))
+    calib = make_batches(cfg.data.calibration, small(), "classification", progress=False)
+    images, labels = next(iter(calib))
+    assert images.shape == (5, 3, 8, 8) and labels.tolist() == [-1] * 5  # no labels: UNLABELLED
+    # data.eval still needs its class folders (it measures accuracy), and says how to go without
+    cfg = parse_config(_config(tmp_path, eval=tmp_path / "flat"))
+    with pytest.raises(DataError, match="data.eval: no images found .* set labels: false"):
+        make_batches(cfg.data.eval, small(), "classification", progress=False)
+    # the same after a dump and re-parse, which spells labels: true out (qdeploy optimize's sub-runs)
+    d = parse_config(_config(tmp_path, eval=tmp_path / "eval", calibration=tmp_path / "flat")).model_dump(mode="json")
+    assert d["data"]["calibration"]["labels"] is True
+    assert make_batches(parse_config(d).data.calibration, small(), "classification", progress=False).num_samples == 5
+    # an empty calibration folder is still an error, naming the key
+    (tmp_path / "none").mkdir()
+    with pytest.raises(DataError, match="data.calibration: no images found"):
+        make_batches(parse_config(_config(tmp_path, eval=tmp_path / "eval", calibration=tmp_path / "none")).data.calibration,
+                     small(), "classification", progress=False)
+
+
+def test_calibration_with_class_folders_reads_the_same_images_in_the_same_order(tmp_path):
+    """A class-folder calibration set is read as before: the seeded count/complement split of one folder into
+    eval and calibration depends on both sides listing the images in the same order."""
+    for c in ("a", "b"):
+        for i in range(4):
+            write_image(tmp_path / "all" / c / f"{i}.png", 8, 8)
+    d = _config(tmp_path, eval=tmp_path / "all", calibration=tmp_path / "all")
+    d["data"]["eval"].update(count=3, complement=True)
+    d["data"]["calibration"].update(count=3)
+    cfg = parse_config(d)
+    ev = build_dataset(cfg.data.eval, small(), "classification")
+    cal = build_dataset(cfg.data.calibration, small(), "classification")
+    ev_paths, cal_paths = {p for p, _ in ev.samples}, {p for p, _ in cal.samples}
+    assert len(ev_paths) == 5 and len(cal_paths) == 3 and not ev_paths & cal_paths
+
+
+def test_segnet_calibration_split_without_annotations(tmp_path):
+    for i in range(3):
+        write_image(tmp_path / "camvid" / "train" / f"f{i}.png", 8, 8)
+    d = _config(tmp_path, eval=tmp_path / "x", calibration=tmp_path / "camvid")
+    d["data"]["calibration"].update(format="segnet", split="train")
+    ds = build_dataset(parse_config(d).data.calibration, small(), "segmentation")
+    image, label = ds[0]
+    assert len(ds) == 3 and image.shape == (3, 8, 8) and (label == 255).all()

@@ -85,7 +85,8 @@ def test_user_onnx_file_checks(tmp_path):
 
 def test_random_init_models_do_not_share_a_cached_export(tmp_path):
     """No weights file: two differently initialised models must not reuse each other's export."""
-    spec = ModelSpec(source="torchvision:resnet18", kwargs={"weights": None, "num_classes": 4}, preprocess={"input_size": [32, 32]})
+    spec = ModelSpec(source="torchvision:resnet18", kwargs={"weights": None, "num_classes": 4}, weights="random",
+                     preprocess={"input_size": [32, 32]})
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     torch.manual_seed(1)
     a = export_onnx(build_torch_model(spec), spec, ExportSpec(), x, cache_dir=tmp_path)

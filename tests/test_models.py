@@ -22,7 +22,7 @@ def test_file_factory_with_weights_loads_them(tiny_model_file, tiny_weights):
 
 
 def test_torchvision_source_with_kwargs():
-    model = build_torch_model(spec(source="torchvision:resnet18", kwargs={"num_classes": 7, "weights": None}))
+    model = build_torch_model(spec(source="torchvision:resnet18", kwargs={"num_classes": 7, "weights": None}, weights="random"))
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
 
 
@@ -38,7 +38,7 @@ def test_package_module_source_and_dict_output_selection(tiny_model_file):
 
 def test_timm_source():
     pytest.importorskip("timm")
-    model = build_torch_model(spec(source="timm:resnet10t", kwargs={"num_classes": 5}))
+    model = build_torch_model(spec(source="timm:resnet10t", kwargs={"num_classes": 5}, weights="random"))
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
 
 
@@ -65,7 +65,7 @@ def test_unknown_source_forms():
     with pytest.raises(ModelError, match="is not one of"):
         build_torch_model(spec(source="resnet18"))
     with pytest.raises(ModelError, match="torchvision:no_such_net"):
-        build_torch_model(spec(source="torchvision:no_such_net"))
+        build_torch_model(spec(source="torchvision:no_such_net", weights="random"))
 
 
 def test_weights_that_do_not_match_name_the_keys(tiny_model_file, tmp_path):
@@ -86,7 +86,7 @@ def test_missing_and_unreadable_weights(tiny_model_file, tmp_path):
         build_torch_model(spec(source=f"{tiny_model_file}:tiny", weights=str(tmp_path / "absent.pt")))
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(ModelError, match="junk.pt cannot be read as a PyTorch state_dict"):
+    with pytest.raises(ModelError, match=r"junk.pt is not a PyTorch checkpoint \(it is a text file"):
         build_torch_model(spec(source=f"{tiny_model_file}:tiny", weights=str(junk)))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from qdeploy.errors import ConfigError
 
@@ -71,16 +71,51 @@ def _as_hw(size: Optional[Size]) -> Optional[tuple[int, int]]:
     return (int(size[0]), int(size[1]))
 
 
+# ``model.weights: random``: run a torchvision/timm architecture with its random initialisation, on purpose. Not
+# null/none: YAML's null means "not given", and torchvision's own ``weights=None`` kwarg is its default.
+RANDOM_WEIGHTS = "random"
+
+
 class ModelSpec(_Strict):
     """Where the model comes from and how to feed it (see ``qdeploy.models``)."""
 
     source: str = Field(description="torchvision:NAME | timm:NAME | file.py:factory | pkg.module:factory | model.onnx")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    weights: Optional[str] = Field(None, description="state_dict file, or pkg:PACKAGE/path for weights shipped in a package")
+    weights: Optional[str] = Field(None, validate_default=True,
+                                   description="state_dict file, or pkg:PACKAGE/path for weights shipped in a package; "
+                                               "'random': keep the factory's random initialisation on purpose (required "
+                                               "for a torchvision:/timm: source without weights)")
     weights_key: Optional[str] = Field(None, description="take the state_dict from this key of the checkpoint")
     task: Task = "classification"
     output: Optional[Union[str, int]] = Field(None, description="key/index to take when the model returns a dict/tuple")
     preprocess: Preprocess
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_given(cls, v: Optional[str], info) -> Optional[str]:
+        source, kwargs = info.data.get("source"), info.data.get("kwargs") or {}
+        if not isinstance(source, str):
+            return v
+        if source.lower().endswith(".onnx"):
+            if v is not None:
+                raise ValueError(f"applies to PyTorch sources only; the ONNX model {source} carries its own weights: "
+                                 "remove model.weights")
+            return v
+        prefix = source.partition(":")[0]
+        pretrained = (prefix == "torchvision" and kwargs.get("weights") is not None) or \
+                     (prefix == "timm" and bool(kwargs.get("pretrained")))
+        if v is None and prefix in ("torchvision", "timm") and not pretrained:
+            raise ValueError(f"missing for {source}, which would run with random initialisation: give the trained "
+                             f"state_dict file (model.weights: FILE), or write model.weights: {RANDOM_WEIGHTS} to "
+                             "measure random weights on purpose")
+        if v is not None and not v.strip():
+            raise ValueError(f"is empty: give a state_dict file, or {RANDOM_WEIGHTS}")
+        return v
+
+    @property
+    def weights_file(self) -> Optional[str]:
+        """The weights file to load (None: none, or ``weights: random``)."""
+        return None if self.weights in (None, RANDOM_WEIGHTS) else self.weights
 
 
 class Subsplit(_Strict):
@@ -92,6 +127,10 @@ class Subsplit(_Strict):
 
 
 class DatasetSpec(_Strict):
+    """One set of images. ``key`` is where it sits in the config (``data.eval``), for messages; set by its parent."""
+
+    _key: Optional[str] = PrivateAttr(None)
+
     format: Literal["imagefolder", "segnet"] = "imagefolder"
     root: str
     labels: bool = Field(True, description="false: images without labels (every image under root, any layout, for either "
@@ -111,11 +150,34 @@ class DatasetSpec(_Strict):
     on_error: Literal["error", "skip"] = Field("error", description="an unreadable image: stop with its name (error) or leave it out and list it (skip)")
     workers: Optional[int] = Field(None, ge=0, description="decoding worker processes (default: min(4, CPUs))")
 
+    @property
+    def key(self) -> Optional[str]:
+        """Config path of this dataset (``data.eval``, ``data.calibration``, ``qat.data``), or None outside a config."""
+        return self._key
+
+    @property
+    def labels_optional(self) -> bool:
+        """Calibration never uses labels: a flat folder (or a SegNet split without annotations) is read without them.
+        (Not tied to whether ``labels`` was written: optimize re-parses dumped configs, which spell every default.)"""
+        return self._key == "data.calibration"
+
+    def keyed(self, key: str) -> "DatasetSpec":
+        self._key = key
+        return self
+
 
 class DataConfig(_Strict):
     eval: DatasetSpec
     calibration: Optional[DatasetSpec] = None
     train: Optional[DatasetSpec] = Field(None, description="labelled training images (supervised QAT)")
+
+    @model_validator(mode="after")
+    def _name_sections(self) -> "DataConfig":
+        for name in ("eval", "calibration", "train"):
+            spec = getattr(self, name)
+            if spec is not None:
+                spec.keyed(f"data.{name}")
+        return self
 
 
 PLACEMENTS = ("onnxruntime", "tensorrt")
@@ -331,6 +393,12 @@ class QatConfig(_Strict):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
+    @model_validator(mode="after")
+    def _name_data(self) -> "QatConfig":
+        if self.data is not None:
+            self.data.keyed("qat.data")
+        return self
+
 
 class BudgetSpec(_Strict):
     """How much accuracy the chosen artifact may lose against FP32, measured on the split that decides."""
@@ -468,7 +536,8 @@ def format_validation_error(err: ValidationError, source: str, schema: type[Base
             got = e.get("input")
             got_s = f" (got {got!r})" if e["type"] not in ("value_error",) and not isinstance(got, (dict, list)) else ""
             lines.append(f"{where}: {msg}{got_s}")
-    return f"invalid config {source}:\n  " + "\n  ".join(lines)
+    # one line (the CLI prints one line per error): every problem, separated by '; '
+    return f"invalid config {source}: " + "; ".join(" ".join(line.split()) for line in lines)
 
 
 def parse_config(data: dict, source: str = "<dict>") -> RunConfig:
@@ -498,7 +567,7 @@ def _resolve_paths(data: dict, base: Path) -> dict:
         if isinstance(src, str) and _looks_like_path(src):
             path, sep, factory = src.rpartition(":") if ".py:" in src else (src, "", "")
             model["source"] = str(Path(fix(path)).expanduser()) + (sep + factory if sep else "")
-        if isinstance(model.get("weights"), str):
+        if isinstance(model.get("weights"), str) and model["weights"] != RANDOM_WEIGHTS:
             model["weights"] = fix(model["weights"])
     for variant in data.get("variants") or []:
         if isinstance(variant, dict):
@@ -517,6 +586,63 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     return data
 
 
+def input_paths(cfg: RunConfig) -> list[tuple[str, Path]]:
+    """``(config key, path)`` of every file or folder a run reads: model source file, weights, data folders, class lists,
+    calibration caches."""
+    out: list[tuple[str, Path]] = []
+    source = cfg.model.source
+    if _looks_like_path(source):
+        out.append(("model.source", Path(source.rpartition(":")[0] if ".py:" in source else source)))
+    if cfg.model.weights_file and not cfg.model.weights_file.startswith("pkg:"):
+        out.append(("model.weights", Path(cfg.model.weights_file)))
+    specs = [("data.eval", cfg.data.eval), ("data.calibration", cfg.data.calibration), ("data.train", cfg.data.train)]
+    if cfg.qat is not None:
+        specs.append(("qat.data", cfg.qat.data))
+    for key, spec in specs:
+        if spec is not None:
+            out.append((key, Path(spec.root)))
+            if spec.classes:
+                out.append((f"{key}.classes", Path(spec.classes)))
+    for i, v in enumerate(cfg.variants):
+        if v.int8 is not None and v.int8.calibration_cache:
+            out.append((f"variants[{i}].calibration_cache", Path(v.int8.calibration_cache)))
+    return [(k, p.expanduser().resolve()) for k, p in out]
+
+
+def check_output_folder(cfg: RunConfig, out_dir: str | Path, cache_dir: Optional[str | Path]) -> None:
+    """--out must hold none of the run's inputs (the finished run replaces it whole), must not sit inside a data folder
+    (the next run would read its files as images) and must not overlap the cache folder."""
+    out = Path(out_dir).expanduser().resolve()
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(f"output directory {out_dir} cannot be made: {blocker} is a file, not a folder; choose another "
+                          "--out")
+    if cache_dir is None:
+        from qdeploy.utils.cache import default_cache_dir
+
+        cache_dir = default_cache_dir()
+    cache = Path(cache_dir).expanduser().resolve()
+    if out == cache or cache in out.parents or out in cache.parents:
+        raise ConfigError(f"--out {out_dir} and the cache folder {cache} (--cache-dir) overlap: the run replaces --out whole; "
+                          "choose an output folder outside the cache, and a cache outside --out")
+    for key, path in input_paths(cfg):
+        if path == out or out in path.parents:
+            raise ConfigError(f"--out {out_dir} holds the run's input {key} ({path}), and the run replaces --out whole: "
+                              "choose another output folder")
+        if key.startswith(("data.", "qat.data")) and not key.endswith(".classes") and path in out.parents:
+            raise ConfigError(f"--out {out_dir} is inside {key}'s folder {path}: the next run would read its files as "
+                              "images; choose an output folder outside the input data")
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where (1-based line and column), and a fix."""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "") + ": fix the YAML there"
+
+
 def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     try:
@@ -528,7 +654,7 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(e)}") from None
     if data is None:
         raise ConfigError(f"config file {path} is empty")
     if isinstance(data, dict):

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 
 class QDeployError(Exception):
-    """An error caused by the user's input; the message says what and where."""
+    """An error caused by the user's input; the message says what and where, on one line.
+
+    A message that quotes another library's multi-line text (a factory's exception, a parser's diagnostic) is
+    folded onto one line here, so the CLI's ``qdeploy: error: ...`` stays one line whatever it quotes."""
 
     exit_code = 2
+
+    def __init__(self, *args):
+        if len(args) == 1 and isinstance(args[0], str) and "\n" in args[0]:
+            args = (" ".join(line.strip() for line in args[0].splitlines() if line.strip()),)
+        super().__init__(*args)
 
 
 class ConfigError(QDeployError):
@@ -23,6 +31,10 @@ class ModelError(QDeployError):
 
 class DataError(QDeployError):
     """The data folder, an image or a label map is missing, empty, corrupt or inconsistent."""
+
+
+class UnreadableImage(DataError):
+    """An image (or label map) that cannot be decoded: the data set's ``on_error: skip`` leaves such files out."""
 
 
 class ExportError(QDeployError):

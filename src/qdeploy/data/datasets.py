@@ -27,6 +27,21 @@ def _is_image(p: Path, extensions=IMAGE_EXTENSIONS) -> bool:
     return p.suffix.lower() in extensions and not p.name.startswith(".") and p.is_file()
 
 
+def _other_files_hint(root: Path, limit: int = 10000) -> str:
+    """What lies under ``root`` instead of images, e.g. `` (12 files, none an image: .txt; images are .bmp, .jpeg, ...)``."""
+    suffixes, n = set(), 0
+    for p in root.rglob("*"):
+        if p.is_file() and not p.name.startswith("."):
+            n += 1
+            suffixes.add(p.suffix.lower() or "(no extension)")
+            if n >= limit:
+                break
+    if not n:
+        return ""
+    return (f" ({n} files, none of them an image: {', '.join(sorted(suffixes)[:5])}; images are "
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
+
+
 def _existing_dir(path: PathLike, what: str) -> Path:
     path = Path(path).expanduser()
     if not path.exists():
@@ -101,7 +116,8 @@ class ImageFolderDataset(Dataset):
             self.samples.extend((str(p), index[name]) for p in files)
         if not self.samples:
             loose = any(_is_image(p) for p in self.root.iterdir())
-            hint = " (the images there have no class folders: for images without labels set labels: false)" if loose else ""
+            hint = " (the images there have no class folders: for images without labels set labels: false)" if loose else \
+                _other_files_hint(self.root)
             raise DataError(f"no images found under {self.root} (expected {self.root}/<class>/<image>){hint}")
         self.num_classes = len(self.class_names)
 
@@ -166,7 +182,7 @@ class UnlabelledImages(Dataset):
         self.samples = [(str(p), UNLABELLED) for p in sorted(self.root.rglob("*")) if _is_image(p)
                         and not any(part.startswith(".") for part in p.relative_to(self.root).parts)]
         if not self.samples:
-            raise DataError(f"no images found under {self.root}")
+            raise DataError(f"no images found under {self.root}{_other_files_hint(self.root)}")
         self.class_names, self.num_classes = None, None
 
     def __len__(self) -> int:
@@ -226,16 +242,40 @@ _FORMAT_TASK = {"imagefolder": "classification", "segnet": "segmentation"}
 
 
 def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
-    """The dataset ``spec`` describes, checked against the model's task, subset to ``spec.count``."""
-    ds = _selected(spec, preprocess, task)
+    """The dataset ``spec`` describes, checked against the model's task, subset to ``spec.count``.
+
+    A layout problem is a DataError that starts with the spec's config key (``data.calibration: ...``)."""
+    try:
+        ds = _selected(spec, preprocess, task)
+    except DataError as e:
+        if spec.key and not str(e).startswith(spec.key):
+            raise type(e)(f"{spec.key}: {e}") from None
+        raise
     if spec.subsplit is not None:
         ds = subset(ds, spec.subsplit.count, spec.subsplit.seed, spec.subsplit.complement)
     return ds
 
 
-def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
+def _without_labels(spec: DatasetSpec) -> Optional[Path]:
+    """Where to read images without labels: ``labels: false``, or a calibration set (which never needs labels) whose
+    layout has none (a flat folder; a SegNet split without its annotation folder). None: read it with labels."""
     if not spec.labels:
-        return subset(UnlabelledImages(spec.root, preprocess, task, spec.ignore_index), spec.count, spec.seed, spec.complement)
+        return Path(spec.root)
+    if not spec.labels_optional:
+        return None
+    root = _existing_dir(spec.root, "dataset folder")
+    if spec.format == "segnet":
+        images = root / spec.split
+        return images if images.is_dir() and not (root / f"{spec.split}annot").is_dir() else None
+    # images directly under root: a flat folder (class folders beside them would leave them out)
+    return root if any(_is_image(p) for p in root.iterdir()) else None
+
+
+def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
+    unlabelled_root = _without_labels(spec)
+    if unlabelled_root is not None:
+        return subset(UnlabelledImages(unlabelled_root, preprocess, task, spec.ignore_index), spec.count, spec.seed,
+                      spec.complement)
     needed = _FORMAT_TASK.get(spec.format)
     if needed is None:
         raise DataError(f"unknown dataset format '{spec.format}' for {spec.root} (expected one of {sorted(_FORMAT_TASK)})")
@@ -245,7 +285,8 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
         ds = ImageFolderDataset(spec.root, preprocess, spec.classes)
         if spec.class_names:  # display names only: indices still come from folders / the classes file
             if len(spec.class_names) != ds.num_classes:
-                raise DataError(f"data class_names has {len(spec.class_names)} names but {spec.root} has {ds.num_classes} classes")
+                raise DataError(f"class_names has {len(spec.class_names)} names but {spec.root} has {ds.num_classes} classes: "
+                                "give one name per class, in label order")
             ds.class_names = list(spec.class_names)
     else:
         # For segmentation the class-list file only names the classes: line order = label id,

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.datasets import build_dataset
-from qdeploy.errors import QDeployError
+from qdeploy.errors import QDeployError, UnreadableImage
+from qdeploy.utils.log import is_quiet
 
 # Below this many samples, starting worker processes costs more than decoding in-process.
 MIN_SAMPLES_FOR_WORKERS = 64
@@ -40,8 +41,13 @@ class _Failure:
     def __init__(self, exc: QDeployError, path: str = "?"):
         self.exc_type, self.message, self.path = type(exc), str(exc), path
 
-    def reraise(self):
-        raise self.exc_type(self.message)
+    def reraise(self, key: Optional[str] = None):
+        """Raise it again; an unreadable image's message names the data set's ``on_error: skip`` option."""
+        message = self.message
+        if issubclass(self.exc_type, UnreadableImage):
+            option = f"{key}.on_error: skip" if key else "on_error: skip in its data section"
+            message += f"; to leave unreadable images out (they are listed in results.json), set {option}"
+        raise self.exc_type(message)
 
 
 class _Guarded(Dataset):
@@ -94,10 +100,11 @@ class Batches:
 
     def __init__(self, dataset: Dataset, *, task: Task, preprocess: Preprocess, batch_size: int, workers: int,
                  desc: Optional[str] = None, cache_limit_mb: float = 2048, ignore_index: Optional[int] = None,
-                 progress: bool = True, on_error: str = "error"):
+                 progress: bool = True, on_error: str = "error", key: Optional[str] = None):
         self.dataset, self.task, self.preprocess = dataset, task, preprocess
         self.batch_size, self.desc, self.progress = int(batch_size), desc, progress
         self.on_error = on_error
+        self.key = key  # config key of the data set (data.eval), named in messages
         self.skipped: list[dict] = []  # {path, reason} of samples left out (on_error: skip)
         self.num_samples = len(dataset)
         self.workers = workers if self.num_samples >= MIN_SAMPLES_FOR_WORKERS else 0
@@ -129,12 +136,12 @@ class Batches:
         # iter() starts (forks) the workers: do it before the progress bar starts its refresh
         # thread, so no child is forked while that thread holds a lock.
         it = iter(loader)
-        bar = _start_progress(self.desc or "decoding images", self.num_samples) if self.progress else None
+        bar = _start_progress(self.desc or "decoding images", self.num_samples) if self.progress and not is_quiet() else None
         skipped = []
         try:
             for batch, failed in it:
                 if failed and self.on_error != "skip":
-                    failed[0].reraise()
+                    failed[0].reraise(self.key)
                 skipped += [{"path": f.path, "reason": f.message} for f in failed]
                 if bar is not None:
                     bar[0].advance(bar[1], (len(batch[0]) if batch is not None else 0) + len(failed))
@@ -166,13 +173,13 @@ class Batches:
         for i in range(len(self.dataset)):
             item = guarded[i]
             if isinstance(item, _Failure) and self.on_error != "skip":
-                item.reraise()
+                item.reraise(self.key)
             if not isinstance(item, _Failure):
                 items.append(item)
             if len(items) == n:
                 break
         if not items:
-            raise QDeployError("no image of the data set could be decoded")
+            raise QDeployError(f"{self.key or 'the data set'}: no image could be decoded (every one was unreadable and skipped)")
         return _stack(items)
 
 
@@ -186,7 +193,8 @@ def make_batches(spec: DatasetSpec, preprocess: Preprocess, task: Task, batch_si
     dataset = build_dataset(spec, preprocess, task)
     return Batches(dataset, task=task, preprocess=preprocess, batch_size=batch_size or spec.batch_size,
                    workers=spec.workers if spec.workers is not None else default_workers(), desc=desc,
-                   cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress, on_error=spec.on_error)
+                   cache_limit_mb=cache_limit_mb, ignore_index=spec.ignore_index, progress=progress, on_error=spec.on_error,
+                   key=spec.key)
 
 
 class ArrayBatches:

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from qdeploy.config import Preprocess
-from qdeploy.errors import DataError
+from qdeploy.errors import DataError, UnreadableImage
 
 PathLike = Union[str, Path]
 
@@ -33,10 +33,10 @@ def _open(path: PathLike, what: str = "image") -> Image.Image:
     except FileNotFoundError:
         raise DataError(f"{what} {path} does not exist") from None
     except Image.UnidentifiedImageError:
-        raise DataError(f"{what} {path} is corrupt or not an image (PIL cannot identify it)") from None
+        raise UnreadableImage(f"{what} {path} is corrupt or not an image (PIL cannot identify it)") from None
     except _DECODE_ERRORS as e:
         reason = (str(e).splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{what} {path} cannot be decoded: {reason}") from None
+        raise UnreadableImage(f"{what} {path} cannot be decoded: {reason}") from None
 
 
 def _resized_hw(size_hw: tuple[int, int], resize: Union[int, tuple[int, int]]) -> tuple[int, int]:

@@ -15,6 +15,10 @@ def set_quiet(quiet: bool) -> None:
     _quiet = quiet
 
 
+def is_quiet() -> bool:
+    return _quiet
+
+
 def log(msg: str) -> None:
     if not _quiet:
         console.print(f"[dim]qdeploy[/dim] {msg}", markup=True, soft_wrap=True)
