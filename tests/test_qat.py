@@ -91,8 +91,11 @@ def test_qat_changes_the_weights_and_distillation_lowers_its_loss(tmp_path):
 
 
 def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
-    """Two epochs in one go vs. killed right after epoch 1's checkpoint, then --resume: the same weights, bit for bit."""
+    """Two epochs in one go vs. killed right after epoch 1's checkpoint, then --resume: the same weights, bit for bit.
+    The interrupted run leaves no --out at all (it is written whole, at the end); its checkpoint is in the training
+    folder that --resume into the same --out finds."""
     from qdeploy.quantize.qat import QatTrainer
+    from qdeploy.quantize.qat_quantizer import command_folder
 
     cfg = _config(tmp_path, "both", epochs=2.0)
     whole = api.qat(cfg, tmp_path / "whole", cache_dir=tmp_path / "cache")
@@ -106,8 +109,8 @@ def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         api.qat(cfg, tmp_path / "part", cache_dir=tmp_path / "cache")
     monkeypatch.undo()
-    assert torch.load(tmp_path / "part" / "qat-checkpoint.pt", weights_only=False)["epochs_done"] == 1
-    assert not (tmp_path / "part" / "qat.onnx").exists()
+    assert torch.load(command_folder(tmp_path / "cache", tmp_path / "part") / "qat-checkpoint.pt", weights_only=False)["epochs_done"] == 1
+    assert not (tmp_path / "part").exists() and not list(tmp_path.glob(".part.*"))
     resumed = api.qat(cfg, tmp_path / "part", resume=True, cache_dir=tmp_path / "cache")
     a = torch.load(tmp_path / "whole" / "qat-checkpoint.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "part" / "qat-checkpoint.pt", weights_only=False)["model"]
@@ -221,8 +224,8 @@ def test_torchrun_two_processes_on_the_cpu(tmp_path):
     # 24 calibration images, 8 per rank per step: 2 steps cover the epoch (16 images per step across the ranks)
     assert summary["log"][0]["steps"] == 2 and summary["log"][0]["images"] == 32
     assert (tmp_path / "out" / "qat.onnx").is_file()
-    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == [
-        "qat-checkpoint.pt", "qat-log.json", "qat-onnxruntime.onnx", "qat-onnxruntime.trtcache", "qat.html", "qat.json",
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == [  # .qdeploy-output: the file list (utils/atomic.py)
+        ".qdeploy-output", "qat-checkpoint.pt", "qat-log.json", "qat-onnxruntime.onnx", "qat-onnxruntime.trtcache", "qat.html", "qat.json",
         "qat.onnx", "qat.trtcache"]
 
 

@@ -14,6 +14,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
+from qdeploy.utils.faults import kill_point
 from qdeploy.quantize.collect import collect_activation_stats
 from qdeploy.quantize.ranges import TensorRange, calibration_facts, compute_ranges
 from qdeploy.quantize.trt_cache import read_trt_cache
@@ -67,6 +68,7 @@ def calibrate(onnx_path: Path, batches, preprocess, method: str, percentile: flo
         # histograms only when a histogram method needs them: max and mean-minmax need a plain min/max pass
         stats = collect_activation_stats(onnx_path, (normalize(x, preprocess) for x, _ in batches), batches.num_samples,
                                          num_bins, histograms=needs_hist, channel_names=channel_names)
+        kill_point("calibration")
         if stats_memo is not None:
             stats_memo[memo_key] = stats  # one histogram pass serves every method in this run
     ranges = compute_ranges(stats, method, percentile, names=set(names) if names is not None else None)

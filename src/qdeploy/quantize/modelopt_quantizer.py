@@ -23,6 +23,7 @@ from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.atomic import write_json
+from qdeploy.utils.faults import kill_point
 from qdeploy.utils.log import log, warn
 from qdeploy.utils.onnx_graph import OnnxGraph
 
@@ -110,6 +111,7 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
         inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
         cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}),
         residual_quantizers=cfg.residual_quantizers)
+    kill_point("calibration")
     details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
     details["excluded_squeeze_excitation"] = se_modules
     if details.get("warnings") is None:

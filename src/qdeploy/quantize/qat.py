@@ -33,6 +33,7 @@ from qdeploy.config import QatConfig
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.learned_ranges import PARAM as LEARNED_AMAX
 from qdeploy.utils.atomic import atomic_path, write_json
+from qdeploy.utils.faults import kill_point
 from qdeploy.utils.log import console, log
 
 CHECKPOINT = "qat-checkpoint.pt"
@@ -243,6 +244,7 @@ class QatTrainer:
                     entry["metric"] = self.evaluate(self.model)
                 self.log.append(entry)
                 self._save(epoch + 1, step)
+                kill_point("qat-epoch")
                 log(f"qat: epoch {epoch + 1}/{epochs}: loss {entry['loss']:.4f}, {entry['images_per_s']:.0f} img/s"
                     + (f", metric {entry['metric']:.4f}" if "metric" in entry else ""))
         self.model.eval()

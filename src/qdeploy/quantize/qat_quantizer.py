@@ -9,8 +9,9 @@ One training serves both placements:
   the ranges are calibrated again on the fine-tuned weights; the weights are what QAT contributes there.
 
 Training runs once per (model, PTQ start, qat: settings, training images) in a folder keyed by that fingerprint
-(``cache_dir/qat/<fingerprint>``, or the ``qdeploy qat --out`` folder): an interrupted run resumes there, and a
-second variant of the same training (the other placement) loads the finished checkpoint instead of training again.
+(``cache_dir/qat/<fingerprint>``; for ``qdeploy qat --out DIR``, :func:`command_folder`, keyed by DIR): an interrupted
+run resumes there, and a second variant of the same training (the other placement) loads the finished checkpoint
+instead of training again. The folder is never ``--out`` itself: ``--out`` is written whole, at the end.
 """
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ class QatSetup:
     rank: int = 0
     world: int = 1
     extra: dict = field(default_factory=dict)
+
+
+def command_folder(cache_dir: Path, out_dir: Path) -> Path:
+    """Where ``qdeploy qat --out DIR`` trains (the checkpoint after every epoch and the training log): in the cache,
+    keyed by DIR's absolute path, so DIR is only ever replaced whole and ``--resume`` into the same DIR finds the
+    checkpoint of the run that was interrupted (and refuses one of another model, data or config)."""
+    return Path(cache_dir) / "qat" / f"out-{sha256_json(str(Path(out_dir).expanduser().resolve()))[:16]}"
 
 
 def ptq_start(int8: Int8Config) -> Int8Config:
