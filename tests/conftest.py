@@ -157,3 +157,13 @@ def tiny_config(tiny_model_file, tiny_weights, image_folder) -> dict:
         "variants": [{"engine": "torch"}, {"engine": "onnxruntime"}, {"engine": "torch", "precision": "fp16"}],
         "bench": {"batch_sizes": [1, 4], "warmup": 2, "iterations": 5},
     }
+
+
+# ---------------------------------------------------------------------------------------------------- the fast subset
+# `pytest -m fast` runs the unit tests: every test not marked `slow` (whole pipelines, training, subprocesses, more than
+# about a second on 2 cores) or `realdata` (../shared). A test file marks its slow tests itself; this hook only adds the
+# complement, so a new test is fast until someone marks it slow (tests/test_fast_subset.py keeps the subset honest).
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("realdata") is None:
+            item.add_marker(pytest.mark.fast)

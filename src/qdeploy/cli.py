@@ -20,59 +20,110 @@ from qdeploy.errors import QDeployError
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
-def _add_common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
-    p.add_argument("config", help="run config (YAML)")
-    p.add_argument("--out", default=out_default, required=out_default is None, help="output directory")
-    p.add_argument("--variant", action="append", metavar="NAME", help="only these variants (repeatable)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="export cache (default: $QDEPLOY_CACHE or ~/.cache/qdeploy)")
+_EXIT_RUN = ("exit codes: 0 the run completed (read the report for degraded variants); 1 every variant failed or was "
+             "skipped; 2 user error (one line on stderr, nothing written); 4 the config had INT8 variants and none ran; "
+             "130 interrupted")
+_CACHE_HELP = "cache folder for exported/quantized artifacts (default: $QDEPLOY_CACHE or ~/.cache/qdeploy); must not overlap --out"
+
+
+def _add_config_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (YAML); its relative paths are relative to the file")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder: new, empty, or an earlier qdeploy output folder (replaced whole when the command "
+                        "succeeds); a folder holding other files is refused")
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR", help=_CACHE_HELP)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    _add_config_out(p)
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="only the variant with this label or name (repeatable); labels as in the report, e.g. onnxruntime-fp32")
+
+
+def _sub(sub, name: str, summary: str, description: str, examples: list[str], extra: str = "") -> argparse.ArgumentParser:
+    """A subcommand with its one-line summary (in ``qdeploy --help``), a description and examples (``qdeploy NAME --help``)."""
+    import textwrap
+
+    epilog = "example:\n" + "\n".join(f"  {e}" for e in examples) + (f"\n\n{textwrap.fill(extra, 100)}" if extra else "")
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}.\n\n{textwrap.fill(description, 100)}",
+                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qdeploy", description="Compare a vision model across engines and precisions on real data.")
-    parser.add_argument("--version", action="version", version=f"qdeploy {__version__}")
+    parser = argparse.ArgumentParser(
+        prog="qdeploy", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare a vision model across engines and precisions on real data.",
+        epilog="example:\n  qdeploy run examples/cifar10_resnet20.yaml --out runs/r20\n\n"
+               "qdeploy COMMAND --help shows each command's options and an example.")
+    parser.add_argument("--version", action="version", version=f"qdeploy {__version__}", help="print the version and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--quiet", action="store_true", help="no log lines or progress bars")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="the whole comparison: export, evaluate, benchmark, report")
+    p = _sub(sub, "run", "the whole comparison: export, evaluate, benchmark, report",
+             "Builds every variant's artifact (ONNX, FP16, INT8 Q/DQ...), evaluates and benchmarks each on the config's "
+             "images and writes results.json, report.md, report.html and the deployable files into --out.",
+             ["qdeploy run examples/cifar10_resnet20.yaml --out runs/r20"], _EXIT_RUN)
     _add_common(p)
-    p = sub.add_parser("eval", help="accuracy only (no benchmark)")
+    p = _sub(sub, "eval", "accuracy only (no benchmark)",
+             "Like run, without the latency/throughput measurements.",
+             ["qdeploy eval config.yaml --out runs/acc --variant onnxruntime-fp32"], _EXIT_RUN)
     _add_common(p)
-    p = sub.add_parser("bench", help="latency/throughput/memory only (no accuracy)")
+    p = _sub(sub, "bench", "latency/throughput/memory only (no accuracy)",
+             "Like run, without the accuracy evaluation; --batch-sizes and --iterations override the config's bench: section.",
+             ["qdeploy bench config.yaml --out runs/speed --batch-sizes 1,32 --iterations 200"], _EXIT_RUN)
     _add_common(p)
-    p.add_argument("--batch-sizes", default=None, help="override bench.batch_sizes, e.g. 1,32")
-    p.add_argument("--iterations", type=int, default=None, help="override bench.iterations")
-    p = sub.add_parser("export", help="export to ONNX and verify against PyTorch")
-    p.add_argument("config")
-    p.add_argument("--out", required=True)
-    p.add_argument("--cache-dir", type=Path, default=None)
-    p = sub.add_parser("quantize", help="calibrate and write the INT8 artifacts of the config's int8 variants")
+    p.add_argument("--batch-sizes", default=None, metavar="N,N", help="override bench.batch_sizes, e.g. 1,32")
+    p.add_argument("--iterations", type=int, default=None, metavar="N", help="override bench.iterations (timed runs per batch size)")
+    p = _sub(sub, "export", "export to ONNX and verify against PyTorch",
+             "Exports the config's PyTorch model (or reuses the cached export), checks its outputs against PyTorch on real "
+             "images and writes DIR/model.onnx and DIR/export.json.",
+             ["qdeploy export config.yaml --out runs/onnx"])
+    _add_config_out(p)
+    p = _sub(sub, "quantize", "calibrate and write the INT8 artifacts of the config's int8 variants",
+             "Calibrates on data.calibration and writes each int8 variant's Q/DQ ONNX, its TensorRT calibration cache and "
+             "its Q/DQ structure, without measuring.",
+             ["qdeploy quantize config.yaml --out runs/int8 --variant onnxruntime-int8-mean-minmax"])
     _add_common(p)
-    p = sub.add_parser("optimize", help="the fastest artifact within optimize.budget, chosen on a search split and confirmed "
-                                        "on the rest of data.eval (exit 3: budget missed on the confirm split)")
-    p.add_argument("config")
-    p.add_argument("--out", required=True)
-    p.add_argument("--cache-dir", type=Path, default=None)
-    p = sub.add_parser("build", help="build every variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine) without measuring; "
-                                     "TensorRT variants also record their trtexec command lines")
+    p = _sub(sub, "optimize", "the fastest artifact within optimize.budget",
+             "Searches FP32/FP16/INT8 candidates (and per-layer fallback, optionally QAT) on a seeded search split of "
+             "data.eval, confirms the choice once on the rest and writes optimize.json, optimize.html and the chosen "
+             "artifact.",
+             ["qdeploy optimize config.yaml --out runs/opt"],
+             "exit codes: 0 the budget was met on the confirm split; 3 it was missed; 2 user error")
+    _add_config_out(p)
+    p = _sub(sub, "build", "build every variant's artifact without measuring",
+             "Writes each variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine + sidecar) and build.json; TensorRT "
+             "variants also record their trtexec command lines.",
+             ["qdeploy build config.yaml --out runs/build"])
     _add_common(p)
-    p = sub.add_parser("qat", help="quantization-aware training from the PTQ model (qat: section); writes qat.onnx and qat.json")
-    p.add_argument("config")
-    p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true", help="continue from DIR/qat-checkpoint.pt (same model, data and qat: config)")
-    p.add_argument("--cache-dir", type=Path, default=None)
-    p = sub.add_parser("lint", help="why a Q/DQ ONNX will or won't run fast in TensorRT (rules, fixes)",
-                       description="Lint a Q/DQ ONNX for TensorRT's explicit quantization. Exit 0: clean (or only 'fine' "
-                                   "findings); 1: findings that block INT8 or cost reformats; 2: the file cannot be linted.")
+    p = _sub(sub, "qat", "quantization-aware training from the PTQ model (qat: section)",
+             "Fine-tunes the calibrated INT8 model and writes qat.onnx (TensorRT placement), qat-onnxruntime.onnx, "
+             "qat.json and qat.html; the training images must not be evaluation images.",
+             ["qdeploy qat examples/cifar10_resnet20_qat_tensorrt.yaml --out runs/qat",
+              "qdeploy qat examples/cifar10_resnet20_qat_tensorrt.yaml --out runs/qat --resume"])
+    _add_config_out(p)
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run into the same --out from its last epoch checkpoint (kept in the cache; same model, data and qat: config)")
+    p = _sub(sub, "lint", "why a Q/DQ ONNX will or won't run fast in TensorRT (rules, fixes)",
+             "Lints a Q/DQ ONNX for TensorRT's explicit quantization: each finding names the layer, the rule and the fix.",
+             ["qdeploy lint model_qdq.onnx", "qdeploy lint model_qdq.onnx --fix model_fixed.onnx"],
+             "exit codes: 0 clean (or only 'fine' findings); 1 findings that block INT8 or cost reformats; 2 the file "
+             "cannot be linted")
     p.add_argument("model", help="Q/DQ ONNX (qdeploy's, ModelOpt's, ONNX Runtime's quantize_static QDQ output, a QAT export)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema qdeploy.lint/1)")
-    p.add_argument("--fix", metavar="OUT.onnx", default=None, help="apply the safe fixes and write the result here")
+    p.add_argument("--fix", metavar="OUT.onnx", default=None, help="apply the safe fixes and write the result here (a new file)")
     p.add_argument("--no-confirm", action="store_true", help="static analysis only, even where TensorRT is installed")
-    p = sub.add_parser("doctor", help="which engines, devices and versions are usable here")
+    p = _sub(sub, "doctor", "which engines, devices and versions are usable here",
+             "Prints the Python, CPU, GPU and library versions, each engine × device with whether it is usable, the "
+             "registered quantizers and TensorRT's status.",
+             ["qdeploy doctor", "qdeploy doctor --json > env.json"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits and compare it (offline, ~1-2 min on CPU)")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--cache-dir", type=Path, default=None)
+    p = _sub(sub, "demo", "train a small CNN on scikit-learn's digits and compare it (offline)",
+             "Writes the bundled digits as PNG folders, trains a small CNN (cached) and runs the normal comparison on "
+             "the held-out split: about 1-2 minutes on a CPU, no download.",
+             ["qdeploy demo", "qdeploy demo --out runs/demo2"])
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default: runs/demo)")
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR", help=_CACHE_HELP)
     return parser
 
 
@@ -88,7 +139,20 @@ def _cmd_run(args, stages) -> int:
     if getattr(args, "iterations", None):
         cfg.bench.iterations = args.iterations
     results = api.run(cfg, args.out, stages=stages, only=args.variant, cache_dir=args.cache_dir)
-    return 0 if any(v["status"] in ("ok", "degraded") for v in results["variants"]) else 1
+    return run_exit_code(results)
+
+
+def run_exit_code(results: dict) -> int:
+    """`qdeploy run/eval/bench`'s exit code (README, "Exit codes"; 2 = user error, 3 = optimize's budget missed):
+    1 when no variant ran (every one failed or was skipped); 4 when the run had INT8 variants and none of them ran
+    (results.json warnings[].code "every-int8-variant-failed"); else 0. A degraded variant ran: it counts as run."""
+    if not any(v["status"] in ("ok", "degraded") for v in results["variants"]):
+        return 1
+    from qdeploy.report.verdict import INT8_ALL_FAILED
+
+    if any(w.get("code") == INT8_ALL_FAILED for w in results.get("warnings") or []):
+        return 4
+    return 0
 
 
 def _cmd_lint(args) -> int:
@@ -110,6 +174,7 @@ def _cmd_lint(args) -> int:
 
 def _cmd_doctor(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from qdeploy.engines import engine_table
@@ -123,16 +188,23 @@ def _cmd_doctor(args) -> int:
         print(json.dumps({"environment": env, "engines": rows, "quantizers": quantizers, "tensorrt": trt}, indent=2))
         return 0
     console = Console()
-    console.print(f"qdeploy {__version__} — python {env['python']} on {env['platform']}")
-    console.print(f"CPU: {env['cpu']} ({env['cpu_count']} cores; {' '.join(env['cpu_flags']) or 'no AVX2/VNNI flags seen'})")
-    console.print(f"GPU: {env['gpu'] or 'none visible to PyTorch'}" + (f" (CUDA {env['cuda']}, cuDNN {env['cudnn']})" if env["gpu"] else ""))
-    console.print("versions: " + ", ".join(f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime", "numpy", "timm") if env.get(k)))
+    # every line is plain text (install hints like pip install 'qdeploy[tensorrt]', versions, notes): printed without
+    # markup, so that rich does not take [tensorrt] for a style and drop it; only the usable column is coloured
+    plain = dict(markup=False, highlight=False)
+    console.print(f"qdeploy {__version__} — python {env['python']} on {env['platform']}", **plain)
+    console.print(f"CPU: {env['cpu']} ({env['cpu_count']} cores; {' '.join(env['cpu_flags']) or 'no AVX2/VNNI flags seen'})", **plain)
+    console.print(f"GPU: {env['gpu'] or 'none visible to PyTorch'}" + (f" (CUDA {env['cuda']}, cuDNN {env['cudnn']})" if env["gpu"] else ""),
+                  **plain)
+    console.print("versions: " + ", ".join(f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime", "numpy", "timm")
+                                           if env.get(k)), **plain)
     table = Table("engine", "device", "precisions", "usable", "note")
     for r in rows:
-        table.add_row(r["engine"], r["device"], " ".join(r["precisions"]), "[green]yes[/green]" if r["usable"] else "[red]no[/red]", r["note"])
+        table.add_row(escape(r["engine"]), escape(r["device"]), escape(" ".join(r["precisions"])),
+                      "[green]yes[/green]" if r["usable"] else "[red]no[/red]", escape(r["note"] or ""))
     console.print(table)
-    console.print("quantizers (int8 variants' quantizer:, auto picks): " + "; ".join(f"{k}: {v}" for k, v in quantizers.items()))
-    console.print(f"tensorrt: {trt}")
+    console.print("quantizers (int8 variants' quantizer:, auto picks): " + "; ".join(f"{k}: {v}" for k, v in quantizers.items()),
+                  **plain)
+    console.print(f"tensorrt: {trt}", **plain)
     return 0
 
 
@@ -218,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             if "metric" not in summary:  # a torchrun rank other than 0: rank 0 reports
                 return 0
             print(f"{summary['metric']}: FP32 {summary['fp32']:.4f}, PTQ {summary['before']:.4f}, QAT {summary['after']:.4f}; "
-                  f"wrote {Path(args.out) / summary['artifact']} and {Path(args.out) / 'qat.json'}")
+                  f"wrote {Path(summary.get('out') or args.out) / summary['artifact']} and {Path(summary.get('out') or args.out) / 'qat.json'}")
             return 0
         if args.command == "lint":
             return _cmd_lint(args)

@@ -26,16 +26,17 @@ import yaml
 from qdeploy import __version__
 from qdeploy.benchmark import benchmark
 from qdeploy.artifacts import Artifact, ArtifactKind, ArtifactRequest, Builder
-from qdeploy.config import RunConfig, load_config, parse_config
+from qdeploy.config import RunConfig, check_output_folder, load_config, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
 from qdeploy.preflight import check_calibration, check_model, check_qat_data
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
-from qdeploy.report.verdict import mark_degraded, recommend
+from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from qdeploy.sysinfo import environment
 from qdeploy.utils.atomic import OutputDir, write_json
+from qdeploy.utils.faults import kill_point
 from qdeploy.utils.hashing import sha256_file
 from qdeploy.utils.log import log, warn
 from qdeploy.utils.memory import MemoryProbe
@@ -86,6 +87,7 @@ def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Ite
     variants = resolve_variants(cfg, only)
     if variants_filter is not None:
         variants = variants_filter(variants)
+    check_output_folder(cfg, out_dir, cache_dir)  # --out holds no input, is outside the data and the cache
     output = OutputDir(out_dir)  # fail now, not after an hour of benchmarking
     try:
         pre = cfg.model.preprocess
@@ -210,6 +212,7 @@ def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
     with MemoryProbe() as mem, _stage(record, "build") as st:
         record.artifact = ctx.builder.build(variant.artifact_request())
         st.extra["cache_hit"] = record.artifact.cache_hit
+        kill_point("build")
     if record.stages["build"].status == "ok":
         st.extra["memory_mb"] = {k: mem.result()[k] for k in ("rss_peak", "rss_delta")}
     _reproduction(ctx, record)
@@ -233,11 +236,13 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
                 record.device = engine.device
             if record.ok and "eval" in ctx.stages:
                 with _stage(record, "eval"):
+                    kill_point("eval")
                     record.metrics, record.predictions = evaluate(
                         engine, ctx.eval_batches, cfg.model.preprocess, cfg.model.task, cfg.data.eval.ignore_index,
                         ctx.eval_batches.class_names, desc=f"eval {variant.label}")
             if record.ok and "bench" in ctx.stages:
                 with _stage(record, "bench"):
+                    kill_point("bench")
                     record.bench = benchmark(engine, ctx.bench_inputs(), cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
                                              repeats=cfg.bench.repeats)
             if record.ok:
@@ -344,6 +349,18 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
     ref_pred = next((r.predictions for r in records if r.label == reference), None)
     onnx = next((a for a in ctx.builder.built() if a.kind == ArtifactKind.ONNX_FP32), None)
     artifact_path = {(e["variant"], e["kind"]): e["path"] for e in artifacts}
+    # paired statistics against the reference on the same images (evaluate.compare): they, not agreement, decide
+    # whether an INT8 variant is degraded where there are labels; and is the reference itself above chance?
+    from qdeploy.evaluate.compare import paired_changes, reference_chance
+
+    task = cfg.model.task
+    ref_record = next((r for r in records if r.label == reference), None)
+    num_classes = len((ref_record.metrics or {}).get("per_class_iou") or {}) if ref_record is not None else None
+    changes = paired_changes(ctx.eval_batches, task, ref_pred,
+                             {r.label: r.predictions for r in records if r.predictions is not None and r.label != reference},
+                             cfg.data.eval.ignore_index, num_classes) if ref_pred is not None else {}
+    chance, chance_basis = reference_chance(ctx.eval_batches, ref_pred) if ref_pred is not None and task == "classification" \
+        else (None, "")
     variants = []
     for r in records:
         v = r.variant
@@ -362,6 +379,8 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
             "timings_s": {k: round(s.time_s, 4) for k, s in r.stages.items() if s.time_s is not None},
             "speed_is_deployment": v.engine.speed_is_deployment(v),
         }
+        if r.label in changes:
+            rec["accuracy_change"] = changes[r.label]
         note = v.engine.note(v)
         if note:
             rec["note"] = note
@@ -373,7 +392,7 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
             rec["tensorrt_engine"] = {k: r.artifact.info.get(k) for k in ("tensorrt_version", "plan", "gpu", "profiles",
                                                                           "source_onnx", "precisions", "precision_shortfall")}
         variants.append(rec)
-    mark_degraded(variants, cfg.model.task, cfg.eval.min_agreement)
+    mark_degraded(variants, task, cfg.eval.min_agreement, cfg.report.tolerance)
     data = {"eval": _data_summary(ctx.eval_batches, cfg.data.eval)}
     if ctx.calibration is not None:
         data["calibration"] = _data_summary(ctx.calibration, cfg.data.calibration)
@@ -398,6 +417,7 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
         "artifacts": artifacts,
     }
     results["recommendation"] = recommend(results, cfg.report.tolerance, cfg.report.batch_size)
+    results["warnings"] = run_warnings(results, chance, chance_basis)
     return results
 
 
@@ -568,21 +588,24 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     """``qdeploy qat``: PTQ (ModelOpt, TensorRT placement, ``qat.method``) → fine-tune → TensorRT-placement Q/DQ ONNX,
     and the ONNX Runtime-placement INT8 of the fine-tuned weights.
 
-    Writes into ``out_dir``, each file atomically: ``qat.onnx`` (+ ``qat.trtcache``), ``qat-onnxruntime.onnx``,
-    ``qat.json`` (fp32 / before / after on data.eval, agreement with FP32, epochs, images_per_s, artifact, the training
-    log), ``qat.html`` (loss and accuracy curves), ``qat-checkpoint.pt`` (every epoch) and ``qat-log.json``.
-    ``resume`` continues from the checkpoint of the same model, data and QAT config.
+    Writes ``out_dir`` as a whole, like ``run`` (a staging folder swapped in at the end; an interrupted run leaves the
+    previous folder as it was): ``qat.onnx`` (+ ``qat.trtcache``), ``qat-onnxruntime.onnx``, ``qat.json`` (fp32 /
+    before / after on data.eval, agreement with FP32, epochs, images_per_s, artifact, the training log), ``qat.html``
+    (loss and accuracy curves), and a copy of the final ``qat-checkpoint.pt`` and ``qat-log.json``. Training runs in
+    ``qat_quantizer.command_folder`` (the cache, keyed by ``out_dir``; a checkpoint every epoch): ``resume`` continues
+    from its checkpoint of the same model, data and QAT config.
     """
     import dataclasses
+    import os
 
     from qdeploy.artifacts.builder import dataset_identity
     from qdeploy.config import Int8Config
     from qdeploy.errors import ConfigError
     from qdeploy.quantize.modelopt_quantizer import export_checked
-    from qdeploy.quantize.qat_quantizer import finetune, onnxruntime_artifact, resolve_device, train_summary
+    from qdeploy.quantize.qat import CHECKPOINT, TRAIN_LOG
+    from qdeploy.quantize.qat_quantizer import command_folder, finetune, onnxruntime_artifact, resolve_device, train_summary
     from qdeploy.quantize.registry import QuantizeInputs, finish
     from qdeploy.report.qat_page import write_qat_report
-    from qdeploy.utils.atomic import atomic_path
 
     t_start = time.perf_counter()
     cfg = as_config(config)
@@ -596,71 +619,84 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     rank, world = _init_distributed(device)
     if world > 1 and device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
-    check_qat_data(cfg, eval_batches)
-    calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
-    builder = Builder(cfg, cache_dir, calibration, check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
-    if not builder.has_torch:
-        raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
-    fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-    int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
-    inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
-                            check_inputs=builder.check_inputs(), opset=cfg.export.opset, dynamic_batch=cfg.export.dynamic_batch,
-                            cache_dir=builder.cache_dir, memo=builder.memo)
-    ignore = cfg.data.eval.ignore_index
-    metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, ignore)  # noqa: E731
-    preds: dict[str, list] = {"fp32": [], "before": [], "after": [], "after_onnx": [], "onnxruntime": []}
-    start: dict = {}
+    output = OutputDir(out_dir) if rank == 0 else None  # rank 0 alone writes; refused now, not after training
+    try:
+        eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
+        check_qat_data(cfg, eval_batches)
+        calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
+        builder = Builder(cfg, cache_dir, calibration,
+                          check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
+        if not builder.has_torch:
+            raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
+        fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
+        inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
+                                check_inputs=builder.check_inputs(), opset=cfg.export.opset,
+                                dynamic_batch=cfg.export.dynamic_batch, cache_dir=builder.cache_dir, memo=builder.memo)
+        ignore = cfg.data.eval.ignore_index
+        metric = lambda m: _torch_metric(m, eval_batches, task, pre, device, ignore)  # noqa: E731
+        preds: dict[str, list] = {"fp32": [], "before": [], "after": [], "after_onnx": [], "onnxruntime": []}
+        start: dict = {}
 
-    def before_training(student, teacher) -> None:
-        if rank == 0:
-            start["fp32"] = _torch_metric(teacher, eval_batches, task, pre, device, ignore, preds["fp32"])
-            start["before"] = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["before"])
-            log(f"qat: FP32 {start['fp32']:.4f}, PTQ ({q.method}) {start['before']:.4f} on data.eval; training on "
-                f"{setup.identity['count']} images, objective {q.objective}, {q.epochs:g} epoch(s), device {device}"
-                + (f", {world} processes" if world > 1 else ""))
+        def before_training(student, teacher) -> None:
+            if rank == 0:
+                start["fp32"] = _torch_metric(teacher, eval_batches, task, pre, device, ignore, preds["fp32"])
+                start["before"] = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["before"])
+                log(f"qat: FP32 {start['fp32']:.4f}, PTQ ({q.method}) {start['before']:.4f} on data.eval; training on "
+                    f"{setup.identity['count']} images, objective {q.objective}, {q.epochs:g} epoch(s), device {device}"
+                    + (f", {world} processes" if world > 1 else ""))
 
-    setup = dataclasses.replace(builder.qat_setup(fp32), work_dir=out, resume=resume, evaluate=metric if rank == 0 else None,
-                                before_training=before_training, device=device, rank=rank, world=world)
-    t0 = time.perf_counter()
-    student, info, train_log, _ = finetune(inputs, int8, setup, dataset_identity(calibration))
-    if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
-        _finish_distributed(world)
-        return {"rank": rank, "world": world}
-    after = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["after"])
-    student = student.cpu().eval()
-    final = out / "qat.onnx"
-    with atomic_path(final) as tmp:
-        result = export_checked(student, inputs, tmp, dict(info, qat=True))
-    result.path = final
-    result = finish(result, int8, final, "qat", t0)
-    after_onnx = _onnx_metric(final, eval_batches, task, pre, ignore, preds["after_onnx"])
-    # the ONNX Runtime-targeted artifact from the same fine-tuned weights (quantizer qat, placement onnxruntime)
-    ort_cfg = Int8Config(method=q.method, placement="onnxruntime", quantizer="qat")
-    ort_path = out / "qat-onnxruntime.onnx"
-    with tempfile.TemporaryDirectory(prefix="qdeploy-qat-") as scratch:  # the float export is an intermediate
-        ort_result = finish(onnxruntime_artifact(student, inputs, ort_cfg, ort_path, Path(scratch)), ort_cfg, ort_path, "qat",
-                            time.perf_counter())
-    ort_metric = _onnx_metric(ort_path, eval_batches, task, pre, ignore, preds["onnxruntime"])
-    summary = {"fp32": start["fp32"], "before": start["before"], "after": after, "after_onnx": after_onnx,
-               "onnxruntime": {"artifact": ort_path.name, "metric": ort_metric, "method": q.method,
-                               "structure": ort_result.info.get("structure")},
-               "metric": "top1" if task == "classification" else "miou",
-               # fraction of predictions (classes or pixels) equal to the FP32 model's, on data.eval
-               "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx", "onnxruntime")},
-               **{k: v for k, v in train_summary(train_log, out, q).items() if k in ("epochs", "images_per_s")},
-               "artifact": final.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective, "method": q.method,
-               "device": device, "train_images": setup.identity["count"], "log": train_log, "qat": q.model_dump(mode="json"),
-               "processes": world, "fingerprint": info["qat_fingerprint"], "learned_ranges": info.get("learned_ranges"), "structure": result.info.get("structure"),
-               "lint": result.info.get("lint"), "export_check": result.info.get("export_check"),
-               "time_s": round(time.perf_counter() - t_start, 2)}
-    write_json(out / "qat.json", summary)
-    write_qat_report(summary, out / "qat.html", title=f"qdeploy qat: {cfg.model.source}")
-    log(f"qat: {summary['metric']} FP32 {start['fp32']:.4f} → PTQ {start['before']:.4f} → QAT {after:.4f} (exported Q/DQ ONNX in "
-        f"ONNX Runtime: {after_onnx:.4f}; ONNX Runtime placement from the fine-tuned weights: {ort_metric:.4f}); "
-        f"wrote {final}, {ort_path}, {out / 'qat.json'} and {out / 'qat.html'}")
+        work = command_folder(builder.cache_dir, Path(out_dir))
+        setup = dataclasses.replace(builder.qat_setup(fp32), work_dir=work, resume=resume,
+                                    evaluate=metric if rank == 0 else None, before_training=before_training, device=device,
+                                    rank=rank, world=world)
+        t0 = time.perf_counter()
+        student, info, train_log, _ = finetune(inputs, int8, setup, dataset_identity(calibration))
+        if rank != 0:  # rank 0 evaluates, exports and writes; the others are done
+            _finish_distributed(world)
+            return {"rank": rank, "world": world}
+        kill_point("eval")
+        after = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["after"])
+        student = student.cpu().eval()
+        onnx_path = output.path("qat.onnx")
+        result = finish(export_checked(student, inputs, onnx_path, dict(info, qat=True)), int8, onnx_path, "qat", t0)
+        after_onnx = _onnx_metric(onnx_path, eval_batches, task, pre, ignore, preds["after_onnx"])
+        # the ONNX Runtime-targeted artifact from the same fine-tuned weights (quantizer qat, placement onnxruntime)
+        ort_cfg = Int8Config(method=q.method, placement="onnxruntime", quantizer="qat")
+        ort_path = output.path("qat-onnxruntime.onnx")
+        with tempfile.TemporaryDirectory(prefix="qdeploy-qat-") as scratch:  # the float export is an intermediate
+            ort_result = finish(onnxruntime_artifact(student, inputs, ort_cfg, ort_path, Path(scratch)), ort_cfg, ort_path,
+                                "qat", time.perf_counter())
+        ort_metric = _onnx_metric(ort_path, eval_batches, task, pre, ignore, preds["onnxruntime"])
+        for name in (CHECKPOINT, TRAIN_LOG):  # the training's final state travels with the artifacts
+            if (work / name).is_file():
+                try:  # a hard link: the training folder's next checkpoint is a new file (atomic rename), this one stays
+                    os.link(work / name, output.path(name))
+                except OSError:
+                    shutil.copyfile(work / name, output.path(name))
+        summary = {"fp32": start["fp32"], "before": start["before"], "after": after, "after_onnx": after_onnx,
+                   "onnxruntime": {"artifact": ort_path.name, "metric": ort_metric, "method": q.method,
+                                   "structure": ort_result.info.get("structure")},
+                   "metric": "top1" if task == "classification" else "miou",
+                   # fraction of predictions (classes or pixels) equal to the FP32 model's, on data.eval
+                   "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx", "onnxruntime")},
+                   **{k: v for k, v in train_summary(train_log, work, q).items() if k in ("epochs", "images_per_s")},
+                   "artifact": onnx_path.name, "trt_calibration_cache": "qat.trtcache", "objective": q.objective,
+                   "method": q.method, "device": device, "train_images": setup.identity["count"], "log": train_log,
+                   "qat": q.model_dump(mode="json"), "processes": world, "fingerprint": info["qat_fingerprint"],
+                   "training_folder": str(work), "learned_ranges": info.get("learned_ranges"),
+                   "structure": result.info.get("structure"), "lint": result.info.get("lint"),
+                   "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
+        write_json(output.path("qat.json"), summary)
+        write_qat_report(summary, output.path("qat.html"), title=f"qdeploy qat: {cfg.model.source}")
+        final = output.commit()
+        summary["out"] = str(final)
+        log(f"qat: {summary['metric']} FP32 {start['fp32']:.4f} → PTQ {start['before']:.4f} → QAT {after:.4f} (exported Q/DQ "
+            f"ONNX in ONNX Runtime: {after_onnx:.4f}; ONNX Runtime placement from the fine-tuned weights: {ort_metric:.4f}); "
+            f"wrote {final / onnx_path.name}, {final / ort_path.name}, {final / 'qat.json'} and {final / 'qat.html'}")
+    finally:
+        if output is not None:
+            output.abort()
     _finish_distributed(world)
     return summary
 

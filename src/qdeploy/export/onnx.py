@@ -26,6 +26,7 @@ from qdeploy.models.loader import model_fingerprint
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.compare import compare_outputs
+from qdeploy.utils.faults import kill_point
 from qdeploy.utils.log import log
 
 INPUT_NAME = "input"
@@ -131,6 +132,7 @@ def export_onnx(
         artifact = _export_uncached(model, spec, export, path, fingerprint)
         if export.cache:
             write_json(meta_path, {"opset": artifact.opset, "exporter": artifact.exporter, "source": spec.source})
+    kill_point("export")
     if verify_inputs is not None:
         artifact.verify = verify_onnx(model, artifact, verify_inputs, export.verify)
     return artifact

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.resources
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -40,9 +41,16 @@ def register_source(prefix: str):
 
 @register_source("torchvision")
 def _torchvision(name: str, kwargs: dict) -> nn.Module:
+    known = torchvision.models.list_models()
+    if name not in known:
+        import difflib
+
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "torchvision.models.list_models() lists them"
+        raise ModelError(f"model.source torchvision:{name}: torchvision {torchvision.__version__} has no model '{name}' ({hint})")
     try:
         return torchvision.models.get_model(name, **kwargs)
-    except ValueError as e:  # unknown name
+    except ValueError as e:
         raise ModelError(f"torchvision:{name}: {e}") from None
 
 
@@ -87,7 +95,8 @@ def resolve_factory(source: str) -> Callable[..., Any]:
     if factory is None:
         raise ModelError(f"model source '{source}': '{module_part}' has no attribute '{attr}'")
     if not callable(factory):
-        raise ModelError(f"model source '{source}': '{attr}' is a {type(factory).__name__}, not a callable factory")
+        raise ModelError(f"model source '{source}': '{attr}' is a {type(factory).__name__}, not a callable factory: "
+                         "name the function or class that builds the model")
     return factory
 
 
@@ -150,16 +159,121 @@ def resolve_weights_path(weights: str | Path) -> Path:
     return Path(weights).expanduser()
 
 
+# What a file that is not a PyTorch checkpoint usually is, by its first bytes (the usual mix-ups: an image, an
+# archive, an ONNX model or a config given as model.weights).
+_MAGIC = [
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF87a", "a GIF image"),
+    (b"GIF89a", "a GIF image"), (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"), (b"BM", "a BMP image"),
+    (b"%PDF", "a PDF document"), (b"\x1f\x8b", "a gzip archive"), (b"\x89HDF", "an HDF5 (Keras) file"),
+    (b"\x93NUMPY", "a NumPy array file"), (b"7z\xbc\xaf", "a 7-Zip archive"), (b"\x7fELF", "a program (ELF binary)"),
+]
+_FIX = "give the file that torch.save(model.state_dict(), FILE) wrote"
+
+
+def _not_a_checkpoint(path: Path, what: str, fix: str = _FIX) -> ModelError:
+    return ModelError(f"weights file {path} is not a PyTorch checkpoint (it is {what}): {fix}")
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 10:
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return 0 < n <= size - 8 and head[8:9] == b"{"
+
+
+def _looks_like_onnx(path: Path) -> bool:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return False
+    return model.ir_version > 0 and (len(model.graph.node) > 0 or len(model.graph.input) > 0)
+
+
+def _sniff_weights(path: Path) -> str:
+    """'torch' (a torch.save file: ZIP with data.pkl, or a legacy pickle), 'safetensors', or a ModelError that says
+    what the file is instead; checked before torch.load, whose errors for such files are pages of unpickling advice."""
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"weights file {path} is empty (0 bytes): save the state_dict again (torch.save(model.state_dict(), FILE))")
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            raise ModelError(f"weights file {path} is truncated or damaged (its ZIP archive is incomplete): copy or save "
+                             "it again") from None
+        if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            example = next((n for n in names if not n.endswith("/")), None)
+            raise _not_a_checkpoint(path, "a ZIP archive that holds no PyTorch checkpoint" + (f", e.g. {example}" if example else ""),
+                                    "unpack it and give the .pt/.pth file")
+        return "torch"
+    if head.startswith(b"\x80"):  # pickle protocol 2+: torch.save's legacy format
+        return "torch"
+    if _is_safetensors(head, size):
+        return "safetensors"
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            raise _not_a_checkpoint(path, what)
+    if (head[:1] == b"\x08" or path.suffix.lower() == ".onnx") and _looks_like_onnx(path):
+        raise _not_a_checkpoint(path, "an ONNX model", "give it as model.source (and remove model.weights), or give the "
+                                                       "PyTorch state_dict file")
+    if b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+            text = True
+        except UnicodeDecodeError as e:
+            text = e.start >= len(head) - 4  # a multi-byte character cut by the 4 KB window
+        if text:
+            first = head.decode("utf-8", "replace").strip().splitlines()[:1]
+            kind = "a text file" + (f" starting '{first[0][:40]}'" if first else "")
+            raise _not_a_checkpoint(path, kind)
+    raise _not_a_checkpoint(path, f"an unknown format, starting with bytes {head[:4].hex(' ')}")
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        text = str(e)
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        if found:  # pickled Python objects, e.g. torch.save(model) instead of torch.save(model.state_dict())
+            raise ModelError(f"weights file {path} holds pickled Python objects ({found.group(1)}), which qdeploy does not "
+                             "unpickle (it could run code): save the weights with torch.save(model.state_dict(), FILE)") from None
+        if "central directory" in text or "zip archive" in text.lower():
+            raise ModelError(f"weights file {path} is a truncated or damaged PyTorch checkpoint: copy or save it again") from None
+        first = (text.strip().splitlines() or [""])[0]
+        first = first.split(". ")[0][:200]
+        raise ModelError(f"weights file {path} cannot be read as a PyTorch checkpoint ({type(e).__name__}: {first}): "
+                         f"{_FIX}") from None
+
+
 def _read_checkpoint(path: Path, key: str | None) -> dict[str, torch.Tensor]:
+    if path.is_dir():
+        raise ModelError(f"weights {path} is a folder: give the state_dict file in it (model.weights)")
     if not path.is_file():
         raise ModelError(f"weights file {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ModelError(f"weights file {path} cannot be read as a PyTorch state_dict: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if _sniff_weights(path) == "safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ModelError(f"weights file {path} is a safetensors file: pip install safetensors to read it") from None
+        try:
+            ckpt = load_file(str(path), device="cpu")
+        except Exception as e:
+            raise ModelError(f"weights file {path} is a damaged safetensors file: {(str(e).splitlines() or [''])[0][:200]}") from None
+    else:
+        ckpt = _torch_load(path)
     if key is not None:
         if not isinstance(ckpt, dict) or key not in ckpt:
-            raise ModelError(f"weights file {path} has no key '{key}' (model.weights_key)")
+            keys = ", ".join(map(str, list(ckpt)[:8])) if isinstance(ckpt, dict) else ""
+            raise ModelError(f"weights file {path} has no key '{key}' (model.weights_key)" +
+                             (f"; its top-level keys: {keys}" if keys else "; it is not a mapping: remove model.weights_key"))
         ckpt = ckpt[key]
     elif isinstance(ckpt, dict) and not any(isinstance(v, torch.Tensor) for v in ckpt.values()):
         # common training checkpoints wrap the state_dict
@@ -194,7 +308,9 @@ def load_state_dict_checked(model: nn.Module, path: str | Path, key: str | None 
             if items:
                 more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
                 parts.append(f"{label}: {', '.join(items[:5])}{more}")
-        raise ModelError(f"weights {path} do not match the model architecture: " + "; ".join(parts))
+        raise ModelError(f"weights {path} do not match the model architecture: " + "; ".join(parts) +
+                         " (check that model.source and model.kwargs, e.g. num_classes, build the network these weights "
+                         "were trained for)")
     model.load_state_dict(state, strict=False)  # every key was checked above
 
 
@@ -213,8 +329,8 @@ def build_torch_model(spec: ModelSpec) -> nn.Module:
         raise ModelError(f"model source '{spec.source}': factory failed: {type(e).__name__}: {e}") from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"model source '{spec.source}' returned a {type(model).__name__}, not a torch.nn.Module")
-    if spec.weights:
-        load_state_dict_checked(model, spec.weights, spec.weights_key)
+    if spec.weights_file:  # None, or weights: random (the factory's initialisation, on purpose)
+        load_state_dict_checked(model, spec.weights_file, spec.weights_key)
     return SelectOutput(model, spec.output).eval()
 
 
@@ -231,8 +347,8 @@ def state_fingerprint(model: nn.Module) -> str:
 def model_fingerprint(spec: ModelSpec, model: nn.Module | None = None) -> str:
     """Identity of the FP32 model: its spec, the weights file's bytes (else the module's state), its code file."""
     payload = {"spec": spec.model_dump(mode="json")}
-    if spec.weights:
-        payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights))
+    if spec.weights_file:
+        payload["weights_sha256"] = sha256_file(resolve_weights_path(spec.weights_file))
     elif model is not None:
         payload["state_sha256"] = state_fingerprint(model)
     module_file = spec.source.rpartition(":")[0]
