@@ -47,35 +47,45 @@ def test_decisions_on_the_confidence_bound_of_a_paired_drop():
     assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=0.0).within
 
 
+def _cand(name, reference=False, **numbers):
+    """A measured candidate as decide.py sees it (typed, like the search's)."""
+    from qdeploy.optimize.candidates import Fp32Reference, PtqCandidate
+
+    cls = Fp32Reference if reference else PtqCandidate
+    return cls({"name": name, "precision": "fp32" if reference else "int8"}, status="ok", **numbers)
+
+
 def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_a_missed_budget():
+    from dataclasses import replace
+
     from qdeploy.optimize.decide import choose
 
-    fp32 = {"variant": "fp32", "reference": True, "within_budget": True, "rank_key": 0.93, "latency_p50_ms": 0.93, "margin": 0.3}
-    slow_int8 = {"variant": "int8-a", "within_budget": True, "rank_key": 2.38, "latency_p50_ms": 2.38, "margin": 0.1}
-    fast_int8 = {**slow_int8, "variant": "int8-b", "rank_key": 0.5, "latency_p50_ms": 0.5}
+    fp32 = _cand("fp32", reference=True, within_budget=True, rank_key=0.93, latency_p50_ms=0.93, margin=0.3)
+    slow_int8 = _cand("int8-a", within_budget=True, rank_key=2.38, latency_p50_ms=2.38, margin=0.1)
+    fast_int8 = replace(slow_int8, spec={**slow_int8.spec, "name": "int8-b"}, rank_key=0.5, latency_p50_ms=0.5)
     chosen, met, why = choose([fp32, slow_int8], measured=True)
     assert chosen is fp32 and met and "the answer is FP32" in why[-1]
     assert choose([fp32, slow_int8, fast_int8], measured=True)[0] is fast_int8
     # unmeasured target (TensorRT without TensorRT): ranked by INT8 share, FP32 is never preferred
-    assert choose([{**fp32, "rank_key": 0.0}, {**slow_int8, "rank_key": -1.0}], measured=False)[0]["variant"] == "int8-a"
+    assert choose([replace(fp32, rank_key=0.0), replace(slow_int8, rank_key=-1.0)], measured=False)[0].variant == "int8-a"
     # nothing but FP32 within budget: a missed budget with the best candidate, not FP32 ...
-    missed = {**fast_int8, "within_budget": False, "margin": -0.2}
+    missed = replace(fast_int8, within_budget=False, margin=-0.2)
     chosen, met, _ = choose([fp32, missed], measured=True)
     assert chosen is missed and not met
     # ... unless the target times FP32 at least as fast as every candidate: then FP32 is simply the fastest answer
-    chosen, met, why = choose([fp32, {**slow_int8, "within_budget": False, "margin": -0.2}], measured=True)
+    chosen, met, why = choose([fp32, replace(slow_int8, within_budget=False, margin=-0.2)], measured=True)
     assert chosen is fp32 and met and "INT8 brings no speed" in why[0]
 
 
 def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
     from qdeploy.optimize.search import _int8_slower_than_fp32
 
-    fp32 = {"variant": "fp32", "latency_p50_ms": 0.93}
-    slow = [{"variant": "int8-a", "latency_p50_ms": 2.4}, {"variant": "int8-b", "latency_p50_ms": 2.9}]
-    assert "slower than FP32" in _int8_slower_than_fp32([fp32, *slow], slow, measured=True)
-    assert _int8_slower_than_fp32([fp32, *slow], slow, measured=False) is None       # TensorRT not timed: no claim
-    fast = [{"variant": "int8-c", "latency_p50_ms": 0.5}]
-    assert _int8_slower_than_fp32([fp32, *fast], fast, measured=True) is None
+    fp32 = _cand("fp32", reference=True, latency_p50_ms=0.93)
+    slow = [_cand("int8-a", latency_p50_ms=2.4), _cand("int8-b", latency_p50_ms=2.9)]
+    assert "slower than FP32" in _int8_slower_than_fp32(fp32, slow, measured=True)
+    assert _int8_slower_than_fp32(fp32, slow, measured=False) is None       # TensorRT not timed: no claim
+    fast = [_cand("int8-c", latency_p50_ms=0.5)]
+    assert _int8_slower_than_fp32(fp32, fast, measured=True) is None
 
 
 def test_exactly_one_budget_kind():
@@ -92,18 +102,18 @@ def test_standard_error_and_the_resolution_warning():
 
 
 def test_fastest_within_and_best_effort():
-    cands = [{"variant": "fp32", "within_budget": True, "rank_key": 5.0, "search_metric": 0.9, "margin": 0.3},
-             {"variant": "int8-max", "within_budget": True, "rank_key": 2.0, "search_metric": 0.89, "margin": 0.1},
-             {"variant": "int8-mse", "within_budget": False, "rank_key": 1.0, "search_metric": 0.5, "margin": -40}]
-    assert fastest_within(cands)["variant"] == "int8-max"
-    assert best_effort([c for c in cands if not c["within_budget"]])["variant"] == "int8-mse"
+    cands = [_cand("fp32", within_budget=True, rank_key=5.0, search_metric=0.9, margin=0.3),
+             _cand("int8-max", within_budget=True, rank_key=2.0, search_metric=0.89, margin=0.1),
+             _cand("int8-mse", within_budget=False, rank_key=1.0, search_metric=0.5, margin=-40)]
+    assert fastest_within(cands).variant == "int8-max"
+    assert best_effort([c for c in cands if not c.within_budget]).variant == "int8-mse"
     assert fastest_within([cands[2]]) is None
     # near-equal latencies (within 3 %) are a tie that the more accurate candidate wins
-    tied = [{"variant": "a", "within_budget": True, "rank_key": 3.92, "margin": 0.20},
-            {"variant": "b", "within_budget": True, "rank_key": 3.96, "margin": 0.24},
-            {"variant": "c", "within_budget": True, "rank_key": 7.80, "margin": 0.30}]
-    assert fastest_within(tied)["variant"] == "b"
-    assert fastest_within(tied, tie=0.0)["variant"] == "a"
+    tied = [_cand("a", within_budget=True, rank_key=3.92, margin=0.20),
+            _cand("b", within_budget=True, rank_key=3.96, margin=0.24),
+            _cand("c", within_budget=True, rank_key=7.80, margin=0.30)]
+    assert fastest_within(tied).variant == "b"
+    assert fastest_within(tied, tie=0.0).variant == "a"
 
 # ---------------------------------------------------------------------------- the protocol, end to end
 
@@ -486,8 +496,65 @@ def test_a_tensorrt_engine_candidate_is_analysed_through_the_onnx_it_was_built_f
 
     from qdeploy.artifacts import ArtifactKind
     from qdeploy.artifacts.types import Artifact
-    from qdeploy.optimize.search import _onnx_of
+    from qdeploy.optimize.candidates import onnx_of as _onnx_of
 
     qdq = Artifact(ArtifactKind.ONNX_INT8, "f" * 20, "quantizer", path=Path("m.onnx"), info={"structure": {"compute_ops": 4}})
     engine = Artifact(ArtifactKind.TRT_ENGINE, "e" * 20, "TensorRT", path=Path("m.engine"), companions=[qdq])
     assert _onnx_of(engine) is qdq and _onnx_of(qdq) is qdq and _onnx_of(None) is None
+
+
+# ---------------------------------------------------------------------------- failed candidates (issue 20, item 13)
+def test_every_int8_candidate_failing_is_said_first_listed_with_stage_and_reason_and_exits_4(tmp_path, monkeypatch, capsys):
+    """A placement that breaks on a model (a torchvision ViT did): the failure is injected into the real quantizer,
+    the rest of the search (export, FP32, the confirm split, the files) is real."""
+    from qdeploy.cli import main
+    from qdeploy.errors import QDeployError
+    from qdeploy.quantize.registry import QUANTIZERS
+
+    def broken(self, inputs, cfg, out_path):
+        raise QDeployError("symbolic shape inference failed on node /attn/MatMul")
+
+    for q in QUANTIZERS.values():
+        monkeypatch.setattr(type(q), "quantize", broken)
+    cfg = _opt_config(tmp_path, budget={"max_drop": 1.0})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    code = main(["optimize", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    out = capsys.readouterr().out
+    s = json.loads((tmp_path / "out" / "optimize.json").read_text())
+    assert code == 4 and s["int8_all_failed"] is True
+    failed = [c for c in s["candidates"] if c["precision"] == "int8"]
+    assert {c["variant"] for c in failed} == {"int8-max", "int8-mean-minmax"}      # listed, not dropped
+    assert all(c["status"] == "failed" and c["failed_stage"] == "build" and "symbolic shape" in c["reason"] for c in failed)
+    assert all(c["budget"].startswith("failed at build: ") for c in failed)
+    w = {x["code"]: x for x in s["warnings"]}  # this toy model is also near chance: that warning comes first
+    assert w["every-int8-variant-failed"]["message"].startswith("Every INT8 candidate failed: int8-max: build: ")
+    assert s["chosen"]["variant"] == "fp32" and s["chosen"]["kind"] == "fp32"
+    # the first line of the answer says it; the table lists the failed candidates with their stage; one verdict only
+    assert out.lstrip().startswith("⚠") and out.index("⚠ Every INT8 candidate failed") < out.index("Chosen: ")
+    assert "failed at build" in out and "within reach" not in out
+    assert out.count("chosen: fp32") == 1 and "top-1 search" in out and " %" in out
+    page = (tmp_path / "out" / "optimize.html").read_text()
+    assert page.index("Every INT8 candidate failed") < page.index("Chosen: ")
+
+
+def test_candidates_are_typed_one_class_per_kind():
+    from qdeploy.config import OptimizeConfig
+    from qdeploy.optimize.candidates import CANDIDATE_KINDS, FallbackCandidate, QatCandidate, plan, target_for
+
+    o = OptimizeConfig(target="onnxruntime-cpu", methods=["max", "mse"], budget={"max_drop": 0.3})
+    planned = plan(o, target_for("onnxruntime-cpu", False))
+    assert [(c.kind, c.variant) for c in planned] == [("fp32", "fp32"), ("int8-ptq", "int8-max"), ("int8-ptq", "int8-mse")]
+    assert planned[0].reference and planned[1].spec["placement"] == "onnxruntime"
+    # TensorRT absent: its placement evaluated in ONNX Runtime, no FP16 (that would be ONNX Runtime's), not timed
+    trt = target_for("tensorrt", False)
+    assert not trt.measured and trt.engine["engine"] == "onnxruntime" and "not measured" in trt.note
+    assert [c.variant for c in plan(o, target_for("tensorrt", True))][:2] == ["fp32", "fp16"]
+    fb = FallbackCandidate.planned(planned[1], ["/a/Conv", "/b/Conv"])
+    assert fb.spec["exclude"] == ["^/a/Conv$", "^/b/Conv$"] and fb.stage == "fallback"
+    assert FallbackCandidate.planned(planned[1], []) is planned[1]            # no float layer: the PTQ candidate itself
+    q = QatCandidate.planned(planned[1], ["/a/Conv"])
+    assert q.spec["quantizer"] == "qat" and q.variant == "int8-max-qat-float1" and q.to_json()["stage"] == "qat"
+    assert set(CANDIDATE_KINDS) >= {"fp32", "float", "int8-ptq", "int8-fallback", "int8-qat"}
+    row = planned[1].to_json()
+    assert {"variant", "kind", "stage", "status", "failed_stage", "reason", "search_metric", "latency_p50_ms",
+            "within_budget", "budget", "int8_share"} <= set(row)

@@ -142,6 +142,15 @@ def _cmd_run(args, stages) -> int:
     return run_exit_code(results)
 
 
+def optimize_exit_code(summary: dict) -> int:
+    """`qdeploy optimize`'s exit code: 4 when the search had INT8 candidates and none of them ran (the answer is then
+    a float candidate, and the first line says why every INT8 candidate failed); 3 when the budget was missed on the
+    confirm split; 0 otherwise."""
+    if summary.get("int8_all_failed"):
+        return 4
+    return 0 if summary.get("budget_met") else 3
+
+
 def run_exit_code(results: dict) -> int:
     """`qdeploy run/eval/bench`'s exit code (README, "Exit codes"; 2 = user error, 3 = optimize's budget missed):
     1 when no variant ran (every one failed or was skipped); 4 when the run had INT8 variants and none of them ran
@@ -251,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                 from qdeploy.report.console import print_optimize
 
                 print_optimize(summary)
-            c = summary["chosen"]
-            print(f"chosen: {c['variant']} ({c['artifact']}); search {c['search_metric']}, confirm {c['confirm_metric']} vs FP32 "
-                  f"{c['reference_confirm_metric']}; budget {'met' if summary['budget_met'] else 'MISSED'} on the confirm split")
+            from qdeploy.report.optimize_page import chosen_line
+
+            print(chosen_line(summary))
             print(f"wrote {summary['out']}/optimize.json")
-            return 0 if summary["budget_met"] else 3
+            return optimize_exit_code(summary)
         if args.command == "build":
             from qdeploy import api
 

@@ -93,48 +93,50 @@ def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task
 LATENCY_TIE = 0.03
 
 
-def fastest_within(candidates: list[dict], tie: float = LATENCY_TIE) -> Optional[dict]:
+def fastest_within(candidates: list, tie: float = LATENCY_TIE):
     """The fastest candidate within budget (lowest ``rank_key``); among those within ``tie`` of it (latency keys only,
-    i.e. positive), the one with the largest budget margin."""
-    ok = [c for c in candidates if c.get("within_budget") and c.get("rank_key") is not None]
+    i.e. positive), the one with the largest budget margin. Candidates are read by attribute (``within_budget``,
+    ``rank_key``, ``margin``): ``candidates.Candidate`` or anything shaped like it."""
+    ok = [c for c in candidates if c.within_budget and c.rank_key is not None]
     if not ok:
         return None
-    best = min(ok, key=lambda c: (c["rank_key"], -(c.get("margin") or 0.0)))
-    if best["rank_key"] > 0:
-        near = [c for c in ok if c["rank_key"] <= best["rank_key"] * (1 + tie)]
-        best = max(near, key=lambda c: (c.get("margin") or 0.0, -c["rank_key"]))
+    best = min(ok, key=lambda c: (c.rank_key, -(c.margin or 0.0)))
+    if best.rank_key > 0:
+        near = [c for c in ok if c.rank_key <= best.rank_key * (1 + tie)]
+        best = max(near, key=lambda c: (c.margin or 0.0, -c.rank_key))
     return best
 
 
-def best_effort(candidates: list[dict]) -> Optional[dict]:
+def best_effort(candidates: list):
     """When none is within budget: the one closest to it (largest margin), then the fastest."""
-    scored = [c for c in candidates if c.get("margin") is not None]
-    return max(scored, key=lambda c: (c["margin"], -(c.get("rank_key") or 0.0))) if scored else None
+    scored = [c for c in candidates if c.margin is not None]
+    return max(scored, key=lambda c: (c.margin, -(c.rank_key or 0.0))) if scored else None
 
 
-def choose(candidates: list[dict], measured: bool) -> tuple[Optional[dict], bool, list[str]]:
+def choose(candidates: list, measured: bool) -> tuple:
     """(chosen candidate, within budget on the search split, decision lines). ``candidates[0]`` is the FP32 reference.
 
     The reference is what the budget is measured against: when no other candidate is within budget that is a missed
     budget (exit 3, the best candidate written), never FP32 "meeting" it. But when candidates are within budget and the
     target's measured latency says FP32 is at least as fast (ONNX Runtime runs some INT8 graphs slower than FP32:
     unfused activations, requantization), FP32 is the fastest deployable artifact and the answer."""
-    offers = [c for c in candidates if not c.get("reference")]
+    offers = [c for c in candidates if not c.reference]
     ref = candidates[0] if candidates else None
-    timed = [c["rank_key"] for c in offers if c.get("rank_key") is not None]
-    if measured and ref is not None and ref.get("reference") and ref.get("rank_key") is not None and timed \
-            and ref["rank_key"] <= min(timed) * (1 + LATENCY_TIE):
-        return ref, True, [f"FP32 (p50 {ref['latency_p50_ms']:.3f} ms) is at least as fast as every candidate (fastest "
+    timed = [c.rank_key for c in offers if c.rank_key is not None]
+    if measured and ref is not None and ref.reference and ref.rank_key is not None and timed \
+            and ref.rank_key <= min(timed) * (1 + LATENCY_TIE):
+        return ref, True, [f"FP32 (p50 {ref.latency_p50_ms:.3f} ms) is at least as fast as every candidate (fastest "
                            f"{min(timed):.3f} ms) on this target: the answer is FP32, INT8 brings no speed here"]
     chosen = fastest_within(offers)
     if chosen is None:
-        chosen = best_effort(offers) or (candidates[0] if candidates else None)
-        return chosen, False, [f"no candidate within budget on the search split; best effort: {chosen['variant'] if chosen else 'none'}"]
-    why = [f"chosen: {chosen['variant']} (fastest within budget on the search split"
+        chosen = best_effort(offers) or ref
+        return chosen, False, [f"no candidate within budget on the search split; best effort: "
+                               f"{chosen.variant if chosen else 'none'}"]
+    why = [f"chosen: {chosen.variant} (fastest within budget on the search split"
            + ("" if measured else ", by INT8 share of compute") + ")"]
-    if measured and ref.get("reference") and fastest_within(offers + [ref]) is ref:
-        why.append(f"FP32 (p50 {ref['latency_p50_ms']:.3f} ms) is at least as fast as every candidate within budget (best "
-                   f"{chosen['variant']}: {chosen['latency_p50_ms']:.3f} ms) on this target: the answer is FP32, INT8 brings "
+    if measured and ref.reference and fastest_within(offers + [ref]) is ref:
+        why.append(f"FP32 (p50 {ref.latency_p50_ms:.3f} ms) is at least as fast as every candidate within budget (best "
+                   f"{chosen.variant}: {chosen.latency_p50_ms:.3f} ms) on this target: the answer is FP32, INT8 brings "
                    "no speed here")
         chosen = ref
     return chosen, True, why

@@ -20,7 +20,7 @@ Everything that builds or evaluates is passed in, so this file is the decision l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 
 @dataclass
@@ -29,7 +29,7 @@ class FallbackHooks:
 
     sensitivity: Callable[[list[str]], list[dict]]   # float layers so far -> [{name, sqnr_db, macs, quantized}], ranked
     subset_score: Callable[[list[str]], float]       # float layers -> agreement with FP32 on the subset
-    full: Callable[[list[str]], dict]                # float layers -> candidate dict (within_budget, margin, ...)
+    full: Callable[[list[str]], Any]                 # float layers -> measured candidate (within_budget, margin, ...)
     time_left: Callable[[], Optional[float]]         # seconds left, None = no limit
     log: Callable[[str], None]
 
@@ -37,7 +37,7 @@ class FallbackHooks:
 @dataclass
 class FallbackResult:
     float_layers: list[str]
-    candidates: list[dict] = field(default_factory=list)
+    candidates: list = field(default_factory=list)
     stop: str = ""
     within_budget: bool = False
     float_fraction: float = 0.0
@@ -60,17 +60,17 @@ def _ranking(hooks: FallbackHooks, floated: list[str], rejected: set, refine_top
     return refined + order[refine_top:], macs, record
 
 
-def _moved_away(trial: dict, current: dict) -> bool:
+def _moved_away(trial, current) -> bool:
     """Did reverting the layer move the model away from FP32? Judged by agreement with FP32 on the whole search split
     when both have it: every changed prediction counts, so it is far less noisy than the drop in accuracy (on 5,000
     images a 0.1-point accuracy change is 5 net labels, within the flips a float layer can cause either way). The
     budget itself is still decided on the task metric."""
-    if trial.get("agreement") is not None and current.get("agreement") is not None:
-        return trial["agreement"] < current["agreement"]
-    return trial.get("margin") is not None and current.get("margin") is not None and trial["margin"] < current["margin"]
+    if trial.agreement is not None and current.agreement is not None:
+        return trial.agreement < current.agreement
+    return trial.margin is not None and current.margin is not None and trial.margin < current.margin
 
 
-def run_fallback(start: dict, hooks: FallbackHooks, *, refine_top: int, max_float_fraction: float) -> FallbackResult:
+def run_fallback(start, hooks: FallbackHooks, *, refine_top: int, max_float_fraction: float) -> FallbackResult:
     """From ``start`` (the best PTQ candidate, not within budget), revert layers until within budget or a stop."""
     floated: list[str] = []
     rejected: set = set()
@@ -82,7 +82,7 @@ def run_fallback(start: dict, hooks: FallbackHooks, *, refine_top: int, max_floa
     hooks.log(f"fallback: {len(order)} quantized layers ranked by SQNR; top {min(refine_top, len(order))} refined on the "
               f"subset: " + ", ".join(f"{r['layer']} ({r['subset_gain']:+.4f})" for r in record["refined"]))
     while True:
-        if current.get("within_budget"):
+        if current.within_budget:
             res.stop = "within budget"
             break
         left = hooks.time_left()
@@ -101,9 +101,9 @@ def run_fallback(start: dict, hooks: FallbackHooks, *, refine_top: int, max_floa
         trial = hooks.full(floated + [name])
         res.candidates.append(trial)
         worse = _moved_away(trial, current)
-        agree = trial.get("agreement")
-        hooks.log(f"fallback: {name} in float -> {trial.get('budget')}"
-                  + (f", agreement {100 * agree:.2f} %" if agree is not None and "agreement" not in str(trial.get("budget")) else "")
+        agree = trial.agreement
+        hooks.log(f"fallback: {name} in float -> {trial.budget}"
+                  + (f", agreement {100 * agree:.2f} %" if agree is not None and "agreement" not in str(trial.budget) else "")
                   + ("; further from FP32 than without it: undone, re-ranking" if worse else ""))
         if worse:
             rejected.add(name)
@@ -113,7 +113,7 @@ def run_fallback(start: dict, hooks: FallbackHooks, *, refine_top: int, max_floa
         floated.append(name)
         current = trial
     res.float_layers = floated
-    res.within_budget = bool(current.get("within_budget"))
+    res.within_budget = bool(current.within_budget)
     res.float_fraction = sum(macs.get(n, 0) for n in floated) / total
     res.macs = macs
     return res

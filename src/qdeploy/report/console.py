@@ -41,10 +41,7 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
     follow the table, one line per variant: inside it, a long reason would squeeze the numbers into
     slivers. Latencies flagged noisy carry ⚠, variants timed outside their deployment engine †.
     Returns the ``rich`` table printed."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=200)  # a log, not a screen: rich's 80-column fallback would cramp it
+    console = console or _stdout_console()
     key, metric = T.METRICS[T.task(results)][0]
     sizes = T.batch_sizes(results)
     vs = T.variants(results)
@@ -144,12 +141,16 @@ def print_lint(report: Mapping, console: Console | None = None) -> None:
         console.print(line)
 
 
+def _stdout_console() -> Console:
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)  # a log, not a screen: rich's 80-column fallback would cramp it
+    return console
+
+
 def print_report_table(table: T.Table, console: Console | None = None) -> Table:
     """Any :class:`tables.Table` (the cells the HTML page shows) as a terminal table, caption and notes under it."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=200)
+    console = console or _stdout_console()
     out = Table(title=table.title, box=box.SIMPLE_HEAD, title_justify="left")
     for header, numeric in zip(table.headers, table.numeric):
         out.add_column(header, justify="right" if numeric else "left", overflow="fold")
@@ -164,7 +165,10 @@ def print_report_table(table: T.Table, console: Console | None = None) -> Table:
 
 def print_optimize(summary: Mapping, console: Console | None = None) -> None:
     """``qdeploy optimize``'s answer first (the chosen row), then every candidate on the search split."""
-    from qdeploy.report.optimize_page import optimize_tables
+    from qdeploy.report.optimize_page import optimize_tables, optimize_warnings
 
+    console = console or _stdout_console()
+    for line in optimize_warnings(summary):  # first: what makes the answer doubtful
+        console.print(Text(f"{T.WARNING_MARK} {line}", style="bold red"))
     for table in optimize_tables(summary)[:2]:
         print_report_table(table, console)

@@ -55,6 +55,21 @@ def pareto_plot(summary: Mapping) -> bytes | None:
     return _png(fig)
 
 
+def optimize_warnings(summary: Mapping) -> list[str]:
+    """What must be read before the answer (the reference near chance, every INT8 candidate failed), most basic first."""
+    return [str(w.get("message")) for w in summary.get("warnings") or [] if w.get("message")]
+
+
+def chosen_line(summary: Mapping) -> str:
+    """The answer in one line, metrics in percent like every table."""
+    c = T.section(summary, "chosen")
+    metric = "top-1" if summary.get("metric") == "top1" else str(summary.get("metric") or "metric")
+    met = "met" if summary.get("budget_met") else "MISSED"
+    return (f"chosen: {c.get('variant')} ({c.get('artifact') or 'no file'}); {metric} search {T.pct(c.get('search_metric'))} %, "
+            f"confirm {T.pct(c.get('confirm_metric'))} % vs FP32 {T.pct(c.get('reference_confirm_metric'))} %; "
+            f"budget {met} on the confirm split")
+
+
 def optimize_tables(summary: Mapping) -> list[T.Table]:
     c = T.section(summary, "chosen")
     met = "met" if summary.get("budget_met") else "MISSED"
@@ -73,13 +88,19 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     ev = T.section(summary, "evaluations")
     head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}", "–"])
     cands = T.Table("candidates", "Candidates (search split)",
-                    ["Variant", "Status", "Metric", "Agreement", "Budget", "p50 ms", "INT8 share", "Seconds"],
-                    [False, False, True, True, False, True, True, True])
+                    ["Variant", "Found by", "Status", "Metric", "Agreement", "Budget, or why it failed", "p50 ms",
+                     "INT8 share", "Seconds"],
+                    [False, False, False, True, True, False, True, True, True])
     for x in summary.get("candidates") or []:
         agree = T.pct(x.get("agreement")) if x.get("agreement") is not None else \
             (f"{T.pct(x.get('subset_agreement'))} (subset)" if x.get("subset_agreement") is not None else "–")
-        cands.add([str(x.get("variant")), str(x.get("status")), T.pct(x.get("search_metric")), agree,
-                   str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")), T.fmt(x.get("time_s"), 1)])
+        status = str(x.get("status"))
+        if status in ("failed", "skipped") and x.get("failed_stage"):
+            status += f" at {x['failed_stage']}"
+        cands.add([str(x.get("variant")), str(x.get("stage") or "–"), status, T.pct(x.get("search_metric")), agree,
+                   str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")),
+                   T.fmt(x.get("time_s"), 1)],
+                  style="muted" if x.get("status") in ("failed", "skipped") else "")
     tables = [head, cands]
     fb = T.section(T.section(summary, "stages"), "fallback")
     if fb.get("rankings"):
@@ -100,6 +121,10 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
 
 def write_optimize_report(summary: Mapping, path: Path, title: str) -> Path:
     body = [f"<h1>{escape(title)}</h1>"]
+    warnings = optimize_warnings(summary)
+    if warnings:
+        body.append('<section class="verdict warned">' + "".join(
+            f'<p class="warning"><strong>{escape(T.WARNING_MARK)} {escape(w)}</strong></p>' for w in warnings) + "</section>")
     tables = optimize_tables(summary)
     body.append(_table(tables[0]))
     body.append(_figure(pareto_plot(summary), "Pareto front",

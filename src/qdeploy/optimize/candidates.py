@@ -1,0 +1,348 @@
+"""What ``qdeploy optimize`` may answer with: one class per candidate kind, and the targets that plan them.
+
+A candidate kind says what it is (its name and description), how it is built (the variant spec ``run_variant`` builds
+it from, derived from the kind's own inputs: a float precision, a PTQ method, a fallback's float layers, a QAT
+objective) and how it is shown (its row in optimize.json and the tables). Measuring is the same for every kind: a full
+evaluation, and timing where the target is measured, on the search split (:meth:`Candidate.measure`). Deciding is
+plain functions on numbers (decide.py), which read the measured fields only.
+
+A new kind (the GPU target's compiled and graph-captured candidates, a second CPU engine) is one class here,
+registered by its ``kind`` name, and one line in its target's :func:`plan`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import ClassVar, Optional
+
+import numpy as np
+
+from qdeploy.artifacts import ArtifactKind
+from qdeploy.config import OptimizeConfig
+from qdeploy.optimize.decide import budget_check
+from qdeploy.optimize.sensitivity import layer_names_map
+from qdeploy.report import tables as T
+from qdeploy.utils.hashing import sha256_json
+
+CANDIDATE_KINDS: dict[str, type["Candidate"]] = {}
+
+
+def register(cls: type["Candidate"]) -> type["Candidate"]:
+    if cls.kind in CANDIDATE_KINDS:
+        raise ValueError(f"candidate kind {cls.kind!r} is registered twice")
+    CANDIDATE_KINDS[cls.kind] = cls
+    return cls
+
+
+# ---------------------------------------------------------------------------- targets
+@dataclass(frozen=True)
+class Target:
+    """Where the answer runs: the engine every candidate uses, the INT8 placement (None: no INT8 candidates), the
+    reduced float precisions worth trying there, and whether latency is measured on it (ranked by it) or not."""
+
+    name: str
+    engine: dict
+    placement: Optional[str]
+    floats: tuple[str, ...] = ()
+    measured: bool = True
+    note: Optional[str] = None
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine["engine"]
+
+
+_ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
+TARGETS = {
+    "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime"),
+    "tensorrt": Target("tensorrt", {"engine": "tensorrt"}, "tensorrt", ("fp16",)),
+    "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16",)),
+}
+
+
+def target_for(name: str, tensorrt_available: bool) -> Target:
+    t = TARGETS[name]
+    if name == "tensorrt" and not tensorrt_available:
+        # the TensorRT-placement artifacts are evaluated in ONNX Runtime (exact Q/DQ) and ranked by their INT8 share of
+        # compute; FP16 would only be ONNX Runtime's FP16, which says nothing about TensorRT's
+        return replace(t, engine=_ORT_CPU, floats=(), measured=False,
+                       note="TensorRT is not installed: TensorRT-placement artifacts are evaluated in ONNX Runtime with "
+                            "exact Q/DQ and ranked by the share of compute in INT8; TensorRT latency was not measured")
+    return t
+
+
+def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
+    """The first candidates of a search, cheapest first: the FP32 reference, the target's float precisions, one PTQ
+    candidate per method. Fallback and QAT candidates are planned later, from the best PTQ result."""
+    out: list[Candidate] = [Fp32Reference.planned(target)]
+    out += [FloatCandidate.planned(target, p) for p in target.floats]
+    if target.placement is not None:
+        out += [PtqCandidate.planned(target, m) for m in o.methods]
+    return out
+
+
+# ---------------------------------------------------------------------------- candidates
+@dataclass(eq=False)
+class Candidate:
+    """One candidate: its spec (how it is built) and, once measured, its numbers on the search split."""
+
+    kind: ClassVar[str] = "candidate"
+    stage: ClassVar[str] = "ptq"          # which step of the search proposed it
+    reference: ClassVar[bool] = False
+
+    spec: dict
+    status: str = "planned"               # planned | ok | failed | skipped | ranked on the subset only
+    reason: Optional[str] = None
+    failed_stage: Optional[str] = None    # the pipeline stage that failed (export, calibrate, build, eval, bench)
+    search_metric: Optional[float] = None
+    latency_p50_ms: Optional[float] = None
+    rank_key: Optional[float] = None      # lower is better: p50, or -INT8 share where latency is not measured
+    int8_share: Optional[float] = None    # of the MACs, in layers with INT8 input and weights
+    int8_ops_share: Optional[float] = None
+    float_layers: list = field(default_factory=list)
+    time_s: Optional[float] = None
+    agreement: Optional[float] = None
+    se: Optional[float] = None
+    within_budget: bool = False
+    margin: Optional[float] = None
+    budget: str = ""
+    subset_agreement: Optional[float] = None
+    replayed: bool = False
+    predictions: Optional[np.ndarray] = field(default=None, repr=False)
+
+    # ---- what it is
+    @property
+    def variant(self) -> str:
+        return self.spec["name"]
+
+    @property
+    def precision(self) -> str:
+        return self.spec["precision"]
+
+    @property
+    def method(self) -> Optional[str]:
+        return self.spec.get("method")
+
+    @property
+    def quantizer(self) -> Optional[str]:
+        return self.spec.get("quantizer") or (None if self.precision != "int8" else "ptq")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def describe(self) -> str:
+        return self.variant
+
+    # ---- how it is measured
+    def measure(self, record, key: str, batch_size: int, measured: bool, seconds: float,
+                macs: Optional[dict] = None, fp32_onnx: Optional[Path] = None) -> None:
+        """Take the numbers of a finished ``run_variant`` record (the same for every kind)."""
+        self.status, self.reason, self.failed_stage = record.status, record.reason, record.failed_stage
+        self.search_metric = record.metrics.get(key) if record.metrics else None
+        onnx_art = onnx_of(record.artifact)
+        structure = (onnx_art.info.get("structure") if onnx_art is not None else None) or {}
+        ops = structure.get("compute_ops")
+        int8 = self.precision == "int8"
+        self.int8_ops_share = (structure.get("compute_ops_int8", 0) / ops) if ops else (None if int8 else 0.0)
+        self.int8_share = int8_macs_share(record, structure, macs, fp32_onnx) if int8 else 0.0
+        if self.int8_share is None:  # layers not pairable: the share of compute ops instead
+            self.int8_share = self.int8_ops_share
+        self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
+                               if measured and self.ok else None)
+        rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
+        self.rank_key = rank if self.ok else None
+        self.float_layers = list(structure.get("compute_ops_float") or [])
+        self.time_s = round(seconds, 2)
+        self.predictions = record.predictions
+
+    def score(self, budget_verdict, agreement: Optional[float], se: Optional[float]) -> None:
+        """The budget verdict against the reference (decide.budget_check's), kept with the candidate."""
+        self.agreement, self.se = agreement, se
+        self.within_budget = self.ok and budget_verdict.within
+        self.margin = budget_verdict.margin if self.ok else None
+        self.budget = budget_verdict.why if self.ok else T.status_text(self.to_json())
+
+    # ---- how it is shown and stored
+    _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "rank_key", "int8_share",
+                 "int8_ops_share", "float_layers", "time_s")
+
+    def measured_json(self) -> dict:
+        """The numbers a resumed search replays (the budget verdict is recomputed against the reference)."""
+        return {k: getattr(self, k) for k in self._MEASURED}
+
+    def load(self, data: dict, predictions: Optional[np.ndarray]) -> None:
+        for k in self._MEASURED:
+            if k in data:
+                setattr(self, k, data[k])
+        self.predictions = predictions
+        self.replayed = True
+
+    def to_json(self) -> dict:
+        """optimize.json's row (the keys it always had, plus kind, stage and failed_stage)."""
+        return {"variant": self.variant, "kind": self.kind, "stage": self.stage, "reference": self.reference,
+                "precision": self.precision, "method": self.method, "quantizer": self.quantizer,
+                **{k: getattr(self, k) for k in self._MEASURED},
+                "agreement": self.agreement, "se": self.se, "within_budget": self.within_budget, "margin": self.margin,
+                "budget": self.budget, **({"subset_agreement": self.subset_agreement}
+                                          if self.subset_agreement is not None else {}),
+                "description": self.describe()}
+
+
+@register
+@dataclass(eq=False)
+class Fp32Reference(Candidate):
+    """The FP32 model on the target: what every budget is measured against, and an answer when nothing is faster."""
+
+    kind: ClassVar[str] = "fp32"
+    stage: ClassVar[str] = "reference"
+    reference: ClassVar[bool] = True
+
+    @classmethod
+    def planned(cls, target: Target) -> "Fp32Reference":
+        return cls({**target.engine, "precision": "fp32", "name": "fp32"})
+
+    def describe(self) -> str:
+        return "FP32 reference"
+
+
+@register
+@dataclass(eq=False)
+class FloatCandidate(Candidate):
+    """A reduced float precision (FP16, BF16) the target runs natively: no calibration, no accuracy budget surprise."""
+
+    kind: ClassVar[str] = "float"
+    stage: ClassVar[str] = "float"
+
+    @classmethod
+    def planned(cls, target: Target, precision: str) -> "FloatCandidate":
+        return cls({**target.engine, "precision": precision, "name": precision})
+
+    def describe(self) -> str:
+        return self.precision.upper()
+
+
+@register
+@dataclass(eq=False)
+class PtqCandidate(Candidate):
+    """INT8 by post-training calibration with one range method, on the target's placement."""
+
+    kind: ClassVar[str] = "int8-ptq"
+    stage: ClassVar[str] = "ptq"
+
+    @classmethod
+    def planned(cls, target: Target, method: str) -> "PtqCandidate":
+        return cls({**target.engine, "precision": "int8", "method": method, "placement": target.placement,
+                    "name": f"int8-{method}"})
+
+    def subset_only(self, agreement: float) -> None:
+        """Ranked below another method on the subset and not evaluated on the whole search split (same graph, so the
+        same speed: only the best method needs the full evaluation)."""
+        self.status, self.subset_agreement = "ranked on the subset only", agreement
+        self.budget = "not evaluated on the whole search split"
+
+    def describe(self) -> str:
+        return f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
+
+
+def exclude_patterns(layers: list[str]) -> list[str]:
+    """``exclude`` regexes that match exactly these ONNX node names."""
+    return ["^" + re.escape(n) + "$" for n in layers]
+
+
+@register
+@dataclass(eq=False)
+class FallbackCandidate(Candidate):
+    """A PTQ candidate with some layers kept float (the per-layer fallback's trial)."""
+
+    kind: ClassVar[str] = "int8-fallback"
+    stage: ClassVar[str] = "fallback"
+    float_layers_fallback: list = field(default_factory=list)
+    float_macs_share: Optional[float] = None
+
+    @classmethod
+    def planned(cls, start: Candidate, layers: list[str]) -> Candidate:
+        if not layers:
+            return start
+        return cls({**start.spec, "exclude": exclude_patterns(layers),
+                    "name": f"{start.spec['name']}-float{len(layers)}-" + sha256_json(sorted(layers))[:6]},
+                   float_layers_fallback=list(layers))
+
+    def describe(self) -> str:
+        return f"INT8 PTQ ({self.method}) with {len(self.float_layers_fallback)} layers in float"
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "float_layers_fallback": self.float_layers_fallback,
+                "float_macs_share": self.float_macs_share}
+
+
+@register
+@dataclass(eq=False)
+class QatCandidate(Candidate):
+    """Quantization-aware training from the best PTQ setting, the fallback's float layers kept float."""
+
+    kind: ClassVar[str] = "int8-qat"
+    stage: ClassVar[str] = "qat"
+    float_layers_fallback: list = field(default_factory=list)
+
+    @classmethod
+    def planned(cls, start: Candidate, float_layers: list[str]) -> "QatCandidate":
+        return cls({**start.spec, "quantizer": "qat", "exclude": exclude_patterns(float_layers),
+                    "name": f"{start.variant}-qat" + (f"-float{len(float_layers)}" if float_layers else "")},
+                   float_layers_fallback=list(float_layers))
+
+    def describe(self) -> str:
+        return f"INT8 QAT from {self.method} ranges" + (f", {len(self.float_layers_fallback)} layers in float"
+                                                        if self.float_layers_fallback else "")
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "float_layers_fallback": self.float_layers_fallback}
+
+
+# ---------------------------------------------------------------------------- scoring against the reference
+def rescore(cand: Candidate, ref: Candidate, labels: Optional[np.ndarray], o: OptimizeConfig, z: float) -> Candidate:
+    """Budget verdict against the reference (replayed candidates and the reference itself included), on the one-sided
+    confidence bound: the standard error is paired over the search split's samples (the same images for both)."""
+    from qdeploy.evaluate.metrics import agreement
+    from qdeploy.optimize.decide import agreement_se, paired_drop_se
+
+    p, ref_p = cand.predictions, ref.predictions
+    agree = agreement(p, ref_p) if p is not None and ref_p is not None else None
+    se = None
+    if agree is not None and p.shape == ref_p.shape:
+        if o.budget.min_agreement is not None:
+            se = agreement_se((p == ref_p).reshape(len(p), -1).mean(axis=1))
+        elif labels is not None and p.ndim == 1 and len(labels) == len(p):
+            valid = labels >= 0
+            se = paired_drop_se(ref_p[valid] == labels[valid], p[valid] == labels[valid])
+    cand.score(budget_check(o.budget, ref.search_metric, cand.search_metric, agree, se, z), agree, se)
+    return cand
+
+
+# ---------------------------------------------------------------------------- the ONNX behind an artifact
+def onnx_of(artifact):
+    """The (Q/DQ) ONNX behind an artifact: itself, or for a TensorRT engine the ONNX it was built from (its companion),
+    which is what sensitivity, layer names and the Q/DQ structure read."""
+    if artifact is None or artifact.kind != ArtifactKind.TRT_ENGINE:
+        return artifact
+    return next((c for c in artifact.companions if c.kind != ArtifactKind.TRT_ENGINE), None)
+
+
+def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Optional[Path]) -> Optional[float]:
+    """Share of the model's MACs in compute layers whose input and weights are both INT8 (what TensorRT runs in INT8),
+    from the FP32 model's per-layer MACs; None when the Q/DQ layers cannot be paired with the FP32 ONNX's."""
+    onnx_art = onnx_of(record.artifact)
+    if not macs or fp32_onnx is None or onnx_art is None or onnx_art.path is None or not structure.get("ops"):
+        return None
+    mapping = layer_names_map(fp32_onnx, onnx_art.path)
+    if mapping is None:
+        return None
+    total = sum(macs.values()) or 1
+    int8 = sum(macs.get(mapping.get(op["name"], op["name"]), 0) for op in structure["ops"]
+               if op["int8_input"] and op["int8_weights"])
+    return round(int8 / total, 4)
+
+
+__all__ = ["CANDIDATE_KINDS", "Candidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate",
+           "QatCandidate", "TARGETS", "Target", "exclude_patterns", "onnx_of", "plan", "rescore", "target_for"]
