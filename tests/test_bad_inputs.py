@@ -473,6 +473,8 @@ CASES = [
     # ---- output folder
     ("out-is-file", "output", _out_is_file, "is not a directory"),
     ("out-user-folder", "output", _cmd("build", _out_user_folder), "holds files that qdeploy did not write"),
+    # optimize writes --out only after its confirm split: the folder is still checked before the search starts
+    ("out-user-folder-optimize", "output", _cmd("optimize", _out_user_folder), "holds files that qdeploy did not write"),
     ("out-inside-eval-data", "output", _out_inside_data, "data.eval"),
     ("out-is-calibration-data", "output", _out_is_data, "data.calibration"),
     ("out-parent-is-file", "output", _out_parent_is_file, "weights.tar is a file, not a folder"),

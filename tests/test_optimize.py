@@ -558,3 +558,15 @@ def test_candidates_are_typed_one_class_per_kind():
     row = planned[1].to_json()
     assert {"variant", "kind", "stage", "status", "failed_stage", "reason", "search_metric", "latency_p50_ms",
             "within_budget", "budget", "int8_share"} <= set(row)
+
+
+def test_a_bad_out_folder_is_refused_before_the_search(tmp_path):
+    """optimize writes --out after its confirm split: a folder it may not replace is refused before any export."""
+    from qdeploy.errors import QDeployError
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.md").write_text("- deploy\n")
+    with pytest.raises(QDeployError, match="did not write"):
+        api.optimize(_opt_config(tmp_path, budget={"max_drop": 1.0}), tmp_path / "notes", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "optimize").exists() and not (tmp_path / "cache" / "exports").exists()
+    assert (tmp_path / "notes" / "todo.md").read_text() == "- deploy\n"

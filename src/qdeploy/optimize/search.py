@@ -36,7 +36,7 @@ import torch
 
 import qdeploy
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
-from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, parse_config
+from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, check_output_folder, parse_config
 from qdeploy.data import ArrayBatches, make_batches, normalize, take
 from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
@@ -52,7 +52,7 @@ from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.report.verdict import int8_failure_warning, near_chance_warning
-from qdeploy.utils.atomic import write_json
+from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_json
 from qdeploy.utils.log import log, warn
@@ -205,6 +205,9 @@ def _prepare(cfg: RunConfig):
 def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], cache_dir: Optional[Path] = None) -> dict:
     t_start = time.perf_counter()
     cfg = as_config(config)
+    # --out is written only after the confirm split, maybe an hour from now: refuse a bad one before any work
+    check_output_folder(cfg, out_dir, cache_dir)
+    OutputDir(out_dir).abort()
     o, target, planned, search_cfg, base, n, n_search, bs, trt = _prepare(cfg)
     task = cfg.model.task
     key = _metric_key(task)
