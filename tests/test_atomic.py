@@ -49,6 +49,7 @@ def test_the_file_list_and_a_whole_replacement(tmp_path, monkeypatch, swap):
     assert _leftovers(out) == []
 
 
+@pytest.mark.slow
 def test_a_file_the_user_put_in_an_earlier_output_is_refused_and_kept(tiny_config, tmp_path, capsys):
     tiny_config["variants"] = [{"engine": "onnxruntime"}]
     tiny_config["bench"] = {"enabled": False}
@@ -155,6 +156,7 @@ def test_recovery_deletes_the_staging_folder_of_a_dead_run_only(tmp_path):
             proc.wait()
 
 
+@pytest.mark.slow
 def test_qat_writes_its_output_whole_and_keeps_the_checkpoint_in_the_cache(tmp_path):
     """`qdeploy qat` into a folder holding a user's file is refused before training; its checkpoint lives in the
     training folder (the cache, keyed by --out), with a copy in --out."""

@@ -145,6 +145,7 @@ def test_capability_table_drives_probe_rows():
         assert {r["device"] for r in rows} == set(cls.devices)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mobilenet_v3_small", "efficientnet_b0", "resnet18"])
 def test_every_exported_conv_maps_back_to_its_module(arch, tmp_path):
     """ONNX scope names → PyTorch module names through nested Sequentials (``features.1.0`` / ``block`` /

@@ -72,6 +72,7 @@ def test_mean_minmax_warns_below_the_images_its_mean_needs(tmp_path):
     assert images_needed("percentile", 99.99, 8, 1.0, 1.0, 192) == 53
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantizer", ["onnx", "modelopt"])
 def test_dead_layer_is_named_in_results_and_report(tmp_path, quantizer):
     model_file = tmp_path / "dead.py"

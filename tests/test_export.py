@@ -83,6 +83,7 @@ def test_user_onnx_file_checks(tmp_path):
         use_onnx_file(str(bad))
 
 
+@pytest.mark.slow
 def test_random_init_models_do_not_share_a_cached_export(tmp_path):
     """No weights file: two differently initialised models must not reuse each other's export."""
     spec = ModelSpec(source="torchvision:resnet18", kwargs={"weights": None, "num_classes": 4}, weights="random",

@@ -199,6 +199,7 @@ def _kill_and_recover(forker, command: str, argv_of, template: Path, tmp_path: P
     return killed, state, again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
 @pytest.mark.parametrize("point", RUN_POINTS)
 def test_run_killed_at_every_point(forker, run_setup, tmp_path, point, sig):
@@ -215,6 +216,7 @@ def test_run_killed_at_every_point(forker, run_setup, tmp_path, point, sig):
     RUNS.append(("run", point, sig, "exchange", state, again["wall_s"], run_setup["first_s"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_run_killed_between_the_two_renames_of_the_fallback_swap(forker, run_setup, tmp_path, sig):
     """Where the atomic exchange is not available: DIR moved aside, staging not yet in. SIGKILL: DIR is missing until
@@ -226,6 +228,7 @@ def test_run_killed_between_the_two_renames_of_the_fallback_swap(forker, run_set
     RUNS.append(("run", "swap-between", sig, "rename", state, again["wall_s"], run_setup["first_s"]))
 
 
+@pytest.mark.slow
 def test_rolled_back_when_the_staging_folder_is_incomplete(forker, run_setup, tmp_path):
     """Killed between the renames, and the new output's staging folder then damaged (a file of its list gone): the
     next open cannot finish the swap, so it rolls back: the previous output, byte for byte."""
@@ -241,6 +244,7 @@ def test_rolled_back_when_the_staging_folder_is_incomplete(forker, run_setup, tm
     assert _state(out, previous, "results.json") == "previous" and _leftovers(out) == [] and "restored" in done[0]
 
 
+@pytest.mark.slow
 def test_the_first_run_into_a_new_folder_killed_at_the_swap_leaves_nothing(forker, run_setup, tmp_path):
     """No previous output: killed before the (single) rename there is no --out, only a staging folder that the next
     run deletes; killed after it, the whole new output."""
@@ -252,6 +256,7 @@ def test_the_first_run_into_a_new_folder_killed_at_the_swap_leaves_nothing(forke
     assert _state(out, {}, "results.json") == "new" and _leftovers(out) == []
 
 
+@pytest.mark.slow
 def test_the_real_entry_point_killed_between_the_renames(run_setup, tmp_path):
     """The same through `python -m qdeploy` in a subprocess of its own (no fork): SIGKILL mid-swap, then a run that
     recovers and finishes."""

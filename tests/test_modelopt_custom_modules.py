@@ -96,6 +96,7 @@ def test_plain_conv_models_trace_as_before():
     assert ops == ["Conv2d", "ReLU", "MaxPool2d", "Conv2d", "Flatten", "Linear"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["max", "entropy"])
 def test_same_padding_conv_subclasses_are_all_int8(method, tmp_path):
     model = SameNet().eval()
@@ -197,6 +198,7 @@ def functional_conv(num_classes=3):
 """
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_onnx_when_modelopt_would_leave_a_conv_float(tmp_path, capsys):
     from conftest import write_image_folder
 

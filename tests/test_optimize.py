@@ -127,6 +127,7 @@ def _opt_config(tmp_path, **optimize):
     return cfg
 
 
+@pytest.mark.slow
 def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     s = api.optimize(_opt_config(tmp_path, budget={"max_drop": 100.0}), tmp_path / "out", cache_dir=tmp_path / "cache")
     assert s["splits"] == {"search": 12, "confirm": 12, "seed": 0}
@@ -159,6 +160,7 @@ def test_pareto_front():
     assert pareto_front(pts) == ["fp32", "a", "c"]
 
 
+@pytest.mark.slow
 def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_path, capsys):
     from qdeploy.cli import main
 
@@ -190,6 +192,7 @@ def test_bad_optimize_inputs_are_refused_before_work(tmp_path):
             api.optimize(cfg, tmp_path / "out3", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_tensorrt_target_without_tensorrt_ranks_by_int8_share_and_says_so(tmp_path):
     from qdeploy.facts.tensorrt import tensorrt_version
 
@@ -270,6 +273,7 @@ def _fragile_config(tmp_path, **optimize):
     return cfg
 
 
+@pytest.mark.slow
 def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
     s = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "out", cache_dir=tmp_path / "cache")
     ptq = next(c for c in s["candidates"] if c["variant"] == "int8-max")
@@ -290,6 +294,7 @@ def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
     assert "Per-layer fallback: the refined ranking" in page and "/model/conv2/Conv" in page and "found by" in page
 
 
+@pytest.mark.slow
 def test_a_budget_no_candidate_meets_writes_the_best_and_exits_3(tmp_path, capsys):
     from qdeploy.cli import main
 
@@ -303,6 +308,7 @@ def test_a_budget_no_candidate_meets_writes_the_best_and_exits_3(tmp_path, capsy
     assert "MISSED" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_qat_kicks_in_when_the_fallback_would_leave_too_much_in_float(tmp_path):
     cfg = _fragile_config(tmp_path, max_float_fraction=0.2, qat="distill")
     cfg["qat"] = {"epochs": 1.0, "batch_size": 8, "lr": 1e-3}
@@ -321,6 +327,7 @@ def test_qat_needs_training_images_that_are_not_evaluation_images(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
     first = api.optimize(_fragile_config(tmp_path, fallback=False), tmp_path / "a", cache_dir=tmp_path / "cache")
     assert first["evaluations"]["cached"] == 0
@@ -388,6 +395,7 @@ def test_a_max_drop_budget_without_labels_is_refused_naming_min_agreement(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_min_agreement_without_labels_runs_the_whole_search(tmp_path):
     cfg = _fragile_config(tmp_path, max_float_fraction=1.0)
     _flatten(tmp_path / "colour-eval", tmp_path / "flat")
@@ -433,6 +441,7 @@ def test_supervised_qat_on_unlabelled_images_is_refused():
         cfg.qat_training_data()
 
 
+@pytest.mark.slow
 def test_eval_count_complement_is_kept_and_optimize_splits_within_it(tmp_path):
     """Calibration images drawn from the eval folder stay out: optimize splits what data.eval's count/complement left."""
     cfg = _opt_config(tmp_path, budget={"max_drop": 100.0})
@@ -475,6 +484,7 @@ def noonnx():
 '''
 
 
+@pytest.mark.slow
 def test_tensorrt_target_without_tensorrt_and_without_an_onnx_path_says_why(tmp_path):
     from qdeploy.facts.tensorrt import tensorrt_version
 
@@ -504,6 +514,7 @@ def test_a_tensorrt_engine_candidate_is_analysed_through_the_onnx_it_was_built_f
 
 
 # ---------------------------------------------------------------------------- failed candidates (issue 20, item 13)
+@pytest.mark.slow
 def test_every_int8_candidate_failing_is_said_first_listed_with_stage_and_reason_and_exits_4(tmp_path, monkeypatch, capsys):
     """A placement that breaks on a model (a torchvision ViT did): the failure is injected into the real quantizer,
     the rest of the search (export, FP32, the confirm split, the files) is real."""

@@ -23,6 +23,7 @@ def _write_config(tmp_path, cfg, name="config.yaml"):
     return path
 
 
+@pytest.mark.slow
 def test_run_api_compares_variants(tiny_config, tmp_path):
     out = tmp_path / "out"
     results = api.run(tiny_config, out, cache_dir=tmp_path / "cache")
@@ -53,6 +54,7 @@ def test_run_api_compares_variants(tiny_config, tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_segmentation_pipeline_with_dict_output(tiny_model_file, tmp_path):
     root = tmp_path / "seg"
     rng = np.random.default_rng(0)
@@ -75,6 +77,7 @@ def test_segmentation_pipeline_with_dict_output(tiny_model_file, tmp_path):
     assert o["agreement"] == 1.0 and t["latency_ms"] == {}
 
 
+@pytest.mark.slow
 def test_cli_stage_commands(tiny_config, tmp_path, capsys):
     cfg_path = _write_config(tmp_path, tiny_config)
     cache = ["--cache-dir", str(tmp_path / "cache")]
@@ -181,6 +184,7 @@ def test_output_directory_not_writable(tiny_config, tmp_path, capsys):
     assert "a-file" in err
 
 
+@pytest.mark.slow
 def test_console_script_prints_no_traceback_and_debug_does(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: {source: x.py:f, preprocess: {input_size: [8, 8]}}\ndata: {eval: {root: nowhere}}\nbogus: 1\n")
@@ -193,6 +197,7 @@ def test_console_script_prints_no_traceback_and_debug_does(tmp_path):
     assert p.returncode != 0 and "Traceback" in p.stderr
 
 
+@pytest.mark.slow
 def test_demo_trains_and_reports_above_95_percent(tmp_path, monkeypatch):
     from qdeploy.demo import run_demo
 
@@ -203,6 +208,7 @@ def test_demo_trains_and_reports_above_95_percent(tmp_path, monkeypatch):
     assert (tmp_path / "demo" / "report.html").is_file() and (tmp_path / "demo" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_onnx_only_model_runs_in_onnxruntime_and_torch_is_skipped(tiny_config, tmp_path):
     exported = api.export(tiny_config, tmp_path / "exp", cache_dir=tmp_path / "cache")
     cfg = dict(tiny_config)

@@ -47,6 +47,7 @@ def test_model_outputs_vs_number_of_classes(tiny_model_file, tiny_weights, image
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_segmentation_label_values_vs_output_classes(tiny_model_file, tmp_path):
     root = tmp_path / "seg"
     (root / "test").mkdir(parents=True)
@@ -86,6 +87,7 @@ def _corrupt(folder):
     return bad
 
 
+@pytest.mark.slow
 def test_corrupt_image_error_or_skip_and_listed(tiny_config, image_folder, tmp_path):
     bad = _corrupt(image_folder)
     tiny_config["variants"] = [{"engine": "onnxruntime"}]
@@ -117,6 +119,7 @@ def test_missing_calibration_cache_file(tiny_config, tmp_path):
         api.run(tiny_config, tmp_path / "out", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_out_folder_with_an_older_run_is_replaced_whole(tiny_config, tmp_path):
     tiny_config["bench"] = {"enabled": False}
     out = tmp_path / "out"
@@ -162,6 +165,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.mark.slow
 def test_missing_modelopt_dependency_is_named(tmp_path):
     """ModelOpt's init imports huggingface_hub; without it the user must read which package to install."""
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(BLOCKER))

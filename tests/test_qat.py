@@ -54,6 +54,7 @@ def _config(tmp_path, objective="distill", epochs=2.0, **qat):
             "data": data, "qat": {"objective": objective, "epochs": epochs, "batch_size": 8, "lr": 1e-3, "method": "max", **qat}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["distill", "supervised", "both"])
 def test_qat_trains_exports_and_reports(tmp_path, objective):
     summary = api.qat(_config(tmp_path, objective), tmp_path / "out", cache_dir=tmp_path / "cache")
@@ -84,12 +85,14 @@ def test_qat_trains_exports_and_reports(tmp_path, objective):
     assert "Training log" in page and page.count("data:image/png;base64,") == 1 and "QAT curves" in page
 
 
+@pytest.mark.slow
 def test_qat_changes_the_weights_and_distillation_lowers_its_loss(tmp_path):
     summary = api.qat(_config(tmp_path, "distill", epochs=4.0, lr=5e-3, augment=False), tmp_path / "out", cache_dir=tmp_path / "cache")
     losses = [e["loss"] for e in summary["log"]]
     assert losses[-1] < losses[0], losses
 
 
+@pytest.mark.slow
 def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
     """Two epochs in one go vs. killed right after epoch 1's checkpoint, then --resume: the same weights, bit for bit.
     The interrupted run leaves no --out at all (it is written whole, at the end); its checkpoint is in the training
@@ -138,6 +141,7 @@ def test_training_classes_must_match_the_model_outputs(tmp_path):
         api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "out", cache_dir=tmp_path / "cache")
     with pytest.raises(QDeployError, match="belongs to another model, data or QAT config"):
@@ -174,6 +178,7 @@ def seg(num_classes=3):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["supervised", "distill"])
 def test_segmentation_qat_with_ignore_index(tmp_path, objective):
     """Per-pixel cross entropy with ignore_index (label 3 = void) and per-pixel KL; mIoU before and after."""
@@ -202,6 +207,7 @@ def test_segmentation_qat_with_ignore_index(tmp_path, objective):
     assert summary["structure"]["compute_ops_int8"] == summary["structure"]["compute_ops"]
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_on_the_cpu(tmp_path):
     """`torchrun --nproc_per_node=2 -m qdeploy qat`: gloo on the CPU, each rank a shard of every epoch, rank 0 alone
     writes qat.json / qat.onnx / the checkpoint."""
@@ -229,6 +235,7 @@ def test_torchrun_two_processes_on_the_cpu(tmp_path):
         "qat.onnx", "qat.trtcache"]
 
 
+@pytest.mark.slow
 def test_torchrun_with_more_processes_than_gpus_is_refused(tmp_path):
     import os
     import subprocess
@@ -284,6 +291,7 @@ def test_float_model_carries_the_fine_tuned_weights_without_quantizers():
     assert any(m.is_enabled for m in qm.modules() if type(m).__name__ == "TensorQuantizer")
 
 
+@pytest.mark.slow
 def test_qat_variant_in_run_trains_once_and_ships_its_checkpoint(tmp_path):
     """`quantizer: qat` in a normal run: the TensorRT and ONNX Runtime placements share one training, cached; a second
     run builds nothing; the checkpoint travels with the artifact; the report shows the QAT table and curves."""
@@ -331,6 +339,7 @@ def test_qat_variant_refuses_training_on_evaluation_images(tmp_path):
         api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_residual_quantizers_false_leaves_the_residual_add_float(tmp_path):
     """Seed 002's "QAT without the skip-input quantizers": no Q/DQ on either input of the residual Add."""
     with_q = api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "with", cache_dir=tmp_path / "cache")
@@ -341,6 +350,7 @@ def test_residual_quantizers_false_leaves_the_residual_add_float(tmp_path):
     assert without["fingerprint"] != with_q["fingerprint"]
 
 
+@pytest.mark.slow
 def test_learned_ranges_train_the_activation_amax_and_export_them(tmp_path):
     """ranges: learned: ModelOpt gives INT8 amax no gradient, so qdeploy's LSQ backend does; the trained amax end up in
     the quantizers, the checkpoint and the exported Q/DQ scales (the export check compares ONNX with the fake-quant model)."""
@@ -395,6 +405,7 @@ def test_adamw_steps_equalized_weights_as_if_unequalized():
     assert torch.allclose(eq.weight * g.view(-1, 1, 1, 1), plain.weight, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_reuses_it_without_training(tmp_path, monkeypatch):
     """`qdeploy qat --resume` after the run finished: no epoch runs again, and the same result is written."""
     from qdeploy.quantize.qat import QatTrainer

@@ -29,12 +29,14 @@ DISTRIBUTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
 def test_entropy_is_exactly_modelopts(name):
     hist, edges = _hist(DISTRIBUTIONS[name](np.random.default_rng(1)))
     assert entropy_amax(hist, edges) == float(_compute_amax_entropy(hist.copy(), edges, 8, False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
 def test_mse_matches_modelopt_with_its_argument_bug_fixed(name):
     hist, edges = _hist(DISTRIBUTIONS[name](np.random.default_rng(2)))
@@ -43,6 +45,7 @@ def test_mse_matches_modelopt_with_its_argument_bug_fixed(name):
     assert mse_amax(hist, edges) == pytest.approx(fixed, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_modelopt_mse_bug_is_detected_or_fixed():
     """If a ModelOpt release fixes histogram MSE, this flips and the workaround switches itself off."""
     hist, edges = _hist(np.random.default_rng(3).standard_normal(200_000))
@@ -102,6 +105,7 @@ def _artifact(out: Path, v: dict) -> Path:
     return out / v["details"]["artifact"]
 
 
+@pytest.mark.slow
 def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
     out = tmp_path / "out"
@@ -152,6 +156,7 @@ def test_int8_variants_run_and_report_their_structure(int8_config, tmp_path):
     assert trt8["stages"]["build"]["status"] == "ok" and trt8["stages"]["build"]["memory_mb"]["rss_peak"] > 0
 
 
+@pytest.mark.slow
 def test_calibration_cache_hit_on_rerun(int8_config, tmp_path, capsys):
     int8_config["variants"] = int8_config["variants"][:2]
     api.run(int8_config, tmp_path / "a", cache_dir=tmp_path / "cache")
@@ -161,6 +166,7 @@ def test_calibration_cache_hit_on_rerun(int8_config, tmp_path, capsys):
     assert (tmp_path / "b" / "onnxruntime-int8-entropy.onnx").is_file()
 
 
+@pytest.mark.slow
 def test_quantize_stage_command_and_trt_cache_as_input(int8_config, tmp_path):
     summary = api.quantize(int8_config, tmp_path / "q", cache_dir=tmp_path / "cache")
     name = "onnxruntime-int8-trt-onnx-percentile-excl-conv2"
@@ -178,6 +184,7 @@ def test_quantize_stage_command_and_trt_cache_as_input(int8_config, tmp_path):
 
 # ---- bad input ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fewer_calibration_images_than_asked_warns_and_uses_them(int8_config, tmp_path):
     int8_config["data"]["calibration"]["count"] = 500
     int8_config["variants"] = int8_config["variants"][:2]
@@ -202,6 +209,7 @@ def test_calibrating_on_the_evaluation_images_is_refused(int8_config, tmp_path):
         api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_nan_activations_name_the_layer(int8_config, tmp_path):
     int8_config["model"]["kwargs"] = {"nan": True}
     int8_config["variants"] = [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max"}]
@@ -212,6 +220,7 @@ def test_nan_activations_name_the_layer(int8_config, tmp_path):
     assert re.search("NaN/Inf in tensor .* \\(output of layer '.*Sqrt", int8["reason"])
 
 
+@pytest.mark.slow
 def test_all_zero_channel_gets_a_floor_scale_not_a_division_by_zero(int8_config, tmp_path):
     int8_config["variants"] = [{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt"}]
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
@@ -222,6 +231,7 @@ def test_all_zero_channel_gets_a_floor_scale_not_a_division_by_zero(int8_config,
     assert np.all(np.isfinite(scales)) and np.all(scales > 0)
 
 
+@pytest.mark.slow
 def test_exclude_pattern_that_matches_nothing_warns(int8_config, tmp_path, capsys):
     int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "exclude": ["no_such_layer"]}]
     results = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")
@@ -253,6 +263,7 @@ def test_op_the_quantizer_cannot_handle_is_left_float_and_listed(tmp_path):
     assert any("ConvTranspose" in n for n in st["compute_ops_float"] + st["compute_ops_partly_quantized"])
 
 
+@pytest.mark.slow
 def test_trt_cache_that_does_not_match_the_model(int8_config, tmp_path):
     bad = tmp_path / "other.cache"
     write_trt_cache(bad, {"resnet/layer1/out": TensorRange(-1, 1, 1), "input": TensorRange(-1, 1, 1)})
@@ -262,6 +273,7 @@ def test_trt_cache_that_does_not_match_the_model(int8_config, tmp_path):
     assert re.search("does not match the model: 1 of 2 tensors .*resnet/layer1/out", v["reason"])
 
 
+@pytest.mark.slow
 def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_forced(int8_config, tiny_model_file, tmp_path, capsys):
     int8_config["model"]["source"] = f"{tiny_model_file}:branchy"
     int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt"}]
@@ -274,6 +286,7 @@ def test_untraceable_model_falls_back_to_onnx_qdq_or_errors_when_modelopt_is_for
     assert v["status"] == "failed" and v["failed_stage"] == "build" and "torch.fx cannot trace" in v["reason"]
 
 
+@pytest.mark.slow
 def test_constant_node_inputs_of_quantized_ops_get_ranges(tmp_path):
     """EfficientNet-style static 'same' padding exports Pad with Constant-node inputs; ORT's quantizer needs their ranges."""
     cfg = _sequential_model_config(
@@ -302,6 +315,7 @@ def test_quantize_cli_command(int8_config, tmp_path, capsys):
     assert "no int8 variants to quantize" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_modelopt_histogram_methods_share_one_statistics_pass(int8_config, tmp_path):
     trt = {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "modelopt"}
     int8_config["variants"] = [{**trt, "method": "entropy"}, {**trt, "method": "mse"}]

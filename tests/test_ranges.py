@@ -64,6 +64,7 @@ def test_prefix_sum_mse_equals_the_exhaustive_mse(name):
     assert mse_amax_bounded(hist, edges) == pytest.approx(mse_amax(hist, edges), rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
 def test_entropy_guard_changes_nothing_where_modelopt_is_sane(name):
     hist, edges = _modelopt_hist([DISTRIBUTIONS[name](np.random.default_rng(5), 200_000)])
@@ -84,6 +85,7 @@ def test_percentile_is_modelopts():
 
 # ---- the entropy collapse: ModelOpt's KL picks a range below every value of a gate ----------------
 
+@pytest.mark.slow
 def test_entropy_does_not_clip_every_value_of_a_gate():
     values = DISTRIBUTIONS["sigmoid-gate"](np.random.default_rng(7), 200_000)
     hist, edges = _modelopt_hist([values])
@@ -107,6 +109,7 @@ def test_compute_amax_uses_the_guarded_entropy():
 
 # ---- bounded cost: strided search within the stated tolerance of the exhaustive one -----------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["relu-gaussian", "laplace-squared", "student-t"])
 def test_strided_search_is_within_tolerance_of_the_exhaustive_search(name):
     """The tolerance stated in ranges.search_stride, on ModelOpt histograms that grew to ~20-40k bins."""
@@ -125,6 +128,7 @@ def test_strided_search_is_within_tolerance_of_the_exhaustive_search(name):
     assert kl[np.argmin(np.abs(edges[cand] - strided))] <= 1.3 * kl.min() + 1e-12
 
 
+@pytest.mark.slow
 def test_cost_does_not_grow_with_the_bin_count():
     """3.1 M bins (an EfficientNet-B0 squeeze-excitation tensor had that many): bounded by MAX_CANDIDATES."""
     rng = np.random.default_rng(10)

@@ -159,6 +159,7 @@ def _png_images(html: str) -> list[bytes]:
 
 
 # ----------------------------------------------------------------------------------------- tests
+@pytest.mark.slow
 def test_write_reports_classification(tmp_path):
     results = classification_results()
     paths = write_reports(results, tmp_path / "run")
@@ -211,6 +212,7 @@ def test_write_reports_segmentation(tmp_path):
     assert len(_png_images(html)) == 2 and "Per-class IoU" in html
 
 
+@pytest.mark.slow
 def test_renderers_cope_with_missing_values():
     """Renderers must not trip over None, {} or missing keys (they may run on unvalidated data)."""
     res = classification_results()
@@ -280,6 +282,7 @@ def test_invalid_results_write_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_failed_render_leaves_no_report_html(tmp_path, monkeypatch):
     results = classification_results()
     write_reports(results, tmp_path)  # an earlier run's reports are in the folder
@@ -333,6 +336,7 @@ def test_v2_results_are_valid_and_decided():
     assert "within noise" in rec["reason"]  # the winner's timing is flagged noisy
 
 
+@pytest.mark.slow
 def test_reports_open_with_the_recommendation(tmp_path):
     res = v2_results()
     paths = write_reports(res, tmp_path)
@@ -469,6 +473,7 @@ def test_validate_rejects_malformed_v2_keys(path, value, message):
         validate_results(bad)
 
 
+@pytest.mark.slow
 def test_accuracy_change_is_reported_beside_agreement(tmp_path):
     """A detectable drop within the tolerance: reported ("worse", with its interval and p), not degraded, still
     recommended; agreement stays in its column."""

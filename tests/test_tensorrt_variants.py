@@ -16,6 +16,7 @@ def no_tensorrt():
         pytest.skip("TensorRT is installed here: this test covers its absence")
 
 
+@pytest.mark.slow
 def test_tensorrt_variants_without_tensorrt_are_skipped_with_trtexec_lines_and_onnx(tmp_path, no_tensorrt):
     cfg = _config(tmp_path, "distill")
     cfg.pop("qat")
@@ -46,6 +47,7 @@ def test_tensorrt_variants_without_tensorrt_are_skipped_with_trtexec_lines_and_o
     assert {v["name"]: v.get("trtexec") for v in on_disk["variants"]}["tensorrt-fp16-ws-512"] == fp16["trtexec"]
 
 
+@pytest.mark.slow
 def test_legacy_calibration_cache_int8_is_a_10x_only_line(tmp_path, no_tensorrt):
     cfg = _config(tmp_path, "distill")
     cfg.pop("qat")
@@ -113,6 +115,7 @@ def test_qdeploy_build_writes_onnx_and_trtexec_lines(tmp_path, no_tensorrt, caps
     assert "--stronglyTyped" in summary["variants"]["tensorrt-fp32"]["trtexec"]["11.x"]
 
 
+@pytest.mark.slow
 def test_fp16_without_calibration_images_says_which_major_cannot(tmp_path, no_tensorrt):
     """TensorRT 11's FP16 needs the calibrated FP16 ONNX; without data.calibration only the 10.x line is possible."""
     cfg = _config(tmp_path, "distill")
@@ -136,6 +139,7 @@ def test_explicit_profiles_give_a_file_name_safe_label():
     assert label.startswith("tensorrt-fp16-profiles-") and all(c.isalnum() or c in "-_.+" for c in label), label
 
 
+@pytest.mark.slow
 def test_trtexec_lines_name_the_file_really_written_when_variants_share_an_artifact(tmp_path, no_tensorrt):
     """An ONNX Runtime TensorRT-placement variant and a TensorRT variant share one Q/DQ artifact; it is written once,
     under the first variant's name, and the TensorRT variant's trtexec lines must name that file."""

@@ -60,6 +60,7 @@ def placement_config(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_both_quantizers_place_qdq_by_tensorrts_rules(placement_config, tmp_path):
     summary = api.quantize(placement_config, tmp_path / "q", cache_dir=tmp_path / "cache")
     for name, info in summary["variants"].items():
@@ -111,6 +112,7 @@ def net():
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement, quantizer", [("onnxruntime", "onnx"), ("tensorrt", "onnx"), ("tensorrt", "modelopt")])
 def test_squeeze_excitation_branch_stays_float(placement, quantizer, tmp_path):
     """NNCF's SE_BLOCK rule: the pooled 1×1 convs that compute the gate stay float in every placement, and the

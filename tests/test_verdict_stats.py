@@ -284,6 +284,7 @@ def digits(tmp_path_factory):
     return tmp, cfg
 
 
+@pytest.mark.slow
 def test_untrained_cnn_is_flagged_near_chance_and_its_int8_not_degraded(digits):
     from qdeploy import api
 
@@ -313,6 +314,7 @@ def test_untrained_cnn_is_flagged_near_chance_and_its_int8_not_degraded(digits):
     assert html.index("near chance") < html.index("Recommended:")
 
 
+@pytest.mark.slow
 def test_cli_exit_4_when_every_int8_variant_failed(digits, capsys):
     from qdeploy.cli import main
 
@@ -335,6 +337,7 @@ def test_cli_exit_4_when_every_int8_variant_failed(digits, capsys):
     assert printed.index("Every INT8 variant failed") < printed.index("Recommended: torch-fp32")
 
 
+@pytest.mark.slow
 def test_segmentation_variants_get_a_bootstrapped_miou_change(tiny_model_file, tmp_path):
     from PIL import Image
 
