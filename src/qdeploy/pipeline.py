@@ -31,7 +31,7 @@ from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
-from qdeploy.preflight import check_calibration, check_model, check_qat_data
+from qdeploy.preflight import check_calibration, check_model, check_qat_data, fit_static_batch
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
 from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from qdeploy.sysinfo import environment
@@ -78,7 +78,7 @@ class RunContext:
 
 def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Iterable[str]] = None,
              cache_dir: Optional[Path] = None, variants_filter=None) -> RunContext:
-    cfg = as_config(config)
+    cfg, static_batch = fit_static_batch(as_config(config))
     stages = set(stages)
     if not cfg.eval.enabled:
         stages.discard("eval")
@@ -97,6 +97,8 @@ def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Ite
                           check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
         ctx = RunContext(cfg, variants, stages, output, eval_batches, calibration, builder)
         ctx.model_check = check_model(cfg, builder, eval_batches, decode_all="eval" in stages)
+        if static_batch is not None:
+            ctx.model_check["static_batch"] = static_batch
     except BaseException:
         output.abort()
         raise
@@ -314,6 +316,9 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
                 shutil.copyfile(a.path, ctx.output.path(name))
                 if a.kind == ArtifactKind.TRT_ENGINE:  # the portability sidecar travels with the engine
                     shutil.copyfile(a.path.with_suffix(".engine.json"), ctx.output.path(name + ".json"))
+                elif a.path.suffix == ".onnx":  # external data (a model above 2 GB) travels under the name it is read by
+                    for data in _external_data(a.path):
+                        shutil.copyfile(data, ctx.output.path(data.name))
                 placed[key] = name
             name = placed[key]
             entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
@@ -327,6 +332,14 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
                 if final and final != provisional:
                     _rename_in_details(r.details, provisional, final)
     return entries
+
+
+def _external_data(path: Path) -> list[Path]:
+    import onnx
+
+    from qdeploy.export.onnx import external_data_files
+
+    return external_data_files(onnx.load(str(path), load_external_data=False), path.parent)
 
 
 def _rename_in_details(details: dict, old: str, new: str) -> None:

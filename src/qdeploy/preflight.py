@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +21,8 @@ from qdeploy.artifacts import ArtifactKind, ArtifactRequest, Builder
 from qdeploy.config import RunConfig
 from qdeploy.data import make_batches, normalize
 from qdeploy.errors import DataError, ModelError, QDeployError
-from qdeploy.utils.log import log
+from qdeploy.models import is_onnx_source
+from qdeploy.utils.log import log, warn
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -88,6 +90,38 @@ def _onnx_input_shape(path) -> tuple[str, list]:
     return name, dims
 
 
+def fit_static_batch(cfg: RunConfig) -> tuple[RunConfig, Optional[dict]]:
+    """An ONNX source with a static batch of 1 (common in hub exports) runs: evaluation and calibration in batches of
+    1, timing at batch 1 only. Returns the adjusted config and a record for results.json (``model.static_batch``), or
+    (cfg, None) when nothing changes. A static batch above 1 is left to :func:`_check_onnx_shape` (the configured
+    sizes must equal it): feeding it a last partial batch would need padding images that do not exist."""
+    if not is_onnx_source(cfg.model.source):
+        return cfg, None
+    path = Path(cfg.model.source).expanduser()
+    try:
+        name, dims = _onnx_input_shape(path)
+    except Exception:  # noqa: BLE001 - a missing or broken file is reported by the model check, with its own message
+        return cfg, None
+    if len(dims) != 4 or dims[0] != 1:
+        return cfg, None
+    skipped = sorted({b for b in cfg.bench.batch_sizes if b != 1})
+    data = {"eval": cfg.data.eval.model_copy(update={"batch_size": 1})}
+    if cfg.data.calibration is not None:
+        data["calibration"] = cfg.data.calibration.model_copy(update={"batch_size": 1})
+    changed = cfg.data.eval.batch_size != 1 or skipped or (cfg.data.calibration is not None
+                                                           and cfg.data.calibration.batch_size != 1)
+    if not changed:
+        return cfg, None
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
+                                 "bench": cfg.bench.model_copy(update={"batch_sizes": [1]})})
+    shape = "x".join("?" if d is None else str(d) for d in dims)
+    message = (f"{path.name} has a static batch of 1 (input '{name}' {shape}): evaluating in batches of 1 and timing "
+               "batch 1 only" + (f"; bench.batch_sizes {', '.join(map(str, skipped))} skipped" if skipped else "")
+               + " (export the model with a dynamic batch axis to time larger batches)")
+    warn(message)
+    return cfg, {"batch": 1, "input": name, "shape": dims, "skipped_batch_sizes": skipped, "message": message}
+
+
 def _check_onnx_shape(cfg: RunConfig, path) -> None:
     pre = cfg.model.preprocess
     _, dims = _onnx_input_shape(path)
@@ -103,7 +137,8 @@ def _check_onnx_shape(cfg: RunConfig, path) -> None:
         wrong = sorted({b for b in [cfg.data.eval.batch_size, *cfg.bench.batch_sizes] if b != n})
         if wrong:
             raise ModelError(f"ONNX model {path} has a fixed batch size of {n}, but data.eval.batch_size / bench.batch_sizes "
-                             f"ask for {wrong}: set them to {n} or export with a dynamic batch axis")
+                             f"ask for {wrong}: set them to {n} (evaluation then drops no image only when their count is a "
+                             "multiple of it) or export with a dynamic batch axis")
 
 
 def _run_once(cfg: RunConfig, builder: Builder, x: np.ndarray) -> np.ndarray:
@@ -147,7 +182,7 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
         if eval_batches.skipped:
             log(f"data.eval: skipped {len(eval_batches.skipped)} unreadable images (on_error: skip), "
                 f"e.g. {eval_batches.skipped[0]['path']}")
-    images, labels = eval_batches.first(2)
+    images, labels = eval_batches.first(min(2, cfg.data.eval.batch_size))  # a static-batch-1 ONNX takes one image
     x = normalize(images, cfg.model.preprocess)
     out = _run_once(cfg, builder, x)
     if not np.all(np.isfinite(out)):

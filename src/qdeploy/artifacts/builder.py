@@ -121,8 +121,9 @@ class Builder:
             return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint, f"export ({onnx.exporter} exporter, opset {onnx.opset})",
                             inputs=[torch_art.ref], path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name,
                             opset=onnx.opset, info={"verify": onnx.verify}, cache_hit=onnx.cached)
-        onnx = use_onnx_file(self.spec.source)
-        return Artifact(ArtifactKind.ONNX_FP32, sha256_file(onnx.path), "user's ONNX file", inputs=[str(onnx.path)],
+        onnx = use_onnx_file(self.spec.source, self.cache_dir)
+        return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint or sha256_file(onnx.path), "user's ONNX file",
+                        inputs=[str(Path(self.spec.source).expanduser())],
                         path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name, opset=onnx.opset)
 
     def _cached(self, kind: ArtifactKind, fingerprint: str) -> tuple[Path, Path]:

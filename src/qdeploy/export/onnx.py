@@ -163,8 +163,25 @@ def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxA
     raise ExportError(f"ONNX export of {spec.source} failed: " + " | ".join(errors))
 
 
-def use_onnx_file(source: str) -> OnnxArtifact:
-    """Accept a user-supplied ONNX model: check it loads and has one input."""
+# protobuf refuses to serialise a message above 2 GB: bigger models keep their weights in external data files
+PROTOBUF_LIMIT = 2**31 - 2**24
+
+
+def external_data_files(proto: "onnx.ModelProto", folder: Path) -> list[Path]:
+    """The files an ONNX model keeps its tensors in (``location`` of each external tensor, relative to its folder)."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    names = {ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)}
+    return [folder / n for n in sorted(names)]
+
+
+def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact:
+    """Accept a user-supplied ONNX model: check it loads and has one input.
+
+    The user's file is only read. A model with external data (``model.onnx`` + ``model.onnx.data``, what
+    ``torch.onnx.export`` writes above 2 GB and many hubs ship) is copied into the cache, self-contained where it fits
+    protobuf's 2 GB (every tool downstream, and the copy in --out, then loads it alone), else with its data files beside
+    it; every derived file (ONNX Runtime's pre-processed copy, FP16, INT8) is written next to that copy, in the cache."""
     path = Path(source).expanduser()
     if not path.is_file():
         raise ModelError(f"ONNX model file {path} does not exist")
@@ -179,7 +196,42 @@ def use_onnx_file(source: str) -> OnnxArtifact:
     if not proto.graph.output:
         raise ModelError(f"ONNX model {path} has no outputs")
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return OnnxArtifact(path, inputs[0], proto.graph.output[0].name, opset, "user")
+    data = external_data_files(proto, path.parent)
+    missing = [d for d in data if not d.is_file()]
+    if missing:
+        raise ModelError(f"ONNX model {path} keeps its weights in {missing[0].name}, which is not in {path.parent}: put the "
+                         "external data file(s) beside the .onnx file, under the name the model gives them")
+    if not data:
+        return OnnxArtifact(path, inputs[0], proto.graph.output[0].name, opset, "user")
+    digest = hashlib.sha256()
+    for f in [path, *data]:
+        digest.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+    fingerprint = digest.hexdigest()
+    folder = Path(cache_dir or default_cache_dir()) / "sources" / f"{_safe_name(path.stem)}-{fingerprint[:16]}"
+    copy = folder / f"{_safe_name(path.stem)}.onnx"
+    if not copy.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        size = path.stat().st_size + sum(d.stat().st_size for d in data)
+        if size < PROTOBUF_LIMIT:
+            full = onnx.load(str(path))  # reads the external data
+            with atomic_path(copy) as tmp:
+                onnx.save_model(full, str(tmp), save_as_external_data=False)
+            log(f"model: {path.name} keeps its weights in {', '.join(d.name for d in data)}: working from a self-contained "
+                f"copy in the cache ({size / 2**20:.1f} MB)")
+        else:
+            import shutil
+
+            for d in data:
+                with atomic_path(folder / d.name) as tmp:
+                    shutil.copyfile(d, tmp)
+            with atomic_path(copy) as tmp:
+                shutil.copyfile(path, tmp)
+            log(f"model: {path.name} is {size / 2**30:.2f} GB with external data: working from a copy in the cache "
+                "(its data files beside it)")
+    return OnnxArtifact(copy, inputs[0], proto.graph.output[0].name, opset, "user", fingerprint=fingerprint)
 
 
 def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, spec: VerifySpec) -> dict:

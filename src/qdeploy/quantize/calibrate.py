@@ -95,13 +95,41 @@ def ranges_from_trt_cache(cache_path: Path, onnx_path: Path) -> dict:
     return {n: TensorRange(-a, a, a) for n, a in amax.items()}
 
 
-def ort_preprocessed(fp32_path: Path) -> Path:
-    """``onnxruntime.quantization.shape_inference.quant_pre_process`` of the FP32 ONNX (cached next to it)."""
-    out = Path(fp32_path).with_name(Path(fp32_path).stem + "-ortpre.onnx")
-    if not out.is_file():
-        with atomic_path(out) as tmp:
-            tmp.unlink()  # quant_pre_process writes the file itself
-            quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=False)
+def ort_preprocessed(fp32_path: Path, cache_dir: Optional[Path] = None) -> Path:
+    """``onnxruntime.quantization.shape_inference.quant_pre_process`` of the FP32 ONNX, cached by its content under
+    ``cache_dir/ortpre`` (never beside the input, which may be the user's own file).
+
+    quant_pre_process runs in a scratch working directory: ONNX Runtime's symbolic shape inference saves
+    ``sym_shape_infer_temp.onnx`` and its data into the current directory when it cannot infer every shape. When it
+    fails so (attention and window reshapes, e.g. Swin), the pre-processing runs again without it (ONNX's own shape
+    inference and the graph optimisation still run): the quantizer needs shapes, not that pass."""
+    import os
+    import tempfile
+
+    from qdeploy.utils.cache import default_cache_dir
+
+    fp32_path = Path(fp32_path).resolve()
+    folder = Path(cache_dir or default_cache_dir()) / "ortpre"
+    out = folder / f"{sha256_file(fp32_path)[:24]}-ortpre.onnx"
+    if out.is_file():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix="qdeploy-ortpre-") as scratch:
+        tmp = Path(tmp).resolve()
+        tmp.unlink()  # quant_pre_process writes the file itself
+        cwd = os.getcwd()
+        os.chdir(scratch)
+        try:
+            try:
+                quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=False)
+            except Exception as e:  # noqa: BLE001 - ORT raises bare Exception/AssertionError here
+                why = f"{type(e).__name__}: {e}".rstrip(": ") or type(e).__name__
+                log(f"quantize: ONNX Runtime's symbolic shape inference failed on {fp32_path.name} ({why}); "
+                    "pre-processing without it")
+                tmp.unlink(missing_ok=True)
+                quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=True)
+        finally:
+            os.chdir(cwd)
     return out
 
 

@@ -221,8 +221,6 @@ def onnxruntime_artifact(student: nn.Module, inputs: QuantizeInputs, cfg: Int8Co
     """ONNX Runtime-placement INT8 of the fine-tuned weights (see the module docstring)."""
     h, w = inputs.preprocess.input_size
     float_onnx = folder / "qat-float.onnx"
-    # ort_preprocessed() caches "<stem>-ortpre.onnx" next to its input by name: never let it pair with new weights
-    float_onnx.with_name(float_onnx.stem + "-ortpre.onnx").unlink(missing_ok=True)
     export_qdq_onnx(float_model(student), torch.randn(2, inputs.preprocess.channels, h, w), float_onnx, inputs.opset,
                     inputs.dynamic_batch)
     ort_inputs = copy.copy(inputs)

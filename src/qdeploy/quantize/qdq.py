@@ -182,6 +182,11 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         fixes = apply_fixes(qmodel, PLACEMENT_FIXES)
     elif swish_nodes:  # the Q/DQ ONNX Runtime still puts on SiLU's input (a quantized conv's output) goes too
         fixes = apply_fixes(qmodel, {"QD007"})
+    # ONNX Runtime's quantizer appends its Q/DQ nodes (its own save_model_to_file sorts them): the ONNX spec, the checker
+    # and TensorRT's parser want the nodes in topological order
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    ONNXModel(qmodel).topological_sort()
     with atomic_path(out_path) as tmp:
         onnx.save(qmodel, str(tmp))
     return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,

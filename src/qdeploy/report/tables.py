@@ -657,6 +657,9 @@ def summary(results: Mapping) -> list[tuple[str, str]]:
                                   f"{bench.get('iterations', DASH)} timed iterations"
                                   + (f", {repeats} repeats (lowest median kept)"
                                      if isinstance(repeats, int) and repeats > 1 else "")))
+    static = section(section(model, "check"), "static_batch")
+    if static.get("message"):
+        rows.append(("Static batch", str(static["message"])))
     files = skipped_files(results)
     if files:
         counts = {}
