@@ -414,7 +414,7 @@ CASES = [
     # ---- model
     ("model-source-file-missing", "model", _set("model", "source", "gone.py:tiny"), "gone.py does not exist"),
     ("model-unknown-torchvision", "model", _unknown_torchvision, "has no model 'mobilenet_v3_smal' (did you mean mobilenet_v3_small"),
-    ("model-onnx-garbage", "model", _onnx_source(lambda e: os.urandom(256)), "model.onnx"),
+    ("model-onnx-garbage", "model", _onnx_source(lambda e: os.urandom(256)), "export it again"),
     ("model-onnx-two-inputs", "model", _onnx_source(lambda e: _onnx_bytes(inputs=2)), "2 inputs"),
     ("model-output-count", "model", _unweighted(kwargs={"num_classes": 5}), "has 5 outputs"),
     ("model-input-size-rejected", "model", _unweighted("model.py:fixed_size", input_size=[12, 12]), "model.preprocess.input_size"),

@@ -188,7 +188,13 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:
-        raise ModelError(f"ONNX model file {path} cannot be parsed: {type(e).__name__}: {e}") from None
+        why = (str(e).splitlines() or [""])[0][:120]
+        raise ModelError(f"ONNX model file {path} cannot be parsed ({type(e).__name__}{': ' + why if why else ''}): it is "
+                         "not an ONNX protobuf or it is truncated; export it again (torch.onnx.export) or download it "
+                         "again, and check it with python -c \"import onnx; onnx.checker.check_model('FILE')\"") from None
+    if not proto.graph.node:
+        raise ModelError(f"ONNX model file {path} holds no graph (0 nodes): it is not an ONNX model, or an empty one; "
+                         "export it again")
     initializers = {t.name for t in proto.graph.initializer}
     inputs = [i.name for i in proto.graph.input if i.name not in initializers]
     if len(inputs) != 1:
