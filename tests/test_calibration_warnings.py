@@ -97,3 +97,18 @@ def test_dead_layer_is_named_in_results_and_report(tmp_path, quantizer):
     assert "Calibration warnings" in report and dead[0]["layer"] in report
     on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
     assert on_disk["variants"][1]["quantization"]["warnings"] == warnings
+
+
+def test_the_same_constant_on_every_block_is_one_warning_with_a_count():
+    """Attention's sqrt(head_dim) is a constant activation in each of 12 blocks: one line, not twelve (issue 21)."""
+    facts = {"samples": 64, "constants": [{"tensor": f"/blocks.{i}/attn/Sqrt_output_0", "value": 8.0} for i in range(12)]
+             + [{"tensor": "/dead/Relu_output_0", "value": 0.0}],
+             "producer": {f"/blocks.{i}/attn/Sqrt_output_0": f"/blocks.{i}/attn/Sqrt" for i in range(12)}}
+    ws = calibration_warnings(facts, "max")
+    assert len(ws) == 2
+    sqrt = next(w for w in ws if w["kind"] == "constant")
+    assert sqrt["count"] == 12 and len(sqrt["tensors"]) == 12 and sqrt["layers"][3] == "/blocks.3/attn/Sqrt"
+    assert sqrt["message"].startswith("12 activations, e.g. '/blocks.0/attn/Sqrt_output_0' (output of layer "
+                                      "'/blocks.0/attn/Sqrt'), are constant 8 on all 64 calibration images")
+    dead = next(w for w in ws if w["kind"] == "all-zero")
+    assert dead["count"] == 1 and dead["message"].startswith("activation '/dead/Relu_output_0'")

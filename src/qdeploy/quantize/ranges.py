@@ -355,17 +355,23 @@ def calibration_warnings(facts: dict, method: str, percentile: float = 99.99, qu
     activations constant or all zero over every image (they get the scale floor; the layer is named)."""
     keep = (lambda t: True) if quantized is None else (lambda t: t in quantized)
     producer, n, out = facts.get("producer", {}), facts.get("samples", 0), []
+    # one warning per cause: the same constant on every block (attention's sqrt(head_dim) in each of 12 blocks) is one
+    # line with a count and an example, not twelve
+    groups: dict = {}
     for c in facts.get("constants", []):
-        name = c["tensor"]
-        if not keep(name):
-            continue
-        kind = "all-zero" if c["value"] == 0 else "constant"
-        layer = producer.get(name, "?")
-        what = "0" if kind == "all-zero" else f"constant {c['value']:g}"
-        out.append({"kind": kind, "tensor": name, "layer": layer, "value": c["value"],
-                    "message": f"activation '{name}' (output of layer '{layer}') is {what} "
-                               f"on all {n} calibration images: its quantizer gets the scale floor"
-                               + (" (a dead layer, or images that never exercise it)" if kind == "all-zero" else "")})
+        if keep(c["tensor"]):
+            groups.setdefault(float(c["value"]), []).append(c["tensor"])
+    for value, names in groups.items():
+        name, layer = names[0], producer.get(names[0], "?")
+        kind = "all-zero" if value == 0 else "constant"
+        what = "0" if kind == "all-zero" else f"constant {value:g}"
+        who = (f"activation '{name}' (output of layer '{layer}')" if len(names) == 1 else
+               f"{len(names)} activations, e.g. '{name}' (output of layer '{layer}'),")
+        out.append({"kind": kind, "tensor": name, "layer": layer, "value": value, "count": len(names),
+                     "tensors": names, "layers": [producer.get(t, "?") for t in names],
+                     "message": f"{who} {'is' if len(names) == 1 else 'are'} {what} on all {n} calibration images: "
+                                f"{'its quantizer gets' if len(names) == 1 else 'their quantizers get'} the scale floor"
+                                + (" (a dead layer, or images that never exercise it)" if kind == "all-zero" else "")})
     needs = sorted((v, t) for t, v in facts.get("needs", {}).items() if keep(t))
     if needs:
         need, tensor = needs[min(len(needs) - 1, int(np.ceil(NEEDS_QUANTILE * len(needs))) - 1)]
