@@ -581,3 +581,37 @@ def test_a_bad_out_folder_is_refused_before_the_search(tmp_path):
         api.optimize(_opt_config(tmp_path, budget={"max_drop": 1.0}), tmp_path / "notes", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache" / "optimize").exists() and not (tmp_path / "cache" / "exports").exists()
     assert (tmp_path / "notes" / "todo.md").read_text() == "- deploy\n"
+
+
+def test_macs_count_attention_matmuls_from_their_input_shapes(tmp_path):
+    """Issue 21, item 2: a MatMul of two activations (Q·Kᵀ, softmax·V) has no weight; its MACs come from the reduction
+    length, so the INT8 share of compute counts attention (a float one counts against the share)."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from qdeploy.optimize.sensitivity import layer_sensitivity
+
+    class Attention(nn.Module):
+        def __init__(self, dim=8, heads=2):
+            super().__init__()
+            self.qkv, self.proj, self.heads = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), heads
+
+        def forward(self, x):                       # x: (B, tokens 16, dim 8) from a 4x4 patch grid
+            x = x.flatten(2).transpose(1, 2)
+            b, n, d = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            attn = (q @ k.transpose(-2, -1)).softmax(-1)
+            return self.proj((attn @ v).transpose(1, 2).reshape(b, n, d)).mean(1)
+
+    path = tmp_path / "attn.onnx"
+    torch.onnx.export(Attention().eval(), torch.randn(1, 8, 4, 4), str(path), input_names=["x"], opset_version=17,
+                      dynamic_axes={"x": {0: "n"}}, dynamo=False)
+    report = {r["name"]: r for r in layer_sensitivity(path, np.random.default_rng(0).normal(size=(3, 8, 4, 4)).astype(np.float32))}
+    matmuls = sorted(r["macs"] for r in report.values() if r["op"] == "MatMul" and "qkv" not in r["name"]
+                     and "proj" not in r["name"])
+    # per image: heads 2 x (16x16 scores x head dim 4) = 2,048 for Q·Kᵀ; heads 2 x (16x4 outputs x 16 keys) = 2,048
+    assert matmuls == [2048, 2048], report
+    assert all(r["macs"] for r in report.values()), report  # every compute op counted, qkv (16 x 24 x 8) included
+    qkv = next(r for n, r in report.items() if "qkv" in n)
+    assert qkv["macs"] == 16 * 24 * 8

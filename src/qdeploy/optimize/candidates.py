@@ -100,6 +100,7 @@ class Candidate:
     rank_key: Optional[float] = None      # lower is better: p50, or -INT8 share where latency is not measured
     int8_share: Optional[float] = None    # of the MACs, in layers with INT8 input and weights
     int8_ops_share: Optional[float] = None
+    int8_share_basis: Optional[str] = None  # "macs", or why the share of compute ops stands in for it
     float_layers: list = field(default_factory=list)
     time_s: Optional[float] = None
     agreement: Optional[float] = None
@@ -147,8 +148,10 @@ class Candidate:
         int8 = self.precision == "int8"
         self.int8_ops_share = (structure.get("compute_ops_int8", 0) / ops) if ops else (None if int8 else 0.0)
         self.int8_share = int8_macs_share(record, structure, macs, fp32_onnx) if int8 else 0.0
-        if self.int8_share is None:  # layers not pairable: the share of compute ops instead
+        self.int8_share_basis = "macs"
+        if self.int8_share is None:  # layers not pairable: the share of compute ops instead, and the report says so
             self.int8_share = self.int8_ops_share
+            self.int8_share_basis = "compute ops (its layers could not be paired with the FP32 ONNX's to weigh them by MACs)"
         self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
                                if measured and self.ok else None)
         rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
@@ -166,7 +169,7 @@ class Candidate:
 
     # ---- how it is shown and stored
     _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "rank_key", "int8_share",
-                 "int8_ops_share", "float_layers", "time_s")
+                 "int8_ops_share", "int8_share_basis", "float_layers", "time_s")
 
     def measured_json(self) -> dict:
         """The numbers a resumed search replays (the budget verdict is recomputed against the reference)."""

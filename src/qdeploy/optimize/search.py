@@ -475,6 +475,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
                        "reference_latency_p50_ms": ref.latency_p50_ms if ref else None,
                        "float_layers": c.float_layers if c else None,
                        "int8_share": c.int8_share if c else None, "int8_ops_share": c.int8_ops_share if c else None,
+                       "int8_share_basis": c.int8_share_basis if c else None,
                        "float_macs_share": getattr(c, "float_macs_share", None),
                        "stage": c.stage if c else None, "setting": c.spec if c else None,
                        "description": c.describe() if c else None, "best_so_far": s.timed_out},

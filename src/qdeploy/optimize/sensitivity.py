@@ -111,8 +111,13 @@ def _with_float_twins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dic
         weight = _weight_shape(g, n.input[1]) if len(n.input) > 1 else None
         layer = {"name": n.name or n.output[0], "op": n.op_type, "output": n.output[0], "quantized": bool(is_quantized),
                  "input_quantized": quantized[0], "weights_float": len(quantized) > 1 and quantized[1],
-                 "weight_elements": int(np.prod(weight)) if weight else None}
+                 "weight_elements": int(np.prod(weight)) if weight else None,
+                 # a MatMul of two activations (attention's Q·Kᵀ and softmax·V): its MACs come from its first input's
+                 # shape (the reduction length), read in the same pass
+                 "reduction_input": n.input[0] if weight is None and n.op_type == "MatMul" else None}
         outputs.append(n.output[0])
+        if layer["reduction_input"]:
+            outputs.append(layer["reduction_input"])
         if is_quantized:
             twin = helper.make_node(n.op_type, inputs, [n.output[0] + _SUFFIX], name=(n.name or n.output[0]) + _SUFFIX,
                                     domain=n.domain)
@@ -130,15 +135,21 @@ def _with_float_twins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dic
     return m, layers
 
 
-def _macs(layer: dict, out_shape: tuple) -> Optional[int]:
-    """Multiply-accumulates per sample: output elements x (weight elements / output channels). Conv: Cout is dim 1 of
-    the output; Gemm/MatMul: the last dim. ConvTranspose is overestimated by its stride product (its MACs scale with
-    the input, not the output); only the shares between layers are used."""
-    if not layer["weight_elements"] or len(out_shape) < 2:
+def _macs(layer: dict, out_shape: tuple, images: int, reduction_shape: tuple = ()) -> Optional[int]:
+    """Multiply-accumulates per image. With a weight: output elements x (weight elements / output channels); Conv's
+    output channels are dim 1, Gemm/MatMul's the last dim. A MatMul of two activations: output elements x the reduction
+    length (its first input's last dim), so attention's two batched matmuls count like every other layer (the output
+    may fold heads into the batch axis: totals are divided by the images in the batch, not by dim 0). ConvTranspose is
+    overestimated by its stride product (its MACs scale with the input, not the output); only shares are used."""
+    if len(out_shape) < 2 or images <= 0:
         return None
-    per_sample = int(np.prod(out_shape[1:]))
-    channels = out_shape[1] if layer["op"] in ("Conv", "ConvTranspose") else out_shape[-1]
-    return int(per_sample * layer["weight_elements"] // max(1, channels))
+    total = int(np.prod(out_shape))
+    if layer["weight_elements"]:
+        channels = out_shape[1] if layer["op"] in ("Conv", "ConvTranspose") else out_shape[-1]
+        return int(total * (layer["weight_elements"] // max(1, channels)) // images)
+    if layer.get("reduction_input") and reduction_shape:
+        return int(total * reduction_shape[-1] // images)
+    return None
 
 
 def layer_sensitivity(qdq_onnx: Path, images: np.ndarray, batch_size: int = 8, threads: Optional[int] = None) -> list[dict]:
@@ -155,15 +166,21 @@ def layer_sensitivity(qdq_onnx: Path, images: np.ndarray, batch_size: int = 8, t
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     input_name = sess.get_inputs()[0].name
     wanted = [x for layer in layers for x in ([layer["output"], layer["output"] + _SUFFIX] if layer["quantized"] else [layer["output"]])]
+    wanted += [layer["reduction_input"] for layer in layers if layer.get("reduction_input")]
+    wanted = list(dict.fromkeys(wanted))
     index = {name: i for i, name in enumerate(wanted)}
     signal = np.zeros(len(layers))
     noise = np.zeros(len(layers))
     shapes: dict[int, tuple] = {}
+    reductions: dict[int, tuple] = {}
+    first_batch = min(batch_size, len(images))
     for start in range(0, len(images), batch_size):
         outs = sess.run(wanted, {input_name: np.ascontiguousarray(images[start:start + batch_size], dtype=np.float32)})
         for i, layer in enumerate(layers):
             q = outs[index[layer["output"]]]
             shapes.setdefault(i, tuple(q.shape))
+            if layer.get("reduction_input"):
+                reductions.setdefault(i, tuple(outs[index[layer["reduction_input"]]].shape))
             if layer["quantized"]:
                 f = outs[index[layer["output"] + _SUFFIX]].astype(np.float64)
                 q = q.astype(np.float64)
@@ -177,8 +194,8 @@ def layer_sensitivity(qdq_onnx: Path, images: np.ndarray, batch_size: int = 8, t
             # clamped to +-SQNR_LIMIT: no error at all (or no signal) stays a number that JSON and sorting can take
             sqnr = SQNR_LIMIT if e_ <= 0 else (10.0 * math.log10(s_ / e_) if s_ > 0 else -SQNR_LIMIT)
             sqnr = round(max(-SQNR_LIMIT, min(SQNR_LIMIT, sqnr)), 3)
-        out.append({k: v for k, v in layer.items() if k not in ("output", "weight_elements")}
-                   | {"macs": _macs(layer, shapes.get(i, ())), "sqnr_db": sqnr})
+        out.append({k: v for k, v in layer.items() if k not in ("output", "weight_elements", "reduction_input")}
+                   | {"macs": _macs(layer, shapes.get(i, ()), first_batch, reductions.get(i, ())), "sqnr_db": sqnr})
     return sorted(out, key=lambda d: (not d["quantized"], d["sqnr_db"] if d["sqnr_db"] is not None else 0.0))
 
 

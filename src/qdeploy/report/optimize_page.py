@@ -82,7 +82,8 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     head.add(["search split metric", T.pct(c.get("search_metric")), "–"])
     head.add(["p50 latency (ms)", T.fmt(c.get("latency_p50_ms"), 3), T.fmt(c.get("reference_latency_p50_ms"), 3)])
     head.add(["found by", str(c.get("stage") or "–"), "–"])
-    head.add(["INT8 share of compute (MACs)", T.pct(c.get("int8_share")), "–"])
+    basis = c.get("int8_share_basis") or "macs"
+    head.add(["INT8 share of compute (MACs)" if basis == "macs" else f"INT8 share of {basis}", T.pct(c.get("int8_share")), "–"])
     head.add(["layers left in float", ", ".join(c.get("float_layers") or []) or "none", "all"])
     head.add(["artifact", str(c.get("artifact") or "–"), "–"])
     ev = T.section(summary, "evaluations")
