@@ -234,3 +234,33 @@ def test_mean_minmax_on_the_modelopt_path_averages_each_images_own_extreme():
     expected = float(np.abs(x).reshape(64, -1).max(axis=1).mean())
     assert float(np.asarray(amax[first]).reshape(-1)[0]) == pytest.approx(expected, rel=1e-5)
     assert expected < 0.5 * float(np.abs(x).max())
+
+def test_modelopt_histograms_with_an_extra_edge_work_with_every_method():
+    """ModelOpt's HistogramCalibrator grows its edges with a float32 arange: after a few batches that reach further
+    it holds one edge too many (here 2,356 edges for 2,354 bins). Every method must still give a range (the mse
+    broadcast crash on a ConvNeXt, issue 21)."""
+    import torch
+
+    mo_hist = pytest.importorskip("modelopt.torch.quantization.calib.histogram")
+    from qdeploy.quantize.collect import TensorStats
+    from qdeploy.quantize.ranges import METHODS, compute_amax
+
+    rng = np.random.default_rng(0)
+    calib = None
+    for _ in range(38):  # the seeded sequence that first shows the extra edge
+        calib = mo_hist.HistogramCalibrator(num_bits=8, axis=None, unsigned=False, num_bins=2048)
+        top = float(rng.uniform(0.01, 10))
+        calib.collect(torch.tensor([0.0, top]))
+        for _ in range(30):
+            top *= float(rng.uniform(1.0, 1.05))
+            calib.collect(torch.tensor([top]))
+            if calib._calib_bin_edges.numel() != calib._calib_hist.numel() + 1:
+                break
+        else:
+            continue
+        break
+    assert calib._calib_bin_edges.numel() == calib._calib_hist.numel() + 2  # the ModelOpt behaviour this guards
+    stats = TensorStats("t", lo=0.0, hi=top, hist=calib, samples=1, sample_absmax_sum=top)
+    for method in METHODS:
+        amax = compute_amax(stats, method)
+        assert 0 < amax <= top * (1 + 1e-6), method

@@ -153,11 +153,21 @@ def percentile_amax(calib_hist: np.ndarray, calib_bin_edges: np.ndarray, percent
 
 
 def _numpy_hist(calib):
+    """(counts, edges) of a histogram calibrator (ours, or ModelOpt's), with ``len(edges) == len(counts) + 1``.
+
+    ModelOpt's HistogramCalibrator (≤ 0.47) extends its edges with ``torch.arange(0, x_max + width, width)`` in float32
+    when a batch reaches further; after a few extensions the step has drifted and arange makes one edge too many
+    (2,356 edges for 2,354 bins), while ``torch.histc`` bins the batch into ``num_bins`` equal bins up to the last edge.
+    Every estimator here then fails on mismatched shapes (a ConvNeXt's ``mse``: "operands could not be broadcast
+    together with shapes (2219,) (2220,)"). The edges histc really used are rebuilt: num_bins + 1 equal steps up to
+    the last edge."""
     hist, edges = calib._calib_hist, calib._calib_bin_edges
     if hist is None:
         return None, None
     if not isinstance(hist, np.ndarray):
-        hist, edges = hist.int().cpu().numpy(), edges.cpu().numpy()
+        hist, edges = hist.int().cpu().numpy(), edges.float().cpu().numpy()
+    if len(edges) != len(hist) + 1:
+        edges = np.linspace(0.0, float(edges[-1]), len(hist) + 1)
     return hist, edges
 
 
