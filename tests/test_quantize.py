@@ -1,4 +1,5 @@
 """INT8: calibrators against ModelOpt, Q/DQ placement, TensorRT cache, pipeline, bad input."""
+import json
 import re
 from pathlib import Path
 
@@ -329,3 +330,33 @@ def test_modelopt_histogram_methods_share_one_statistics_pass(int8_config, tmp_p
 
     ranges = [json.loads(Path(q["cache"]).read_text())["amax"] for q in (second, alone)]
     assert ranges[0] == ranges[1]  # sharing the pass changes nothing but time
+
+
+@pytest.mark.slow
+def test_a_quantizer_internal_error_is_one_line_with_what_to_try(tiny_config, tmp_path, monkeypatch, capsys):
+    """Issue 21, item 4: ONNX Runtime's pre-processing stops with an AssertionError that has no text (a torchvision ViT
+    did): the variant's reason names the library, says there was no message, and what to try; --debug prints the
+    traceback. The error is raised by the real onnxruntime function."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from qdeploy.cli import main
+    from qdeploy.quantize.onnx_quantizer import OnnxQdqQuantizer
+
+    monkeypatch.setattr(OnnxQdqQuantizer, "quantize", lambda self, inputs, cfg, out: quant_pre_process(None, None))
+    cfg = dict(tiny_config, variants=[{"engine": "onnxruntime"}, {"engine": "onnxruntime", "precision": "int8",
+                                                                  "quantizer": "onnx", "placement": "onnxruntime"}],
+               bench={"enabled": False})
+    from conftest import write_image_folder
+
+    calib = write_image_folder(tmp_path / "calib", seed=3)
+    cfg["data"] = dict(cfg["data"], calibration=dict(cfg["data"]["eval"], root=str(calib)))
+    import yaml
+
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    rc = main(["--debug", "run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    v = results["variants"][1]
+    assert rc == 4 and v["status"] == "failed" and v["failed_stage"] == "build"
+    assert v["reason"].startswith("AssertionError inside onnxruntime (no message); try placement: tensorrt")
+    assert "exclude" in v["reason"] and "\n" not in v["reason"]
+    assert "Traceback" in capsys.readouterr().err and "traceback" in v["details"]

@@ -236,9 +236,10 @@ def _tensorrt_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from qdeploy.utils.log import console, set_quiet
+    from qdeploy.utils.log import console, set_debug, set_quiet
 
     set_quiet(args.quiet)
+    set_debug(args.debug)
     try:
         if args.command == "run":
             return _cmd_run(args, ("eval", "bench"))

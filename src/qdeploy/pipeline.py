@@ -38,7 +38,7 @@ from qdeploy.sysinfo import environment
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.faults import kill_point
 from qdeploy.utils.hashing import sha256_file
-from qdeploy.utils.log import log, warn
+from qdeploy.utils.log import console, is_debug, log, warn
 from qdeploy.utils.memory import MemoryProbe
 
 STAGES = ("eval", "bench")
@@ -153,12 +153,39 @@ class VariantRecord:
 
     def fail(self, stage: str, exc: BaseException) -> None:
         user = isinstance(exc, QDeployError)
-        message = str(exc) if user else f"{type(exc).__name__}: {exc}"
+        message = str(exc) if user else internal_error(exc, self.variant, stage)
         self.status, self.reason, self.failed_stage = "failed", message, stage
         self.stages[stage].status, self.stages[stage].error = "failed", message
         if not user:  # a bug in qdeploy or a library: keep where it happened
             self.traceback = traceback.format_exc(limit=8)
+            if is_debug():
+                console.print(traceback.format_exc(), markup=False, highlight=False)
         warn(f"{self.label}: failed at {stage}: {message}")
+
+
+def internal_error(exc: BaseException, variant: Variant, stage: str) -> str:
+    """A library's (or qdeploy's) internal error as the variant's one-line reason: which package raised it, its text
+    (an ``AssertionError`` often has none), and for an INT8 build what to try instead: the other placement or
+    quantizer, or ``exclude`` for the layer it names. ``--debug`` prints the traceback; results.json keeps it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = "qdeploy"
+    for f in reversed(frames):
+        parts = Path(f.filename).parts
+        if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
+            where = parts[parts.index("site-packages") + 1].removesuffix(".py")
+            break
+    text = (str(exc).strip().splitlines() or [""])[0][:300]
+    message = f"{type(exc).__name__} inside {where}" + (f": {text}" if text else " (no message)")
+    int8 = variant.int8
+    if int8 is not None and stage == "build":
+        other = "onnxruntime" if int8.placement == "tensorrt" else "tensorrt"
+        tries = [f"placement: {other}"]
+        if int8.quantizer == "modelopt":
+            tries.append("quantizer: onnx")
+        message += f"; try {' or '.join(tries)}, or exclude the layer it names; --debug shows the traceback"
+    else:
+        message += " (--debug shows the traceback)"
+    return message
 
 
 def _stage(record: VariantRecord, name: str):

@@ -8,11 +8,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 console = Console(stderr=True, highlight=False)
 _quiet = False
+_debug = False
 
 
 def set_quiet(quiet: bool) -> None:
     global _quiet
     _quiet = quiet
+
+
+def set_debug(debug: bool) -> None:
+    """``--debug``: a variant's internal error prints its traceback where it happens (it is in results.json anyway)."""
+    global _debug
+    _debug = debug
+
+
+def is_debug() -> bool:
+    return _debug
 
 
 def is_quiet() -> bool:
