@@ -11,7 +11,7 @@ from qdeploy.engines import ENGINES, create_engine, resolve_variant
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.lint import structure_of
 from qdeploy.quantize import NotApplicable, candidates
-from qdeploy.quantize.modelopt_quantizer import module_of_node
+from qdeploy.quantize.exclude import module_of_node
 
 
 @pytest.fixture

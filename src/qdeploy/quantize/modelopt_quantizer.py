@@ -8,7 +8,6 @@ TorchScript exporter names nodes by module scope: ``/layer1/layer1.0/conv1/Conv`
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from qdeploy.config import Int8Config
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
+from qdeploy.quantize.exclude import match_nodes, module_of_node
 from qdeploy.quantize.calibrate import calibration_key, check_qdq_export, ranges_from_qdq
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
@@ -28,41 +28,14 @@ from qdeploy.utils.log import log, warn
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 # SelectOutput (qdeploy.models) wraps the user's module as ``model``: its scope is not part of the user's names.
-WRAPPER_SCOPE = "model"
-
-
-def module_of_node(node_name: str) -> str:
-    """``/model/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1`` (scopes are nested module names)."""
-    scopes = [s for s in node_name.strip("/").split("/")[:-1] if s]
-    if scopes and scopes[0] == WRAPPER_SCOPE:
-        scopes = scopes[1:]
-    # a scope that extends the previous one ("features" → "features.1") indexes into it (Sequential children);
-    # any other scope is an attribute of the module so far ("block" under "features.1.0")
-    path, prev = "", ""
-    for scope in scopes:
-        if prev and scope.startswith(prev + "."):
-            path += scope[len(prev):]
-        else:
-            path = f"{path}.{scope}" if path else scope
-        prev = scope
-    return path
 
 
 def modules_for_exclude(onnx_path: Path, patterns: list[str]) -> tuple[set[str], list[str], list[str]]:
-    """(module names to keep float, ONNX nodes matched, patterns matching no node)."""
+    """(module names to keep float, ONNX nodes matched, patterns matching no node); what an entry matches:
+    quantize/exclude.py."""
     graph = OnnxGraph.load(onnx_path)
-    compiled = [(p, re.compile(p)) for p in patterns]
-    modules, matched_nodes, hits = set(), [], {p: 0 for p in patterns}
-    for node in graph.nodes:
-        name = node.name or node.output[0]
-        matched = [p for p, rx in compiled if rx.search(name)]
-        for p in matched:
-            hits[p] += 1
-        if matched:
-            matched_nodes.append(name)
-            module = module_of_node(name)
-            if module:
-                modules.add(module)
+    matched_nodes, hits = match_nodes([node.name or node.output[0] for node in graph.nodes], patterns)
+    modules = {m for m in (module_of_node(n) for n in matched_nodes) if m}
     unmatched = [p for p, n in hits.items() if n == 0]
     for p in unmatched:
         warn(f"exclude pattern '{p}' matches no node of the ONNX model")

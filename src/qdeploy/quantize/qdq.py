@@ -19,19 +19,18 @@ The ranges come from qdeploy's calibrators (ranges.py); ONNX Runtime only places
 """
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from qdeploy.errors import ConfigError
 from qdeploy.facts.onnxruntime import reduce_range_reason, u8s8_saturates
 from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.quantize.equalize import equalize_depthwise_inputs
+from qdeploy.quantize.exclude import match_nodes
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
@@ -63,24 +62,14 @@ def tensors_to_calibrate(model, target: str):
 
 
 def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Node names left in float by the user's regexes/op types; also the patterns that matched nothing."""
+    """Node names left in float by the user's ``exclude`` entries (module names or regexes: quantize/exclude.py) and op
+    types; also the patterns that matched nothing."""
     exclude = list(exclude or [])
     exclude_ops = set(exclude_ops or [])
-    excluded, unmatched = [], []
-    compiled = []
-    for pattern in exclude:
-        try:
-            compiled.append((pattern, re.compile(pattern)))
-        except re.error as e:
-            raise ConfigError(f"exclude pattern '{pattern}' is not a valid regular expression: {e}") from None
-    hits = {p: 0 for p in exclude}
-    for node in model.graph.node:
-        name = node.name or node.output[0]
-        matched = [p for p, rx in compiled if rx.search(name)]
-        for p in matched:
-            hits[p] += 1
-        if matched or node.op_type in exclude_ops:
-            excluded.append(name)
+    names = [node.name or node.output[0] for node in model.graph.node]
+    by_pattern, hits = match_nodes(names, exclude)
+    chosen = set(by_pattern)
+    excluded = [name for name, node in zip(names, model.graph.node) if name in chosen or node.op_type in exclude_ops]
     unmatched = [p for p, n in hits.items() if n == 0]
     for p in unmatched:
         warn(f"exclude pattern '{p}' matches no layer of the model")
