@@ -106,6 +106,12 @@ def tensorrt_version() -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
+# Ops that may sit between a DequantizeLinear and the compute op it feeds without costing the op its INT8 input:
+# TensorRT constant-folds a weight's DQ(W) -> Transpose/Reshape (torch.onnx writes every Linear on a 3-D tensor as
+# MatMul(x, Transpose(W)), and ModelOpt's own ONNX export of a quantized Linear is W -> Q -> DQ -> Transpose -> MatMul),
+# and its Q/DQ propagation moves an activation's DQ forward across data-movement ops (TensorRT developer guide,
+# "Q/DQ layer placement": DQ propagates forward across commuting layers such as Reshape and Transpose).
+DQ_SEES_THROUGH = ("Cast", "Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose")
 # Ops through which TensorRT's Q/DQ propagation sees the same values (no arithmetic): a Q/DQ pair can move
 # across them, and scales on both sides must match or TensorRT requantizes.
 SCALE_PRESERVING = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "Reshape", "Flatten",

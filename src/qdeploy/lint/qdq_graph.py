@@ -17,11 +17,10 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from qdeploy.facts.tensorrt import COMPUTE_OPS, FUSIBLE_ACTIVATIONS
+from qdeploy.facts.tensorrt import COMPUTE_OPS, DQ_SEES_THROUGH, FUSIBLE_ACTIVATIONS
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-SHAPE_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
 GATES = ("Sigmoid", "HardSigmoid")  # x·sigmoid(x) = SiLU, x·hardsigmoid(x) = hardswish; y·sigmoid(z) is an SE gate
 # Ops that TensorRT folds into a Conv's epilogue when they follow it directly (ModelOpt's fusible path types,
 # plus the activations TensorRT fuses as pointwise epilogues).
@@ -35,10 +34,10 @@ class QdqGraph(OnnxGraph):
 
     # ------------------------------------------------------------ Q/DQ lookups
     def dq_of(self, tensor: str) -> Optional[onnx.NodeProto]:
-        """The DequantizeLinear producing ``tensor``, or None. Seen through Cast/Identity and the shape-only ops
-        (Flatten, Reshape, ...) that TensorRT moves a DQ across, so DQ→Flatten→Gemm counts as a quantized input."""
+        """The DequantizeLinear producing ``tensor``, or None. Seen through the ops TensorRT folds or moves a DQ across
+        (``facts.tensorrt.DQ_SEES_THROUGH``), so DQ→Flatten→Gemm and a Linear's DQ(W)→Transpose→MatMul count as INT8."""
         node = self.producer.get(tensor)
-        while node is not None and node.op_type in ("Cast", "Identity") + SHAPE_OPS:
+        while node is not None and node.op_type in DQ_SEES_THROUGH:
             node = self.producer.get(node.input[0])
         return node if node is not None and node.op_type == "DequantizeLinear" else None
 
