@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 import onnx
 
+from qdeploy.lint.placement import float_by_rule
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.facts.tensorrt import COMPUTE_OPS, conv_int8_supported
 
@@ -275,7 +276,9 @@ def conv_runs_int8_in_tensorrt(g: QdqGraph, conv):
 
 @rule("QD011", "compute-op-float", "blocks-int8")
 def compute_op_float(g: QdqGraph):
-    """A Conv/ConvTranspose/Gemm/MatMul has no Q/DQ on its input or its weights."""
+    """A Conv/ConvTranspose/Gemm/MatMul has no Q/DQ on its input or its weights (unless a placement rule keeps it float
+    on purpose: lint/placement.py)."""
+    by_rule = float_by_rule(g)
     for node in g.compute_ops():
         weight_idx = 1  # MatMul of two activations (attention) needs both quantized too
         act_q = g.dq_of(node.input[0]) is not None
@@ -284,6 +287,10 @@ def compute_op_float(g: QdqGraph):
             continue
         if _is_head(g, node) and not act_q and not w_q:
             continue  # QD014 reports it
+        if _name(node) in by_rule and not act_q and not w_q:
+            yield _finding("QD011", [_name(node)], f"float, as it should be: {by_rule[_name(node)]}", "nothing to do",
+                           severity="fine")
+            continue
         if node.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, node) is False and not act_q and not w_q:
             yield _finding("QD011", [_name(node)],
                            "float, as it should be: TensorRT has no INT8 kernel for a conv this narrow",

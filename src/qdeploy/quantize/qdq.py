@@ -30,6 +30,7 @@ from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.quantize.equalize import equalize_depthwise_inputs
+from qdeploy.lint.placement import float_by_rule
 from qdeploy.quantize.exclude import match_nodes
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
@@ -96,6 +97,10 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     # squeeze-excitation branches stay float in both placements (patterns.py says why)
     se_nodes = [n for n in squeeze_excitation_nodes(model) if n not in excluded]
     excluded += se_nodes
+    # TensorRT placement: attention's matmuls of two activations stay float (lint/placement.py says why and why not
+    # for ONNX Runtime)
+    rule_float = [n for n in float_by_rule(OnnxGraph(model), target) if n not in excluded]
+    excluded += rule_float
     symmetric = target == "tensorrt"
     # depthwise conv inputs: per-channel precision through a gain folded into the weights (equalize.py says why)
     ranges = dict(ranges)
@@ -180,7 +185,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         onnx.save(qmodel, str(tmp))
     return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
             "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
-            "excluded_squeeze_excitation": se_nodes, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
+            "excluded_squeeze_excitation": se_nodes, "float_by_placement_rule": rule_float, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
             "reduce_range": reduce_range_reason(reduce_range)}
 
 

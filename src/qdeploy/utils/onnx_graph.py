@@ -99,6 +99,16 @@ class OnnxGraph:
         return names, producer
 
     # ---------------------------------------------------------------- structure
+    @cached_property
+    def from_input(self) -> set:
+        """Every tensor computed from a graph input (not from weights and constants alone). Nodes are in topological
+        order (the ONNX spec; qdeploy sorts what it writes), so one forward pass suffices."""
+        dynamic = set(self.input_names)
+        for node in self.nodes:
+            if any(i in dynamic for i in node.input if i):
+                dynamic.update(o for o in node.output if o)
+        return dynamic
+
     def is_activation(self, tensor: str) -> bool:
         """Data that flows from the graph input: not a constant, and not a dequantized constant (a Q/DQ weight)."""
         if tensor in self.constants:

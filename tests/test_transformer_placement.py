@@ -1,0 +1,74 @@
+"""Placement rules for transformers (issue 21): the rules in lint/placement.py are read by both ONNX placements and
+the lint. A small untrained attention block, exported by torch.onnx, quantized by the real ONNX Q/DQ quantizer."""
+import pytest
+import torch
+from torch import nn
+
+from qdeploy.config import Preprocess
+from qdeploy.lint import lint_onnx
+from qdeploy.lint.placement import ATTENTION_MATMUL, attention_matmuls
+from qdeploy.quantize.onnx_quantizer import OnnxQdqQuantizer
+from qdeploy.quantize.registry import QuantizeInputs
+from qdeploy.utils.onnx_graph import OnnxGraph
+
+
+class Block(nn.Module):
+    """Pre-norm attention (fused qkv, explicit softmax) and a GELU MLP, on 16 tokens of a 4x4 patch grid."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj, self.heads = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), heads
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = ((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5).softmax(-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, n, d))
+        x = x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+        return self.head(x.mean(1))
+
+
+@pytest.fixture(scope="module")
+def block_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("attn") / "block.onnx"
+    torch.onnx.export(Block().eval(), torch.randn(1, 3, 8, 8), str(path), input_names=["input"], output_names=["output"],
+                      opset_version=17, dynamic_axes={"input": {0: "n"}}, dynamo=False)
+    return path
+
+
+@pytest.mark.parametrize("placement", ["onnxruntime", "tensorrt"])
+def test_linears_int8_in_both_placements_attention_matmuls_float_for_tensorrt(block_onnx, placement, tmp_path):
+    from qdeploy.config import Int8Config
+
+    from conftest import write_image_folder
+    from qdeploy.config import DatasetSpec
+    from qdeploy.data import make_batches
+
+    root = write_image_folder(tmp_path / "calib", per_class=6, size=(8, 8))
+    pre = Preprocess(input_size=[8, 8], mean=[0.5] * 3, std=[0.25] * 3)
+    calib = make_batches(DatasetSpec(format="imagefolder", root=str(root), batch_size=8, workers=0, labels=False), pre,
+                         "classification", progress=False)
+    inputs = QuantizeInputs(fp32_onnx=block_onnx, preprocess=pre, calibration=calib, cache_dir=tmp_path / "cache")
+    out = tmp_path / f"{placement}.onnx"
+    res = OnnxQdqQuantizer().quantize(inputs, Int8Config(method="max", placement=placement), out)
+    attention = {n.name for n in attention_matmuls(OnnxGraph.load(block_onnx))}
+    assert len(attention) == 2                                  # Q·Kᵀ and softmax·V, found without knowing the names
+    if placement == "tensorrt":
+        assert set(res.info["float_by_placement_rule"]) == attention
+    else:  # ONNX Runtime's placement quantizes them (placement.float_by_rule says why)
+        assert res.info["float_by_placement_rule"] == []
+    report = lint_onnx(out)
+    ops = {op["name"]: op for op in report.structure["ops"]}
+    linears = [n for n, op in ops.items() if op["op"] in ("MatMul", "Gemm", "Conv") and n not in attention]
+    assert len(linears) == 6 and all(ops[n]["int8_input"] and ops[n]["int8_weights"] for n in linears), ops
+    if placement == "tensorrt":  # no Q/DQ in front: TensorRT runs them in its FP16 attention; the lint agrees
+        assert not any(ops[n]["int8_input"] or ops[n]["int8_weights"] for n in attention)
+        qd011 = [f for f in report.findings if f.rule == "QD011"]
+        assert {f.nodes[0] for f in qd011} == attention and all(f.severity == "fine" for f in qd011)
+        assert ATTENTION_MATMUL.split(":")[0] in qd011[0].message
