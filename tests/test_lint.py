@@ -423,3 +423,20 @@ def test_cli_exit_codes_json_and_fix(tmp_path, capsys):
     assert main(["lint", str(dirty), "--fix", str(tmp_path / "fixed.onnx")]) == 0
     assert "fixed: QD001 ×1" in capsys.readouterr().out
     assert main(["lint", str(dirty), "--fix", str(dirty)]) == 2  # never overwrite the input
+
+
+def linear_through_transpose(axis: int):
+    """ModelOpt's Linear on a 3-D tensor: W (out, in) -> Q -> DQ (per channel along ``axis``) -> Transpose -> MatMul."""
+    n = Net()
+    tokens = n.node("Reshape", [n.node("Relu", ["x"]), n.const(np.array([1, C, 64], np.int64))])
+    x = n.node("Transpose", [tokens], perm=[0, 2, 1])                       # (1, 64 tokens, C)
+    w_t = n.node("Transpose", [n.weight((10, C), axis=axis)], perm=[1, 0])  # (C, 10)
+    return n.model(n.node("MatMul", [n.qdq(x), w_t], name="fc"))
+
+
+def test_qd016_follows_the_weight_axis_through_a_transpose():
+    """Axis 0 of W (out, in) is the output-channel axis 1 of the MatMul's (in, out) weight after the Transpose that
+    TensorRT folds: clean. Per-channel along the input axis is still caught."""
+    good = linear_through_transpose(0)
+    assert "QD016" not in rules_of(good) and "QD011" not in rules_of(good)
+    assert "QD016" in rules_of(linear_through_transpose(1))

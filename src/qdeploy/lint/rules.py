@@ -421,6 +421,23 @@ def _expected_weight_axis(g: QdqGraph, node) -> int | None:
     return None
 
 
+def _through_transposes(g: QdqGraph, tensor: str, dq, axis: int, shape):
+    """The DQ's per-channel axis and the weight's shape as the compute op sees them: a Linear exported as
+    W -> Q -> DQ -> Transpose -> MatMul (ModelOpt) has its per-output-channel axis 0 moved to 1 by the Transpose, which
+    TensorRT folds into the weights."""
+    chain, t = [], tensor
+    while (n := g.producer.get(t)) is not None and n is not dq:
+        chain.append(n)
+        t = n.input[0]
+    for n in reversed(chain):
+        if n.op_type == "Transpose" and shape:
+            perm = list(g.attr(n, "perm", None) or reversed(range(len(shape))))
+            if 0 <= axis < len(perm):
+                axis = perm.index(axis)
+            shape = [shape[i] for i in perm]
+    return axis, shape
+
+
 @rule("QD016", "weight-axis-mismatch", "blocks-int8")
 def weight_axis_mismatch(g: QdqGraph):
     """Per-channel weight scales do not run along the weight's output-channel axis, or do not fit it."""
@@ -439,6 +456,7 @@ def weight_axis_mismatch(g: QdqGraph):
         if node.op_type == "ConvTranspose":
             expected = 0  # QD008's subject; the size check below still applies
         ax = axis if axis >= 0 or not w else axis + len(w)
+        ax, w = _through_transposes(g, node.input[1], dq, ax, w)
         wrong_axis = expected is not None and ax != expected and node.op_type != "ConvTranspose"
         wrong_size = w is not None and 0 <= ax < len(w) and w[ax] is not None and w[ax] != scale.size
         if wrong_axis or wrong_size:
