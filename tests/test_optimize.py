@@ -615,3 +615,32 @@ def test_macs_count_attention_matmuls_from_their_input_shapes(tmp_path):
     assert all(r["macs"] for r in report.values()), report  # every compute op counted, qkv (16 x 24 x 8) included
     qkv = next(r for n, r in report.items() if "qkv" in n)
     assert qkv["macs"] == 16 * 24 * 8
+
+
+def test_layer_names_pair_a_modelopt_linear_with_the_fp32_export(tmp_path):
+    """ModelOpt writes a Linear as W (out, in) -> Q -> DQ -> Transpose -> MatMul; torch.onnx's FP32 export stores W
+    pre-transposed (in, out). The weight shapes compare as the MatMul sees them, so the layers pair (and the INT8
+    share is weighed by MACs, not by the op count)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdeploy.optimize.sensitivity import layer_names_map
+
+    w = np.random.default_rng(0).normal(size=(10, 6)).astype(np.float32)  # (out, in)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 10])
+    fp32 = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "wt"], ["y"], name="/fc/MatMul")], "f",
+                                               [x], [y], [numpy_helper.from_array(w.T.copy(), "wt")]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+    scale = numpy_helper.from_array((np.abs(w).max(1) / 127).astype(np.float32), "s")
+    zp = numpy_helper.from_array(np.zeros(10, np.int8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["w", "s", "z"], ["wq"], axis=0),
+             helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["wdq"], axis=0),
+             helper.make_node("Transpose", ["wdq"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wt"], ["y"], name="/model/fc/MatMul")]
+    qdq = helper.make_model(helper.make_graph(nodes, "q", [x], [y], [numpy_helper.from_array(w, "w"), scale, zp]),
+                            opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(fp32, str(tmp_path / "f.onnx"))
+    onnx.save(qdq, str(tmp_path / "q.onnx"))
+    assert layer_names_map(tmp_path / "f.onnx", tmp_path / "q.onnx") == {"/model/fc/MatMul": "/fc/MatMul"}

@@ -55,13 +55,21 @@ def _clamps_at_zero(g: OnnxGraph, q: onnx.NodeProto) -> bool:
 
 
 def _weight_shape(g: OnnxGraph, tensor: str) -> Optional[tuple]:
-    for _ in range(3):  # through DQ and Q to the initializer
+    """The weight's shape as the compute op sees it: through DQ, Q, Cast and Transpose to the initializer, with the
+    Transposes applied (torch.onnx stores a Linear's weight pre-transposed, ModelOpt as W -> Q -> DQ -> Transpose)."""
+    perms = []
+    for _ in range(5):
         value = g.constant_value(tensor)
         if value is not None:
-            return tuple(value.shape)
+            shape = tuple(value.shape)
+            for perm in reversed(perms):
+                shape = tuple(shape[i] for i in (perm or reversed(range(len(shape)))))
+            return shape
         node = g.producer.get(tensor)
         if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear", "Transpose", "Cast", "Identity"):
             return None
+        if node.op_type == "Transpose":
+            perms.append(next((list(a.ints) for a in node.attribute if a.name == "perm"), None))
         tensor = node.input[0]
     return None
 
