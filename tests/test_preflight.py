@@ -76,8 +76,10 @@ def test_fixed_shape_onnx_that_disagrees_with_input_size(tiny_config, tmp_path):
     cfg["model"]["preprocess"] = {**cfg["model"]["preprocess"], "input_size": [10, 10]}
     with pytest.raises(ModelError, match="fixed input of 8x8 .* model.preprocess.input_size is 10x10"):
         api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
-    cfg["model"]["preprocess"]["input_size"] = [8, 8]  # right size, but the export has a fixed batch of 2
-    with pytest.raises(ModelError, match="fixed batch size of 2, but data.eval.batch_size / bench.batch_sizes"):
+    cfg["model"]["preprocess"]["input_size"] = [8, 8]  # right size; the export has a fixed batch of 2, evaluated in
+    cfg["data"]["eval"]["count"] = 5                   # batches of 2 (tests/test_onnx_inputs.py): 5 images do not fit
+    with pytest.raises(DataError, match="data.eval has 5 images, not a multiple of the model's static batch of 2 .*"
+                                        "set data.eval.count to 4"):
         api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
 
 

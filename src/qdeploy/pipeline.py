@@ -31,7 +31,7 @@ from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
-from qdeploy.preflight import check_calibration, check_model, check_qat_data, fit_static_batch
+from qdeploy.preflight import check_calibration, check_model, check_qat_data, check_static_batch, fit_static_batch
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
 from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from qdeploy.sysinfo import environment
@@ -93,12 +93,15 @@ def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Ite
         pre = cfg.model.preprocess
         eval_batches = make_batches(cfg.data.eval, pre, cfg.model.task, desc="decode eval images")
         calibration = check_calibration(cfg, variants, eval_batches)
+        check_static_batch(static_batch, calibration, "data.calibration")
         builder = Builder(cfg, cache_dir, calibration,
                           check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
         ctx = RunContext(cfg, variants, stages, output, eval_batches, calibration, builder)
-        ctx.model_check = check_model(cfg, builder, eval_batches, decode_all="eval" in stages)
-        if static_batch is not None:
+        ctx.model_check = check_model(cfg, builder, eval_batches, decode_all="eval" in stages, static=static_batch)
+        # the config was changed to fit a static batch: said once the checks passed (a user error stays one line)
+        if static_batch is not None and "message" in static_batch:
             ctx.model_check["static_batch"] = static_batch
+            warn(static_batch["message"])
     except BaseException:
         output.abort()
         raise
@@ -330,6 +333,7 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
     The PyTorch model is the user's input, not something qdeploy produced, so it is not copied.
     """
     placed: dict[tuple, str] = {}
+    data_files: dict[tuple, list] = {}
     entries = []
     pairs = [(r.label, r.artifact) for r in records if r.artifact is not None and r.status in ("ok", "degraded", "failed")]
     pairs += [(r.label, a) for r in records for a in r.extra_artifacts]
@@ -343,13 +347,14 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
                 shutil.copyfile(a.path, ctx.output.path(name))
                 if a.kind == ArtifactKind.TRT_ENGINE:  # the portability sidecar travels with the engine
                     shutil.copyfile(a.path.with_suffix(".engine.json"), ctx.output.path(name + ".json"))
-                elif a.path.suffix == ".onnx":  # external data (a model above 2 GB) travels under the name it is read by
-                    for data in _external_data(a.path):
-                        shutil.copyfile(data, ctx.output.path(data.name))
+                elif a.path.suffix == ".onnx":
+                    data_files[key] = _copy_external_data(a.path, ctx.output)
                 placed[key] = name
             name = placed[key]
             entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
                             "produced_by": a.produced_by, "inputs": list(a.inputs)})
+            if data_files.get(key):  # the ONNX loads only with these beside it
+                entries[-1]["external_data"] = data_files[key]
     # a TensorRT variant's trtexec lines name its ONNX as this variant would call it; when another variant placed the same
     # artifact first, the file has that variant's name: point the lines at the file that is really in --out
     for r in records:
@@ -361,12 +366,20 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
     return entries
 
 
-def _external_data(path: Path) -> list[Path]:
+def _copy_external_data(path: Path, output: OutputDir) -> list[dict]:
+    """The external data files of an ONNX (a model above 2 GB) copied into the output folder under the location the
+    ONNX reads them by (relative to its folder); ``[{path, sha256}]``."""
     import onnx
 
     from qdeploy.export.onnx import external_data_files
 
-    return external_data_files(onnx.load(str(path), load_external_data=False), path.parent)
+    copied = []
+    for data in external_data_files(onnx.load(str(path), load_external_data=False), path.parent):
+        rel = data.relative_to(path.parent).as_posix()
+        output.path(rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(data, output.path(rel))
+        copied.append({"path": rel, "sha256": sha256_file(output.path(rel))})
+    return copied
 
 
 def _rename_in_details(details: dict, old: str, new: str) -> None:
@@ -531,6 +544,9 @@ def export(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path],
         summary = {"path": "model.onnx", "sha256": sha256_file(ctx.output.path("model.onnx")), "opset": onnx.opset,
                    "produced_by": onnx.produced_by, "size_mb": onnx.size_mb, "verify": onnx.info.get("verify"),
                    "fingerprint": onnx.fingerprint, "cache_hit": onnx.cache_hit}
+        data = _copy_external_data(onnx.path, ctx.output)
+        if data:
+            summary["external_data"] = data
         write_json(ctx.output.path("export.json"), summary)
         final = ctx.output.commit()
         summary["copied_to"] = str(final / "model.onnx")

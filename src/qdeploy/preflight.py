@@ -22,7 +22,7 @@ from qdeploy.config import RunConfig
 from qdeploy.data import make_batches, normalize
 from qdeploy.errors import DataError, ModelError, QDeployError
 from qdeploy.models import is_onnx_source
-from qdeploy.utils.log import log, warn
+from qdeploy.utils.log import log
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -91,10 +91,11 @@ def _onnx_input_shape(path) -> tuple[str, list]:
 
 
 def fit_static_batch(cfg: RunConfig) -> tuple[RunConfig, Optional[dict]]:
-    """An ONNX source with a static batch of 1 (common in hub exports) runs: evaluation and calibration in batches of
-    1, timing at batch 1 only. Returns the adjusted config and a record for results.json (``model.static_batch``), or
-    (cfg, None) when nothing changes. A static batch above 1 is left to :func:`_check_onnx_shape` (the configured
-    sizes must equal it): feeding it a last partial batch would need padding images that do not exist."""
+    """An ONNX source with a static batch N (hub exports: mostly 1) runs: evaluation and calibration in batches of N,
+    timing at batch N only, whatever the config asked (the model takes no other size). Returns the adjusted config and a
+    record for results.json (``model.check.static_batch``; ``message`` when the config changed, warned once the checks
+    pass), or (cfg, None) for a dynamic batch or a PyTorch model. Image counts that are not a multiple of N are refused
+    by :func:`check_static_batch`: the last images would fit no batch."""
     if not is_onnx_source(cfg.model.source):
         return cfg, None
     path = Path(cfg.model.source).expanduser()
@@ -102,24 +103,37 @@ def fit_static_batch(cfg: RunConfig) -> tuple[RunConfig, Optional[dict]]:
         name, dims = _onnx_input_shape(path)
     except Exception:  # noqa: BLE001 - a missing or broken file is reported by the model check, with its own message
         return cfg, None
-    if len(dims) != 4 or dims[0] != 1:
+    if len(dims) != 4 or not dims[0]:  # not an image input (the model check says so), or a dynamic batch
         return cfg, None
-    skipped = sorted({b for b in cfg.bench.batch_sizes if b != 1})
-    data = {"eval": cfg.data.eval.model_copy(update={"batch_size": 1})}
+    n = dims[0]
+    record = {"batch": n, "input": name, "shape": dims}
+    skipped = sorted({b for b in cfg.bench.batch_sizes if b != n}) if cfg.bench.enabled else []
+    data = {"eval": cfg.data.eval.model_copy(update={"batch_size": n})}
     if cfg.data.calibration is not None:
-        data["calibration"] = cfg.data.calibration.model_copy(update={"batch_size": 1})
-    changed = cfg.data.eval.batch_size != 1 or skipped or (cfg.data.calibration is not None
-                                                           and cfg.data.calibration.batch_size != 1)
-    if not changed:
-        return cfg, None
+        data["calibration"] = cfg.data.calibration.model_copy(update={"batch_size": n})
+    if all(data[k].batch_size == getattr(cfg.data, k).batch_size for k in data) and not skipped:
+        return cfg, record
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
-                                 "bench": cfg.bench.model_copy(update={"batch_sizes": [1]})})
+                                 "bench": cfg.bench.model_copy(update={"batch_sizes": [n]})})
     shape = "x".join("?" if d is None else str(d) for d in dims)
-    message = (f"{path.name} has a static batch of 1 (input '{name}' {shape}): evaluating in batches of 1 and timing "
-               "batch 1 only" + (f"; bench.batch_sizes {', '.join(map(str, skipped))} skipped" if skipped else "")
-               + " (export the model with a dynamic batch axis to time larger batches)")
-    warn(message)
-    return cfg, {"batch": 1, "input": name, "shape": dims, "skipped_batch_sizes": skipped, "message": message}
+    message = (f"{path.name} has a static batch of {n} (input '{name}' [{shape}]): evaluating in batches of {n}"
+               + (f" and timing batch {n} only" if cfg.bench.enabled else "")
+               + (f"; bench.batch_sizes {', '.join(map(str, skipped))} skipped (export the model with a dynamic batch "
+                  "axis to time them)" if skipped else ""))
+    return cfg, {**record, "skipped_batch_sizes": skipped, "message": message}
+
+
+def check_static_batch(static: Optional[dict], batches, key: str) -> None:
+    """Every image of ``batches`` fits a batch of the model's static size: a last partial batch would need padding
+    images (which would count in the metrics or the ranges) or dropping some (the figures would not cover the data set
+    the config names), so the count is refused here, before any work, with the fix."""
+    if static is None or batches is None or batches.num_samples % static["batch"] == 0:
+        return
+    n, count = static["batch"], batches.num_samples
+    fix = f"set {key}.count to {count // n * n} (or another multiple of {n})" if count > n else "add images"
+    raise DataError(f"{key} has {count} images, not a multiple of the model's static batch of {n} (input "
+                    f"'{static['input']}'; qdeploy neither pads nor drops images): {fix}, or export the model with a "
+                    "dynamic batch axis")
 
 
 def _check_onnx_shape(cfg: RunConfig, path) -> None:
@@ -137,8 +151,7 @@ def _check_onnx_shape(cfg: RunConfig, path) -> None:
         wrong = sorted({b for b in [cfg.data.eval.batch_size, *cfg.bench.batch_sizes] if b != n})
         if wrong:
             raise ModelError(f"ONNX model {path} has a fixed batch size of {n}, but data.eval.batch_size / bench.batch_sizes "
-                             f"ask for {wrong}: set them to {n} (evaluation then drops no image only when their count is a "
-                             "multiple of it) or export with a dynamic batch axis")
+                             f"ask for {wrong}: set them to {n} or export with a dynamic batch axis")
 
 
 def _run_once(cfg: RunConfig, builder: Builder, x: np.ndarray) -> np.ndarray:
@@ -166,8 +179,10 @@ def _run_once(cfg: RunConfig, builder: Builder, x: np.ndarray) -> np.ndarray:
         raise ModelError(f"{where} in ONNX Runtime: {first_line(e)}") from None
 
 
-def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool = True) -> dict:
-    """One real batch through the model; output shape vs task and data. Returns what was checked."""
+def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool = True,
+                static: Optional[dict] = None) -> dict:
+    """One real batch through the model; output shape vs task and data. Returns what was checked. ``static``: the
+    :func:`fit_static_batch` record of an ONNX model with a static batch (fed exactly that many images)."""
     task = cfg.model.task
     if decode_all:
         label_max = -1
@@ -182,7 +197,13 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
         if eval_batches.skipped:
             log(f"data.eval: skipped {len(eval_batches.skipped)} unreadable images (on_error: skip), "
                 f"e.g. {eval_batches.skipped[0]['path']}")
-    images, labels = eval_batches.first(min(2, cfg.data.eval.batch_size))  # a static-batch-1 ONNX takes one image
+    if static is not None:
+        if decode_all:
+            check_static_batch(static, eval_batches, "data.eval")
+        images, labels = eval_batches.first(static["batch"])
+        images, labels = (a[np.arange(static["batch"]) % len(a)] for a in (images, labels))  # bench-only: fewer images
+    else:
+        images, labels = eval_batches.first(2)
     x = normalize(images, cfg.model.preprocess)
     out = _run_once(cfg, builder, x)
     if not np.all(np.isfinite(out)):

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -203,10 +203,15 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
         raise ModelError(f"ONNX model {path} has no outputs")
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     data = external_data_files(proto, path.parent)
+    outside = [d for d in data if not d.is_relative_to(path.parent) or ".." in d.relative_to(path.parent).parts]
+    if outside:  # ONNX reads external data only from the model's folder (and below); copies of it must keep that layout
+        raise ModelError(f"ONNX model {path} keeps its weights in {outside[0]}, outside its folder: put the external data "
+                         "file(s) beside the .onnx file and save the model again with that location")
     missing = [d for d in data if not d.is_file()]
     if missing:
-        raise ModelError(f"ONNX model {path} keeps its weights in {missing[0].name}, which is not in {path.parent}: put the "
-                         "external data file(s) beside the .onnx file, under the name the model gives them")
+        raise ModelError(f"ONNX model {path} keeps its weights in {missing[0].relative_to(path.parent)}, which is not in "
+                         f"{path.parent}: put the external data file(s) beside the .onnx file, under the name the model "
+                         "gives them")
     if not data:
         return OnnxArtifact(path, inputs[0], proto.graph.output[0].name, opset, "user")
     digest = hashlib.sha256()
@@ -230,8 +235,10 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
         else:
             import shutil
 
-            for d in data:
-                with atomic_path(folder / d.name) as tmp:
+            for d in data:  # under the location the model reads them by (relative to its folder)
+                target = folder / d.relative_to(path.parent)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(target) as tmp:
                     shutil.copyfile(d, tmp)
             with atomic_path(copy) as tmp:
                 shutil.copyfile(path, tmp)

@@ -95,41 +95,61 @@ def ranges_from_trt_cache(cache_path: Path, onnx_path: Path) -> dict:
     return {n: TensorRange(-a, a, a) for n, a in amax.items()}
 
 
+def _symbolic_shapes(model):
+    """ONNX Runtime's symbolic shape inference of ``model`` (the first step of quant_pre_process), or None where it cannot
+    infer every shape (attention and window reshapes, e.g. Swin). Its ``SymbolicShapeInference.infer_shapes`` then saves
+    ``sym_shape_infer_temp.onnx`` and its data into the current directory before it raises, and no argument moves them:
+    its steps are run here instead (the same calls, minus that save), so that nothing lands in the user's working
+    directory and the process's working directory never changes under other threads."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
+
+    if (get_opset(model) or 0) < 7:  # what infer_shapes refuses
+        return None
+    inference = SymbolicShapeInference(2**31 - 1, False, False, 0)  # quant_pre_process's int_max, auto_merge, ...
+    inference._preprocess(model)
+    complete = False
+    while inference.run_:
+        complete = inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_ if complete else None
+
+
 def ort_preprocessed(fp32_path: Path, cache_dir: Optional[Path] = None) -> Path:
     """``onnxruntime.quantization.shape_inference.quant_pre_process`` of the FP32 ONNX, cached by its content under
     ``cache_dir/ortpre`` (never beside the input, which may be the user's own file).
 
-    quant_pre_process runs in a scratch working directory: ONNX Runtime's symbolic shape inference saves
-    ``sym_shape_infer_temp.onnx`` and its data into the current directory when it cannot infer every shape. When it
-    fails so (attention and window reshapes, e.g. Swin), the pre-processing runs again without it (ONNX's own shape
-    inference and the graph optimisation still run): the quantizer needs shapes, not that pass."""
-    import os
+    The symbolic shape inference runs first (:func:`_symbolic_shapes`), its result saved in a scratch folder in the cache,
+    then quant_pre_process without it (ONNX's own shape inference and the graph optimisation): the same steps as
+    quant_pre_process's own. Where the symbolic pass cannot infer every shape, the pre-processing goes on without it:
+    the quantizer needs shapes, not that pass."""
     import tempfile
+
+    import onnx
 
     from qdeploy.utils.cache import default_cache_dir
 
     fp32_path = Path(fp32_path).resolve()
-    folder = Path(cache_dir or default_cache_dir()) / "ortpre"
+    folder = Path(cache_dir or default_cache_dir()).resolve() / "ortpre"
     out = folder / f"{sha256_file(fp32_path)[:24]}-ortpre.onnx"
     if out.is_file():
         return out
     folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix="qdeploy-ortpre-") as scratch:
-        tmp = Path(tmp).resolve()
-        tmp.unlink()  # quant_pre_process writes the file itself
-        cwd = os.getcwd()
-        os.chdir(scratch)
-        try:
-            try:
-                quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=False)
-            except Exception as e:  # noqa: BLE001 - ORT raises bare Exception/AssertionError here
-                why = f"{type(e).__name__}: {e}".rstrip(": ") or type(e).__name__
-                log(f"quantize: ONNX Runtime's symbolic shape inference failed on {fp32_path.name} ({why}); "
-                    "pre-processing without it")
-                tmp.unlink(missing_ok=True)
-                quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=True)
-        finally:
-            os.chdir(cwd)
+    try:
+        inferred = _symbolic_shapes(onnx.load(str(fp32_path)))
+        why = "it cannot infer every shape"
+    except Exception as e:  # noqa: BLE001 - ORT raises bare Exception/AssertionError here
+        inferred, why = None, f"{type(e).__name__}: {e}".rstrip(": ")
+    if inferred is None:
+        log(f"quantize: ONNX Runtime's symbolic shape inference failed on {fp32_path.name} ({why.splitlines()[0][:200]}); "
+            "pre-processing without it")
+    with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix=".scratch-", dir=folder) as scratch:
+        source = fp32_path
+        if inferred is not None:
+            source = Path(scratch) / "symbolic.onnx"  # what quant_pre_process saves before optimising
+            onnx.save(inferred, str(source))
+            del inferred
+        Path(tmp).unlink()  # quant_pre_process writes the file itself
+        quant_pre_process(str(source), str(tmp), skip_symbolic_shape=True)
     return out
 
 
