@@ -59,10 +59,13 @@ def test_linears_int8_in_both_placements_attention_matmuls_float_for_tensorrt(bl
     res = OnnxQdqQuantizer().quantize(inputs, Int8Config(method="max", placement=placement), out)
     attention = {n.name for n in attention_matmuls(OnnxGraph.load(block_onnx))}
     assert len(attention) == 2                                  # Q·Kᵀ and softmax·V, found without knowing the names
+    rule_float = set(res.info["float_by_placement_rule"])
     if placement == "tensorrt":
-        assert set(res.info["float_by_placement_rule"]) == attention
-    else:  # ONNX Runtime's placement quantizes them (placement.float_by_rule says why)
-        assert res.info["float_by_placement_rule"] == []
+        assert attention <= rule_float
+    else:  # ONNX Runtime's placement quantizes them (lint/placement.py says why)
+        assert not attention & rule_float
+    g = OnnxGraph.load(block_onnx)  # LayerNorm, Softmax and GELU's pieces stay float in both placements
+    assert {n.name for n in g.nodes if n.op_type in ("LayerNormalization", "Softmax", "Erf")} <= rule_float
     report = lint_onnx(out)
     ops = {op["name"]: op for op in report.structure["ops"]}
     linears = [n for n, op in ops.items() if op["op"] in ("MatMul", "Gemm", "Conv") and n not in attention]
@@ -72,3 +75,46 @@ def test_linears_int8_in_both_placements_attention_matmuls_float_for_tensorrt(bl
         qd011 = [f for f in report.findings if f.rule == "QD011"]
         assert {f.nodes[0] for f in qd011} == attention and all(f.severity == "fine" for f in qd011)
         assert ATTENTION_MATMUL.split(":")[0] in qd011[0].message
+
+
+@pytest.mark.slow
+def test_one_rule_added_changes_both_placements_and_the_lint(block_onnx, tmp_path):
+    """lint/placement.py is the one description: a rule added there (every Linear float for TensorRT) reaches the ONNX
+    Q/DQ placement, the ModelOpt placement of the PyTorch model and the lint, with nothing else changed."""
+    import numpy as np
+
+    from qdeploy.config import Int8Config
+    from qdeploy.data.loader import ArrayBatches
+    from qdeploy.lint.placement import FLOAT, OpRule, _has_weight, extra_rule
+    from qdeploy.quantize.registry import get_quantizer
+
+    pre = Preprocess(input_size=[8, 8], mean=[0.5] * 3, std=[0.25] * 3)
+    images = np.random.default_rng(0).integers(0, 256, (16, 3, 8, 8), dtype=np.uint8)
+    calib = ArrayBatches(images, np.zeros(16, np.int64), 8)
+
+    def place(quantizer, tag):
+        inputs = QuantizeInputs(fp32_onnx=block_onnx, preprocess=pre, calibration=calib, torch_model=lambda: Block().eval(),
+                                cache_dir=tmp_path / f"cache-{tag}")
+        out = tmp_path / f"{quantizer}-{tag}.onnx"
+        get_quantizer(quantizer).quantize(inputs, Int8Config(method="max", placement="tensorrt", quantizer=quantizer), out)
+        report = lint_onnx(out)
+        ops = {op["name"]: op for op in report.structure["ops"]}
+        attention = attention_names(out)
+        linear = {n: op for n, op in ops.items() if op["op"] in ("MatMul", "Gemm") and n not in attention}
+        return linear, report
+
+    def attention_names(path):
+        return {n.name for n in attention_matmuls(OnnxGraph.load(path))}
+
+    why = "every Linear float (a rule added by this test)"
+    rule = OpRule("test-linear-float", {"tensorrt": FLOAT}, ("Gemm", "MatMul"), ("Linear",), applies=_has_weight, why=why)
+    for quantizer in ("onnx", "modelopt"):
+        before, lint_before = place(quantizer, "before")
+        assert len(before) == 5 and all(op["int8_input"] and op["int8_weights"] for op in before.values()), before
+        with extra_rule(rule):
+            after, lint_after = place(quantizer, "after")
+        assert len(after) == 5 and not any(op["int8_input"] or op["int8_weights"] for op in after.values()), after
+        fine = {f.nodes[0] for f in lint_after.findings if f.rule == "QD011" and f.severity == "fine" and why in f.message}
+        assert fine == {n for n in after if "head" not in n}, (quantizer, fine)  # a float head is QD013's
+        assert not [f for f in lint_after.findings if f.severity == "blocks-int8"]
+        assert not [f for f in lint_before.findings if why in f.message]

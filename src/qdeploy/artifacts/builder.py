@@ -38,7 +38,9 @@ from qdeploy.utils.hashing import sha256_file, sha256_json, source_fingerprint
 from qdeploy.utils.log import log
 
 # Code that shapes an INT8 artifact: a cached one built by other code is stale.
-_QUANTIZE_CODE = Path(qdeploy.__file__).parent / "quantize"
+# the code an INT8 artifact depends on: the quantizers, and the placement rules and fixes they read (lint/)
+_QUANTIZE_CODE = (Path(qdeploy.__file__).parent / "quantize", Path(qdeploy.__file__).parent / "lint",
+                  Path(qdeploy.__file__).parent / "facts")
 
 
 def _version(dist: str) -> Optional[str]:
@@ -50,7 +52,7 @@ def _version(dist: str) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def _quantize_code_fingerprint() -> str:
-    return source_fingerprint(_QUANTIZE_CODE)  # read once per process, not once per INT8 variant
+    return source_fingerprint(*_QUANTIZE_CODE)  # read once per process, not once per INT8 variant
 
 
 def dataset_identity(batches) -> dict:

@@ -169,6 +169,50 @@ def fold_pad_into_conv(model, g: QdqGraph, finding) -> bool:
     return True
 
 
+@fixer("QD020")
+def merge_duplicate_qdq(model, g: QdqGraph, finding) -> bool:
+    """Identical Q/DQ pairs on one tensor → one: every consumer of a duplicate DQ reads the earliest DQ instead (the
+    earliest in graph order precedes every other DQ, hence every consumer: the graph stays topologically sorted). Only
+    pairs whose Q and DQ compute exactly the same thing are merged, so the outputs are bit-identical."""
+    qs = [_node(g, n) for n in finding.nodes]
+    if len(qs) < 2 or any(q is None or q.op_type != "QuantizeLinear" for q in qs):
+        return False
+    key = g.qdq_params(qs[0])
+    if key is None or len({g.source(q.input[0]) for q in qs}) != 1 or any(g.qdq_params(q) != key for q in qs):
+        return False
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    dqs = sorted((dq for q in qs for dq in g.consumers.get(q.output[0], [])
+                  if dq.op_type == "DequantizeLinear" and g.qdq_params(dq) == key), key=lambda n: order[id(n)])
+    if len(dqs) < 2:
+        return False
+    keep, changed = dqs[0].output[0], False
+    for dq in dqs[1:]:
+        if dq.output[0] in g.output_names:
+            continue
+        for user in g.consumers.get(dq.output[0], []):
+            for i, name in enumerate(user.input):
+                if name == dq.output[0]:
+                    user.input[i] = keep
+                    changed = True
+    return changed
+
+
+@fixer("QD021")
+def drop_qdq_inside_reshape_chain(model, g: QdqGraph, finding) -> bool:
+    """Drop the inner Q/DQ pair of a data-movement chain: its consumers read the Q's float input, which the first DQ
+    reaches through the chain (exact when both pairs share one scale)."""
+    q, dq = _node(g, finding.nodes[0]), _node(g, finding.nodes[1])
+    if q is None or dq is None or q.op_type != "QuantizeLinear" or dq.op_type != "DequantizeLinear" \
+            or dq.input[0] != q.output[0] or dq.output[0] in g.output_names:
+        return False
+    users = g.consumers.get(dq.output[0], [])
+    for user in users:
+        for i, name in enumerate(user.input):
+            if name == dq.output[0]:
+                user.input[i] = q.input[0]
+    return bool(users)
+
+
 def prune(model: onnx.ModelProto) -> int:
     """Drop Q/DQ/Pad nodes (and initializers) that no longer feed anything. Returns how many nodes went."""
     removed = 0

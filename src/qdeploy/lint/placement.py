@@ -1,40 +1,210 @@
-"""Placement rules that are facts about the graph: which compute ops stay float on purpose, per target. One home, read
-by the ONNX Q/DQ placement (quantize/qdq.py) and the lint (TensorRT's view: rule QD011 does not call such an op a
-defect).
+"""Where INT8 goes: one description, read by both quantizers and the lint.
 
-Each rule is a function of the graph returning the nodes it keeps float, with the sentence that says why and where
-that comes from. The ModelOpt path (PyTorch) agrees by construction where noted.
+``RULES`` says, per op class and per placement, which ops get INT8 inputs (and weights), which stay float, and which
+Adds get a skip-input quantizer. Readers:
+
+- the ONNX Q/DQ placement (``quantize/qdq.py``): the op types it quantizes (``int8_op_types``) and the nodes it leaves
+  float (``float_nodes``);
+- the ModelOpt placement on the PyTorch model (``quantize/modelopt_torch.py``): the module classes whose quantizers it
+  keeps (``int8_modules``) and the ones it disables (``float_modules``);
+- the lint (rule QD011): a compute op left float by a rule is "float, as it should be", not a defect.
+
+Each rule names its ONNX op types, the PyTorch ``torch.nn`` class names of the same layer (strings, so that the lint
+stage imports no torch), an optional node test beyond the op type, and why, with its source. Residual Adds: the rule
+here says *that* they get the skip-input form for TensorRT; *which* input is the skip input is graph work
+(``QdqGraph.residual_conv_input`` / ``modelopt_torch._residual_rule``, both after TensorRT's guide and ModelOpt's
+``build_non_residual_input_map``).
 """
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
 
 import onnx
 
 from qdeploy.utils.onnx_graph import OnnxGraph
+
+PLACEMENTS = ("tensorrt", "onnxruntime")
+INT8 = "int8"              # Q/DQ on the activation input(s) and on the weight
+FLOAT = "float"            # no Q/DQ of its own: computed in float from whatever its producer gives it
+SKIP_INPUT = "skip-input"  # residual Add: Q/DQ on the skip input only (both inputs, one scale, where no conv path fuses)
+
+
+@dataclass(frozen=True)
+class OpRule:
+    name: str
+    roles: dict                            # placement -> INT8 | FLOAT | SKIP_INPUT (a placement not named: not covered)
+    onnx_ops: tuple[str, ...]
+    torch_modules: tuple[str, ...] = ()    # torch.nn class names of the same layer (ModelOpt quantizes modules)
+    applies: Optional[Callable[[OnnxGraph, onnx.NodeProto], bool]] = None  # beyond the op type
+    expand: Optional[Callable[[OnnxGraph, onnx.NodeProto], list]] = None   # the whole pattern an anchor node stands for
+    why: str = ""
+
+    def role(self, placement: str) -> Optional[str]:
+        return self.roles.get(placement)
+
+    def matches(self, g: OnnxGraph, node: onnx.NodeProto) -> bool:
+        return node.op_type in self.onnx_ops and (self.applies is None or self.applies(g, node))
+
+
+def _has_weight(g: OnnxGraph, node: onnx.NodeProto) -> bool:
+    """One of the first two inputs is computed from constants alone (a weight, maybe through Transpose or Q/DQ)."""
+    dynamic = g.from_input
+    return any(i and i not in dynamic for i in node.input[:2])
+
+
+def _two_activations(g: OnnxGraph, node: onnx.NodeProto) -> bool:
+    dynamic = g.from_input
+    return len(node.input) == 2 and all(i in dynamic for i in node.input)
+
+
+def _gelu_nodes(g: OnnxGraph, erf: onnx.NodeProto) -> list:
+    """The nodes of an exported exact GELU around its Erf: x/√2 (Div or Mul by a constant) → Erf → +1 → ·x → ·0.5
+    (torch.onnx's form of nn.GELU and F.gelu; the ·0.5 may come first, on x). [] when the Erf is not such a GELU."""
+    pre = g.producer.get(erf.input[0])
+    if pre is None or pre.op_type not in ("Div", "Mul") or not g.is_constant(pre.input[1]):
+        return []
+    x = pre.input[0]
+    out = [pre, erf]
+    add = _only_consumer(g, erf.output[0], "Add")
+    if add is None or not any(g.is_constant(i) for i in add.input):
+        return []
+    out.append(add)
+    mul = _only_consumer(g, add.output[0], "Mul")
+    if mul is None:
+        return []
+    other = next(i for i in mul.input if i != add.output[0])
+    half = g.producer.get(other)
+    if other != x and (half is None or half.op_type != "Mul" or x not in half.input):
+        return []
+    out.append(mul)
+    if other != x:
+        out.append(half)  # 0.5·x first
+    else:
+        last = _only_consumer(g, mul.output[0], "Mul")
+        if last is not None and any(g.is_constant(i) for i in last.input):
+            out.append(last)
+    return out
+
+
+def _only_consumer(g: OnnxGraph, tensor: str, op_type: str):
+    users = g.consumers.get(tensor, [])
+    return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+
 
 ATTENTION_MATMUL = (
     "a MatMul of two activations (attention's Q·Kᵀ and softmax·V) stays float: ModelOpt's ONNX INT8 matches the chain "
     "MatMul → (Add) → Softmax → MatMul as a non-quantizable partition (modelopt/onnx/quantization/partitioning.py) and "
     "its PyTorch INT8_DEFAULT_CFG puts no quantizer on these matmuls (they are not modules), and TensorRT runs attention "
     "in its fused FP16 kernels; an INT8 matmul would need both inputs quantized, softmax's output included")
+_NORM_WHY = ("LayerNorm stays float: ModelOpt's ONNX INT8 matches LayerNormalization (and its ReduceMean/Sub/Pow/… "
+             "decomposition) as a non-quantizable partition (modelopt/onnx/quantization/partitioning.py, "
+             "find_layer_norm_partitions); TensorRT has no INT8 normalization kernel and ONNX Runtime's CPU none either, so "
+             "a Q/DQ of its own only adds rounding to a statistic over the channels; PTQ4ViT/RepQ-ViT keep it float")
+_SOFTMAX_WHY = ("Softmax stays float: inside ModelOpt's attention partition (MatMul → Softmax → MatMul) and in "
+                "ONNX Runtime's transformer recipes; its output spans [0, 1] with most mass near 0, which a per-tensor "
+                "INT8 scale resolves poorly (PTQ4ViT's twin-uniform quantization exists for it)")
+_GELU_WHY = ("GELU stays whole and float: ModelOpt's ONNX INT8 matches Div → Erf → Add → Mul → Mul as a "
+             "non-quantizable pattern (partitioning.py, find_hardcoded_patterns) and TensorRT fuses it into the "
+             "preceding GEMM; quantizing its pieces separately adds four roundings (as SiLU's did on EfficientNet, "
+             "issue #8)")
+
+RULES: list[OpRule] = [
+    OpRule("conv", {"tensorrt": INT8, "onnxruntime": INT8}, ("Conv", "ConvTranspose"),
+           ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"),
+           why="TensorRT's INT8 convolution kernels (explicit quantization: Q/DQ on input and weights) and ONNX "
+               "Runtime's QLinearConv"),
+    OpRule("linear", {"tensorrt": INT8, "onnxruntime": INT8}, ("Gemm", "MatMul"), ("Linear",), applies=_has_weight,
+           why="a Linear (Gemm, or MatMul with a weight, on 2-D or 3-D tensors): Q/DQ on input and weight, as "
+               "ModelOpt's INT8_DEFAULT_CFG (every nn.Linear) and its ONNX INT8 (MatMul/Gemm) place them"),
+    OpRule("attention-matmul", {"tensorrt": FLOAT, "onnxruntime": INT8}, ("MatMul",), applies=_two_activations,
+           why=ATTENTION_MATMUL + ". ONNX Runtime's placement quantizes them: its QDQ format wraps every tensor its "
+               "quantized neighbours (Reshape, Transpose, Mul) touch, and its graph optimizer fuses DQ → MatMul → Q into "
+               "QLinearMatMul whether or not the quantizer listed the MatMul"),
+    OpRule("layernorm", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("LayerNormalization",), ("LayerNorm",),
+           why=_NORM_WHY),
+    OpRule("softmax", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Softmax",), ("Softmax",), why=_SOFTMAX_WHY),
+    OpRule("gelu", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Gelu", "Erf"), ("GELU",),
+           applies=lambda g, n: n.op_type == "Gelu" or bool(_gelu_nodes(g, n)),
+           expand=lambda g, n: [n] if n.op_type == "Gelu" else _gelu_nodes(g, n), why=_GELU_WHY),
+    OpRule("residual-add", {"tensorrt": SKIP_INPUT, "onnxruntime": INT8}, ("Add",),
+           applies=lambda g, n: not any(g.is_constant(i) for i in n.input),
+           why="TensorRT fuses Conv(+BN)(+act)+Add into one INT8 kernel when only the skip input is quantized (developer "
+               "guide, Q/DQ layer-placement recommendations; ModelOpt's build_non_residual_input_map); ONNX Runtime runs "
+               "QLinearAdd"),
+]
+
+
+def rules(placement: str) -> list[OpRule]:
+    return [r for r in RULES if r.role(placement) is not None]
+
+
+def int8_op_types(placement: str) -> list[str]:
+    """ONNX op types a placement puts Q/DQ on (INT8 and skip-input roles), in RULES order."""
+    out = []
+    for r in rules(placement):
+        if r.role(placement) in (INT8, SKIP_INPUT):
+            out += [t for t in r.onnx_ops if t not in out]
+    return out
+
+
+def rule_for(g: OnnxGraph, node: onnx.NodeProto, placement: str = "tensorrt") -> Optional[OpRule]:
+    """The first rule of ``placement`` that matches ``node`` (earlier rules win), or None."""
+    return next((r for r in rules(placement) if r.matches(g, node)), None)
+
+
+def float_nodes(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
+    """{node name: why it stays float}: every node whose first matching rule is FLOAT for ``placement``, with the rest
+    of its pattern (a decomposed GELU)."""
+    out: dict[str, str] = {}
+    for node in g.nodes:
+        r = rule_for(g, node, placement)
+        if r is not None and r.role(placement) == FLOAT:
+            for n in (r.expand(g, node) if r.expand else [node]):
+                out.setdefault(n.name or n.output[0], r.why)
+    return out
+
+
+def float_by_rule(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
+    """Compute ops (and the rest) a rule keeps float: what the lint's QD011 calls "float, as it should be"."""
+    return float_nodes(g, placement)
+
+
+def _module_names(module_type: type) -> set[str]:
+    return {c.__name__ for c in module_type.__mro__ if c.__module__.startswith("torch.nn")}
+
+
+def module_rule(module_type: type, placement: str = "tensorrt") -> Optional[OpRule]:
+    """The rule a PyTorch module class falls under (through its torch.nn base classes), or None."""
+    names = _module_names(module_type)
+    return next((r for r in rules(placement) if names & set(r.torch_modules)), None)
+
+
+def float_modules(placement: str = "tensorrt") -> set[str]:
+    return {m for r in rules(placement) if r.role(placement) == FLOAT for m in r.torch_modules}
+
+
+def int8_modules(placement: str = "tensorrt") -> set[str]:
+    return {m for r in rules(placement) if r.role(placement) == INT8 for m in r.torch_modules}
 
 
 def attention_matmuls(g: OnnxGraph) -> list[onnx.NodeProto]:
     """MatMuls whose two inputs are both computed from the model input (no weight on either side), however the
     attention is written (timm's fused qkv + SDPA, nn.MultiheadAttention, separate q/k/v Linears)."""
-    dynamic = g.from_input
-    return [n for n in g.nodes if n.op_type == "MatMul" and len(n.input) == 2 and all(i in dynamic for i in n.input)]
+    return [n for n in g.nodes if n.op_type == "MatMul" and _two_activations(g, n)]
 
 
-def float_by_rule(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
-    """{node name: why it stays float} for every placement rule of ``placement``.
-
-    The attention rule is TensorRT's (and ModelOpt's). The ONNX Runtime placement quantizes these matmuls: its QDQ
-    format wraps every tensor its quantized neighbours (Reshape, Transpose, Mul) touch, and its graph optimizer then
-    fuses DQ → MatMul → Q into QLinearMatMul whether or not the quantizer listed the MatMul, so a float matmul there
-    would take float neighbours as well; ONNX Runtime's own transformer recipes quantize MatMul."""
-    if placement != "tensorrt":
-        return {}
-    return {(n.name or n.output[0]): ATTENTION_MATMUL for n in attention_matmuls(g)}
+@contextlib.contextmanager
+def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
+    """Add a rule for the duration of a block (tests, experiments): first, it overrides the rules after it."""
+    RULES.insert(0 if first else len(RULES), rule)
+    try:
+        yield rule
+    finally:
+        RULES.remove(rule)
 
 
-__all__ = ["ATTENTION_MATMUL", "attention_matmuls", "float_by_rule"]
+__all__ = ["ATTENTION_MATMUL", "FLOAT", "INT8", "OpRule", "PLACEMENTS", "RULES", "SKIP_INPUT", "attention_matmuls",
+           "extra_rule", "float_by_rule", "float_modules", "float_nodes", "int8_modules", "int8_op_types",
+           "module_rule", "rule_for", "rules"]

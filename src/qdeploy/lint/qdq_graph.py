@@ -27,6 +27,10 @@ GATES = ("Sigmoid", "HardSigmoid")  # x·sigmoid(x) = SiLU, x·hardsigmoid(x) = 
 EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
                 "Mul", "Add", "Div")
 BACKBONE_OPS = ("Conv", "ConvTranspose", "Gemm")
+# Ops that only move or re-label data (no arithmetic, no change of type): a DequantizeLinear commutes forward across
+# them and a QuantizeLinear backward (TensorRT developer guide, "Processing of Q/DQ networks": Q/DQ propagation), so a
+# tensor INT8 before such a chain is still INT8 after it. A subset of ``DQ_SEES_THROUGH`` (no Cast: it changes type).
+DATA_MOVEMENT_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 class QdqGraph(OnnxGraph):
@@ -95,6 +99,25 @@ class QdqGraph(OnnxGraph):
         if scale is None or scale.size <= 1:
             return None
         return int(self.attr(node, "axis", 1))
+
+    def qdq_params(self, node: onnx.NodeProto) -> Optional[tuple]:
+        """What a Q or DQ node computes, as a hashable key: scale (values, shape and stored type), zero point (values and
+        type), per-channel axis, block size, saturate. Two nodes with equal keys on the same input give identical
+        outputs. None when the scale is not a constant."""
+        scale = self.scale(node)
+        if scale is None:
+            return None
+        zp = self.zero_point(node)
+        zp_key = None if zp is None else (np.asarray(zp).shape, np.asarray(zp).astype(np.int64).tobytes())
+        return (scale.shape, scale.tobytes(), self._stored_type(node.input[1]), zp_key, self.zero_point_type(node),
+                self.axis(node), self.attr(node, "block_size", 0), self.attr(node, "saturate", 1))
+
+    def _stored_type(self, tensor: str) -> Optional[int]:
+        if tensor in self.initializers:
+            return self.initializers[tensor].data_type
+        const = self._constant_nodes.get(tensor)
+        value = next((a.t for a in const.attribute if a.name == "value"), None) if const is not None else None
+        return value.data_type if value is not None else None
 
     def qdq_nodes(self) -> list[onnx.NodeProto]:
         return [n for n in self.nodes if n.op_type in QDQ_OPS]

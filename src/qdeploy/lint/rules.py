@@ -11,14 +11,14 @@ same rule id. Severities:
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 import onnx
 
 from qdeploy.lint.placement import float_by_rule
-from qdeploy.lint.qdq_graph import QdqGraph
+from qdeploy.lint.qdq_graph import DATA_MOVEMENT_OPS, QdqGraph
 from qdeploy.facts.tensorrt import COMPUTE_OPS, conv_int8_supported
 
 SEVERITIES = ("blocks-int8", "costs-reformat", "fine")
@@ -285,6 +285,8 @@ def compute_op_float(g: QdqGraph):
         w_q = len(node.input) > weight_idx and g.dq_of(node.input[weight_idx]) is not None
         if act_q and w_q:
             continue
+        if one_side_quantized(g, node) is not None:
+            continue  # a matmul of two activations with one of them quantized: QD019 reports it
         if _is_head(g, node) and not act_q and not w_q:
             continue  # QD014 reports it
         if _name(node) in by_rule and not act_q and not w_q:
@@ -491,6 +493,156 @@ def dynamic_scale(g: QdqGraph):
             yield _finding("QD018", [_name(node)],
                            "the scale is not a constant: TensorRT needs build-time scales for explicit quantization",
                            "fold the scale computation into a constant (onnx constant folding / onnxsim)")
+
+
+# ---------------------------------------------------------------- transformers
+def one_side_quantized(g: QdqGraph, node) -> int | None:
+    """For a MatMul/Gemm whose two inputs are both activations (computed from the model input: no weight on either
+    side) and exactly one of them quantized (seen through ``DQ_SEES_THROUGH``, as ``dq_of``): the index of the float
+    input. None otherwise: a Linear's weight is a constant, not an activation (QD011 covers a float weight or input)."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    a, b = node.input[0], node.input[1]
+    if a not in g.from_input or b not in g.from_input:
+        return None
+    qa, qb = g.dq_of(a) is not None, g.dq_of(b) is not None
+    if qa == qb:
+        return None
+    return 1 if qa else 0
+
+
+@rule("QD019", "matmul-one-input-quantized", "costs-reformat")
+def matmul_one_input_quantized(g: QdqGraph):
+    """A MatMul/Gemm of two activations has Q/DQ on one input only: TensorRT runs it in float and the Q/DQ only costs time.
+
+    Sources: TensorRT developer guide, "Explicit Quantization" → "Processing of Q/DQ networks" (TensorRT expects a
+    Q/DQ pair on each input of a quantizable layer and fuses them into the layer only then) and "Q/DQ layer-placement
+    recommendations" ("quantize all inputs of weighted operations"); ModelOpt's ONNX INT8
+    (modelopt/onnx/quantization/partitioning.py ``find_mha_partitions``: MatMul → (Add) → Softmax → MatMul is a
+    non-quantizable partition, no Q/DQ on either input; graph_utils.py ``classify_partially_quantized_weighted_ops``:
+    a linear op that is not quantized gets no Q/DQ on any input). Severity costs-reformat, not blocks-int8: a matmul of
+    two activations is attention's Q·Kᵀ or softmax·V, which TensorRT's placement keeps float on purpose
+    (lint/placement.py), so the layer loses nothing; what the lone Q/DQ costs is its quantize/dequantize kernels.
+    """
+    for node in g.nodes:
+        f = one_side_quantized(g, node)
+        if f is None:
+            continue
+        q = 1 - f
+        dq = g.dq_of(node.input[q])
+        yield _finding("QD019", [_name(node), _name(dq)],
+                       f"input {q} is INT8 (through '{_name(dq)}') but input {f} is float: TensorRT runs a "
+                       f"{node.op_type} in INT8 only with both inputs quantized, so it runs this one in FP16/FP32 and the "
+                       f"Q/DQ on input {q} only adds a quantize and a dequantize (reformat) kernel",
+                       f"remove the Q/DQ on input {q} (a matmul of two activations, attention's, stays float for "
+                       f"TensorRT: ModelOpt puts no Q/DQ on either input), or quantize input {f} too if it is meant to run INT8")
+
+
+def _qs_by_tensor(g: QdqGraph) -> dict[str, list]:
+    """Float activation → the QuantizeLinear nodes that read it (through Cast/Identity), in graph order."""
+    out: dict[str, list] = {}
+    for node in g.nodes:
+        if node.op_type == "QuantizeLinear":
+            src = g.source(node.input[0])
+            if src in g.from_input:
+                out.setdefault(src, []).append(node)
+    return out
+
+
+@rule("QD020", "tensor-quantized-per-consumer", "costs-reformat", safe_fix=True)
+def tensor_quantized_per_consumer(g: QdqGraph):
+    """One activation is quantized by several QuantizeLinear nodes (one per consumer) instead of one shared Q/DQ.
+
+    Sources: ModelOpt's ONNX INT8 quantizes each tensor once and shares the Q/DQ among its consumers
+    (modelopt/onnx/quantization/ort_utils.py ``configure_ort``: ``"DedicatedQDQPair": False``; graph_utils.py
+    ``remove_partial_input_qdq`` relies on it: "a shared Q/DQ pair may feed multiple consumers");
+    TensorRT developer guide, "Explicit Quantization" → "Q/DQ layer-placement recommendations" (be conservative
+    adding Q/DQ: TensorRT cannot fuse every extra one) and "Q/DQ limitations" (TensorRT's Q/DQ rewrites compare
+    scales and apply only where they are equal). Severity: costs-reformat where the scales differ (one quantize per distinct scale: the producer
+    can fuse one output quantize, the others run as kernels of their own); fine where they are identical, because
+    TensorRT's builder removes a Q that duplicates another on the same tensor (its verbose build log: "Running:
+    HorizontalMergeQNodes on <Q>" / "Eliminating <Q'> which duplicates (Q) <Q>", as quoted from a trtexec log in a
+    third-party 2024 write-up; not stated in the guide, not confirmed here: no TensorRT on this machine). The safe fix
+    merges identical pairs into one (the ONNX computes bit-identical outputs).
+    """
+    for src, qs in _qs_by_tensor(g).items():
+        if len(qs) < 2:
+            continue
+        params = [g.qdq_params(q) for q in qs]
+        users = [_name(c) for q in qs for dq in g.consumers.get(q.output[0], []) if dq.op_type == "DequantizeLinear"
+                 for c in g.consumers.get(dq.output[0], [])]
+        identical = None not in params and len(set(params)) == 1
+        if identical:
+            f = _finding("QD020", [_name(q) for q in qs],
+                         f"'{src}' is quantized {len(qs)} times with the same scale, once for each consumer "
+                         f"({', '.join(users[:6])}{', …' if len(users) > 6 else ''}): TensorRT merges identical "
+                         "QuantizeLinear nodes itself, other runtimes run one quantize per copy",
+                         "share one Q/DQ pair among the consumers (the safe fix merges them; exact)", severity="fine")
+        else:
+            scales = sorted({float(g.scale(q).reshape(-1)[0]) for q in qs if g.scale(q) is not None and g.scale(q).size == 1})
+            shown = ", ".join(f"{s:.4g}" for s in scales) if scales else "per-channel or computed scales"
+            f = _finding("QD020", [_name(q) for q in qs],
+                         f"'{src}' is quantized {len(qs)} times with different scales ({shown}), once for each consumer "
+                         f"({', '.join(users[:6])}{', …' if len(users) > 6 else ''}): TensorRT cannot merge quantizes of "
+                         "different scales, so each one runs on its own (at most one fuses into the producer)",
+                         "quantize the tensor once, with one scale (the largest: nothing clips), and share that Q/DQ pair "
+                         "among the consumers")
+            f.fixable = False
+        yield f
+
+
+def _int8_before_movement(g: QdqGraph, tensor: str):
+    """(DequantizeLinear, data-movement nodes) when ``tensor`` is an activation dequantized from INT8 and then only
+    moved (Reshape/Transpose/Flatten/Squeeze/Unsqueeze, at least one); None otherwise."""
+    chain = []
+    node = g.producer.get(tensor)
+    while node is not None and node.op_type in DATA_MOVEMENT_OPS:
+        chain.append(node)
+        node = g.producer.get(node.input[0])
+    if node is None or node.op_type != "DequantizeLinear" or not any(n.op_type != "Identity" for n in chain):
+        return None
+    if g.is_weight_dq(node):
+        return None  # a weight's DQ -> Transpose (ModelOpt's Linear) is QD016's business, and TensorRT folds it
+    return node, chain
+
+
+@rule("QD021", "qdq-inside-reshape-chain", "costs-reformat", safe_fix=True)
+def qdq_inside_reshape_chain(g: QdqGraph):
+    """A Q/DQ pair re-quantizes an INT8 tensor in the middle of a Reshape/Transpose chain (DQ → Reshape → Q → DQ → ...).
+
+    Sources: TensorRT developer guide, "Explicit Quantization" → "Processing of Q/DQ networks": TensorRT propagates DQ
+    forward and Q backward across layers that commute with them (data movement such as Reshape and Transpose), so the
+    first DQ would reach the consumer (a MatMul, a Conv) and fuse into it; a second Q/DQ pair inside the chain stops
+    that propagation and leaves a requantize (DQ → Q) between two copies; "Q/DQ layer-placement recommendations":
+    extra Q/DQ placements cause sub-optimal fusions. ModelOpt's ONNX INT8 puts no Q/DQ of their own on copy ops
+    (modelopt/onnx/op_types.py ``get_copy_ops``: Reshape, Transpose, Flatten, Squeeze, ...; the op types
+    modelopt/onnx/quantization/int8.py quantizes are Add, pools, BatchNormalization, Clip, Conv(Transpose), Gemm,
+    MatMul, Mul).
+    The safe fix drops the inner pair: exact when its scale equals the first one's, else one requantization fewer.
+    """
+    for q in g.nodes:
+        if q.op_type != "QuantizeLinear":
+            continue
+        up = _int8_before_movement(g, q.input[0])
+        if up is None:
+            continue
+        dq_a, chain = up
+        for dq in g.consumers.get(q.output[0], []):
+            if dq.op_type != "DequantizeLinear" or dq.output[0] in g.output_names:
+                continue
+            users = g.consumers.get(dq.output[0], [])
+            if not users or not all(u.op_type in DATA_MOVEMENT_OPS + COMPUTE_OPS for u in users):
+                continue  # e.g. a Concat or an Add that wants its own scale: QD003/QD004's business
+            same = g.qdq_params(q) is not None and g.qdq_params(q) == g.qdq_params(dq_a)
+            moves = " → ".join(n.op_type for n in reversed(chain))
+            after = ", ".join(f"{u.op_type} '{_name(u)}'" for u in users[:4])
+            yield _finding("QD021", [_name(q), _name(dq), _name(dq_a)] + [_name(n) for n in reversed(chain)] + [_name(u) for u in users],
+                           f"'{q.input[0]}' is already INT8 (DequantizeLinear '{_name(dq_a)}' → {moves}) and is quantized "
+                           f"again before {after}: the pair keeps TensorRT from moving the first DQ forward into the "
+                           "consumer and leaves a requantize between the data-movement layers"
+                           + (" (same scale: the pair is redundant)" if same else " (a different scale)"),
+                           f"remove the Q/DQ pair '{_name(q)}'/'{_name(dq)}'; TensorRT carries the first DQ through the "
+                           f"chain to the consumer")
 
 
 def run_rules(g: QdqGraph, only: set[str] | None = None) -> list[Finding]:

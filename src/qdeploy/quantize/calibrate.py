@@ -29,10 +29,13 @@ from qdeploy.utils.onnx_graph import OnnxGraph
 def calibration_key(onnx_path: Path, batches, preprocess, method: str, percentile: float, num_bins: int, names=None,
                     channel_names=()) -> str:
     """Identity of a set of ranges: model bytes, the exact calibration images, preprocessing, method, options."""
-    samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
+    samples = [str(s[0]) for s in getattr(getattr(batches, "dataset", None), "samples", [])]
+    digest = hashlib.sha256("\n".join(samples).encode())
+    if not samples and getattr(batches, "images", None) is not None:  # in-memory batches (ArrayBatches): their pixels
+        digest.update(np.ascontiguousarray(batches.images).tobytes())
     payload = {
         "onnx": sha256_file(Path(onnx_path)),
-        "samples": hashlib.sha256("\n".join(samples).encode()).hexdigest(), "count": batches.num_samples,
+        "samples": digest.hexdigest(), "count": batches.num_samples,
         "preprocess": preprocess.model_dump(mode="json"),
         "method": method, "percentile": percentile if method == "percentile" else None, "num_bins": num_bins,
         "tensors": hashlib.sha256("\n".join(names).encode()).hexdigest() if names is not None else "all",

@@ -37,6 +37,7 @@ from torchvision.ops import StochasticDepth, stochastic_depth
 from torch.nn import functional as F
 
 from qdeploy.errors import QDeployError
+from qdeploy.lint.placement import FLOAT, module_rule
 from qdeploy.quantize.registry import NotApplicable
 from qdeploy.export.onnx import INPUT_NAME, OUTPUT_NAME
 from qdeploy.models.loader import SelectOutput
@@ -229,6 +230,14 @@ def unquantized_compute(qm: fx.GraphModule, exclude: Iterable[str] = ()) -> list
         if isinstance(m, _BACKBONE_MODULES) and name not in exclude and _enabled(m, "weight_quantizer") is None:
             out.append(f"{name} ({type(m).__name__})")
     for node in qm.graph.nodes:
+        if node.op == "call_module" and node.target not in exclude:
+            # a leaf module computing with a matrix of its own outside any Linear (nn.MultiheadAttention's
+            # in_proj_weight through F.multi_head_attention_forward): ModelOpt has no quantizer for that product
+            m = qm.get_submodule(node.target)
+            own = [p for p, t in m.named_parameters(recurse=False) if t.dim() >= 2]
+            if own and _enabled(m, "weight_quantizer") is None and module_rule(type(m)) is None:
+                out.append(f"{node.target} ({type(m).__name__}: {', '.join(own)} used functionally)")
+            continue
         if node.op == "call_function" and node.target in _FUNCTIONAL_COMPUTE:
             fn = getattr(node.target, "__name__", str(node.target))
         elif node.op == "call_method" and node.target in _METHOD_COMPUTE:
@@ -244,6 +253,22 @@ def unquantized_compute(qm: fx.GraphModule, exclude: Iterable[str] = ()) -> list
         if owner and owner in exclude:
             continue
         out.append(f"{owner or '<model>'}: {fn} ({node.name})")
+    return out
+
+
+def float_by_rule(qm: nn.Module, placement: str = "tensorrt") -> dict:
+    """Disable every quantizer of the modules a placement rule keeps float (lint/placement.py, the rules the ONNX
+    placement and the lint read too); {module name: why}. Attention's matmuls need nothing here: they are functions,
+    and ModelOpt quantizes modules."""
+    out = {}
+    for name, m in qm.named_modules():
+        rule = module_rule(type(m), placement) if name else None
+        if rule is None or rule.role(placement) != FLOAT:
+            continue
+        for attr, q in list(m.named_children()):
+            if attr.endswith("_quantizer") and getattr(q, "is_enabled", False):
+                q.disable()
+                out[name] = rule.why
     return out
 
 
@@ -676,7 +701,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     exclude = set(exclude or ())
-    missed = unquantized_compute(qm, exclude)
+    rule_float = float_by_rule(qm)  # LayerNorm (ModelOpt's QuantLayerNorm has an input quantizer), and any rule added
+    missed = unquantized_compute(qm, exclude | set(rule_float))
     if missed:  # never ship float convs silently: quantizer auto falls back to the ONNX quantizer
         more = f" and {len(missed) - 5} more" if len(missed) > 5 else ""
         raise NotApplicable(
@@ -777,7 +803,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                  "median_gain": round(float(np.median(all_gains)), 2)}
     return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers),
                       "equalized_depthwise_inputs": equalized, "warnings": warnings_found,
-                      "excluded_by_user": excluded, **placement, "shared_scale_groups": shared_groups}
+                      "excluded_by_user": excluded, "float_by_placement_rule": sorted(rule_float), **placement,
+                      "shared_scale_groups": shared_groups}
 
 
 def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool = True) -> dict:

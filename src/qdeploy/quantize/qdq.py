@@ -30,15 +30,14 @@ from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.quantize.equalize import equalize_depthwise_inputs
-from qdeploy.lint.placement import float_by_rule
+from qdeploy.lint.placement import float_nodes, int8_op_types
 from qdeploy.quantize.exclude import match_nodes
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
-from qdeploy.utils.onnx_graph import OnnxGraph
+from qdeploy.utils.onnx_graph import OnnxGraph, inline_constant_identities
 
 TARGETS = ("tensorrt", "onnxruntime")
-TRT_OP_TYPES = ["Conv", "ConvTranspose", "Gemm", "MatMul", "Add"]
 
 
 def _constant_names(model) -> set[str]:
@@ -90,16 +89,18 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
 
     if target not in TARGETS:
         raise ValueError(f"unknown INT8 target '{target}' (one of {TARGETS})")
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32_path)))
+    model = onnx.load(str(fp32_path))
+    inline_constant_identities(model)  # a tied weight is a weight (per-channel Q/DQ), not an activation
+    model = onnx.shape_inference.infer_shapes(model)
     OnnxGraph(model).ensure_node_names()
     user_excluded, unmatched = select_excluded(model, exclude, exclude_ops)
     excluded = list(user_excluded)
     # squeeze-excitation branches stay float in both placements (patterns.py says why)
     se_nodes = [n for n in squeeze_excitation_nodes(model) if n not in excluded]
     excluded += se_nodes
-    # TensorRT placement: attention's matmuls of two activations stay float (lint/placement.py says why and why not
-    # for ONNX Runtime)
-    rule_float = [n for n in float_by_rule(OnnxGraph(model), target) if n not in excluded]
+    # the placement rules' float ops (lint/placement.py: LayerNorm, Softmax, GELU; for TensorRT also attention's matmuls
+    # of two activations), each with its reason
+    rule_float = [n for n in float_nodes(OnnxGraph(model), target) if n not in excluded]
     excluded += rule_float
     symmetric = target == "tensorrt"
     # depthwise conv inputs: per-channel precision through a gain folded into the weights (equalize.py says why)
@@ -146,7 +147,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         tensors_range = TensorsData(CalibrationMethod.MinMax, data)
         # only activation+activation Adds are residual joins; x + constant (bias, hardswish's +3) stay float
         excluded += [n.name for n in OnnxGraph(model).constant_adds()]
-        op_types = [t for t in TRT_OP_TYPES if t not in set(exclude_ops or [])]
+        op_types = [t for t in int8_op_types("tensorrt") if t not in set(exclude_ops or [])]
         extra = {
             "ActivationSymmetric": True, "WeightSymmetric": True, "AddQDQPairToWeight": True,
             "QuantizeBias": False, "OpTypesToExcludeOutputQuantization": op_types, "DedicatedQDQPair": False,

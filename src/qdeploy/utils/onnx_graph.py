@@ -38,6 +38,9 @@ class OnnxGraph:
         self.initializers = {t.name: t for t in model.graph.initializer}
         self._constant_nodes = {n.output[0]: n for n in self.nodes if n.op_type == "Constant" and n.output}
         self.constants: set[str] = set(self.initializers) | set(self._constant_nodes)
+        for n in self.nodes:  # torch.onnx writes a tied or duplicate weight as Identity(initializer)
+            if n.op_type == "Identity" and n.input and n.input[0] in self.constants and n.output:
+                self.constants.add(n.output[0])
         self.input_names = [i.name for i in model.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in model.graph.output]
 
@@ -54,6 +57,9 @@ class OnnxGraph:
         if tensor in self.initializers:
             return numpy_helper.to_array(self.initializers[tensor])
         node = self._constant_nodes.get(tensor)
+        ident = self.producer.get(tensor)
+        if node is None and ident is not None and ident.op_type == "Identity" and ident.input[0] in self.constants:
+            return self.constant_value(ident.input[0])
         if node is not None:
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             if value is not None:
@@ -138,3 +144,24 @@ class OnnxGraph:
             if not node.name or node.name in seen:
                 node.name = f"{node.op_type}_{i}"
             seen.add(node.name)
+
+
+def inline_constant_identities(model: onnx.ModelProto) -> int:
+    """Replace every Identity of an initializer (torch.onnx's form of a tied or deduplicated weight) by an initializer
+    of its own, so that quantizers see a weight there, not an activation. Returns how many were replaced."""
+    inits = {t.name: t for t in model.graph.initializer}
+    keep, count = [], 0
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input and node.input[0] in inits and node.output[0] not in inits:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+            inits[copy.name] = copy
+            count += 1
+        else:
+            keep.append(node)
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return count
