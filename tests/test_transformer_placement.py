@@ -118,3 +118,33 @@ def test_one_rule_added_changes_both_placements_and_the_lint(block_onnx, tmp_pat
         assert fine == {n for n in after if "head" not in n}, (quantizer, fine)  # a float head is QD013's
         assert not [f for f in lint_after.findings if f.severity == "blocks-int8"]
         assert not [f for f in lint_before.findings if why in f.message]
+
+
+def test_tensorrt_placement_stores_weights_on_their_grid(block_onnx, tmp_path):
+    """TensorRT quantizes the float weights itself: stored as exact multiples of their scales, no rounding tie is left
+    for it to resolve differently from the ONNX Runtime evaluation (quantize/qdq.snap_weights_to_grid)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from qdeploy.config import Int8Config
+    from qdeploy.data.loader import ArrayBatches
+
+    pre = Preprocess(input_size=[8, 8], mean=[0.5] * 3, std=[0.25] * 3)
+    calib = ArrayBatches(np.random.default_rng(0).integers(0, 256, (16, 3, 8, 8), dtype=np.uint8), np.zeros(16, np.int64), 8)
+    inputs = QuantizeInputs(fp32_onnx=block_onnx, preprocess=pre, calibration=calib, cache_dir=tmp_path / "cache")
+    out = tmp_path / "trt.onnx"
+    OnnxQdqQuantizer().quantize(inputs, Int8Config(method="max", placement="tensorrt"), out)
+    g = OnnxGraph(onnx.load(str(out)))
+    checked = 0
+    for q in g.nodes:
+        if q.op_type == "QuantizeLinear" and q.input[0] in g.initializers:
+            w = numpy_helper.to_array(g.initializers[q.input[0]])
+            s = g.constant_value(q.input[1])
+            axis = next((a.i for a in q.attribute if a.name == "axis"), 1)
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            ratio = w / s.reshape(shape)
+            assert np.abs(ratio - np.rint(ratio)).max() < 1e-3
+            checked += 1
+    assert checked == 6  # the patch conv and five Linears

@@ -175,6 +175,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     fixes = {}
     if target == "tensorrt":
         fixes = apply_fixes(qmodel, PLACEMENT_FIXES)
+        snap_weights_to_grid(qmodel)
     elif swish_nodes:  # the Q/DQ ONNX Runtime still puts on SiLU's input (a quantized conv's output) goes too
         fixes = apply_fixes(qmodel, {"QD007"})
     # ONNX Runtime's quantizer appends its Q/DQ nodes (its own save_model_to_file sorts them): the ONNX spec, the checker
@@ -188,6 +189,36 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
             "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
             "excluded_squeeze_excitation": se_nodes, "float_by_placement_rule": rule_float, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
             "reduce_range": reduce_range_reason(reduce_range)}
+
+
+def snap_weights_to_grid(model) -> int:
+    """Store each Q/DQ weight as the value its Q/DQ pair gives (ONNX's round-half-even of w/scale, saturated), so that
+    weight/scale is an exact integer: TensorRT quantizes the float weight itself at build time, and a weight within a
+    float rounding of a half step could come out one step apart from what ONNX Runtime evaluated (FP16 checkpoints put
+    weights there often; modelopt_torch.snap_weights_to_grid says more). Only weights read by their QuantizeLinear
+    alone. Returns the tensors snapped."""
+    from onnx import numpy_helper
+
+    g = OnnxGraph(model)
+    count = 0
+    for q in g.nodes:
+        if q.op_type != "QuantizeLinear" or q.input[0] not in g.initializers or len(g.consumers.get(q.input[0], [])) != 1:
+            continue
+        w = numpy_helper.to_array(g.initializers[q.input[0]])
+        scale = g.constant_value(q.input[1])
+        zero = g.constant_value(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.int8)
+        if w.dtype != np.float32 or scale is None or zero is None or zero.dtype not in (np.int8, np.uint8):
+            continue
+        axis = next((a.i for a in q.attribute if a.name == "axis"), 1)
+        shape = [1] * w.ndim
+        if scale.size > 1:
+            shape[axis % w.ndim] = -1
+        s, z = scale.astype(np.float32).reshape(shape), zero.astype(np.float32).reshape(shape)
+        lo, hi = (-128, 127) if zero.dtype == np.int8 else (0, 255)
+        snapped = ((np.clip(np.rint(w / s) + z, lo, hi) - z) * s).astype(np.float32)
+        g.initializers[q.input[0]].CopyFrom(numpy_helper.from_array(snapped, q.input[0]))
+        count += 1
+    return count
 
 
 # lint's safe fixes that turn ONNX Runtime's placement into TensorRT's (rule ids in qdeploy.lint.rules)

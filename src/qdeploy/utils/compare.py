@@ -24,5 +24,7 @@ def compare_outputs(got: np.ndarray, ref: np.ndarray) -> dict:
         "max_abs_diff": float(np.max(np.abs(a - b))) if a.size else 0.0,
         "min_cosine": float(np.min(cos)) if len(cos) else 1.0,
         "mean_cosine": float(np.mean(cos)) if len(cos) else 1.0,
+        "median_cosine": float(np.median(cos)) if len(cos) else 1.0,
+        "samples_below_0.99": int(np.sum(cos < 0.99)),
         "max_abs_reference": float(np.max(np.abs(b))) if b.size else 0.0,
     }
