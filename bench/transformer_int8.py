@@ -1,6 +1,8 @@
 """INT8 placements on the cifar10-modern dev models (issue #21): top-1, agreement with FP32 and INT8 compute ops.
 
     python bench/transformer_int8.py deit --count 2000 --calibration 256 --out runs/transformer-int8
+    python bench/transformer_int8.py deit swin convnext mobilevit --count 0 --calibration 512 \
+        --ort-methods mean-minmax,max,entropy,percentile,mse --out runs/transformer-ort   # ONNX Runtime placement table
 
 For each model: ONNX Runtime FP32, then the TensorRT placement with the ONNX Q/DQ quantizer and with ModelOpt (both
 evaluated with exact Q/DQ in ONNX Runtime; TensorRT is not installed here), and the ONNX Runtime placement, all with
@@ -22,6 +24,18 @@ MODELS = {  # ../shared/models/cifar10-modern/README.md
     "convnext": ("convnext_atto", {"conv_mlp": False}, "convnext_atto_64.pt", 64),
     "mobilevit": ("mobilevit_xxs", {}, "mobilevit_xxs_64.pt", 64),
 }
+
+
+def ort_methods_config(name: str, count, calibration: int, methods: list[str]) -> dict:
+    """FP32 and the ONNX Runtime placement with each range method (issue #21's per-method table)."""
+    cfg = config(name, count or 10_000, calibration, methods[0])
+    if count is None:  # the whole test set
+        cfg["data"]["eval"].pop("count")
+        cfg["data"]["eval"].pop("seed")
+    cfg["data"]["eval"]["batch_size"] = 250
+    cfg["variants"] = [{"engine": "onnxruntime"}] + [
+        {"engine": "onnxruntime", "precision": "int8", "method": m, "placement": "onnxruntime"} for m in methods]
+    return cfg
 
 
 def config(name: str, count: int, calibration: int, method: str) -> dict:
@@ -51,6 +65,9 @@ def main() -> None:
     ap.add_argument("--calibration", type=int, default=256)
     ap.add_argument("--method", default="mean-minmax")
     ap.add_argument("--out", default="runs/transformer-int8")
+    ap.add_argument("--ort-methods", default=None,
+                    help="comma-separated methods: FP32 and the ONNX Runtime placement with each, instead of the "
+                         "four placements with --method (--count 0: the whole test set)")
     args = ap.parse_args()
     if not (SHARED / "models" / "cifar10-modern").is_dir():
         raise SystemExit(f"{SHARED / 'models' / 'cifar10-modern'} not present: this benchmark needs ../shared")
@@ -58,8 +75,9 @@ def main() -> None:
 
     rows = ["| model | variant | top-1 | agreement | compute ops INT8 | status |", "|---|---|---|---|---|---|"]
     for name in args.models:
-        r = api.run(config(name, args.count, args.calibration, args.method), Path(args.out) / name,
-                    cache_dir=Path(args.out) / "cache")
+        cfg = (ort_methods_config(name, args.count or None, args.calibration, args.ort_methods.split(","))
+               if args.ort_methods else config(name, args.count, args.calibration, args.method))
+        r = api.run(cfg, Path(args.out) / name, cache_dir=Path(args.out) / "cache")
         for v in r["variants"]:
             st = (v.get("quantization") or {}).get("structure") or {}
             ops = f"{st['compute_ops_int8']}/{st['compute_ops']}" if st.get("compute_ops") else "–"

@@ -222,15 +222,23 @@ def _onnx_placement(module, calibration, tmp_path, placement="tensorrt"):
     return onnx.load(str(out))
 
 
-def _modelopt_placement(module, tmp_path):
+def _modelopt_placement(module, tmp_path, fixes=False):
     import torch
 
-    from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
+    import qdeploy.quantize.modelopt_torch as mt
 
     x = np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype(np.float32)
-    qm, _, _ = quantize_torch_model(module.eval(), [x[:8], x[8:]], 16, "max")
+    qm, _, _ = mt.quantize_torch_model(module.eval(), [x[:8], x[8:]], 16, "max")
     path = tmp_path / "modelopt.onnx"
-    export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
+    if fixes:
+        applied = mt.export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
+        return onnx.load(str(path)), applied
+    raw = mt._export_fixes  # ModelOpt's own export, before qdeploy's fixes
+    mt._export_fixes = lambda p: {}
+    try:
+        mt.export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
+    finally:
+        mt._export_fixes = raw
     return onnx.load(str(path))
 
 
@@ -276,7 +284,8 @@ def test_new_rules_silent_on_qdeploys_tensorrt_placement_of_an_attention_block(c
 def test_modelopt_placement_fused_qkv_silent_separate_qkv_quantizes_the_norm_output_three_times(tmp_path):
     """ModelOpt's PyTorch placement (one input quantizer per nn.Linear): the fused-qkv Block lints silent; separate
     q/k/v Linears give the LayerNorm output three identical Q/DQ pairs (QD020, fine: TensorRT merges them), which the
-    safe fix merges into one with bit-identical ONNX Runtime outputs (graph optimizations off: see run_exact)."""
+    safe fix merges into one with bit-identical ONNX Runtime outputs (graph optimizations off: see run_exact); qdeploy's
+    ModelOpt export applies it."""
     from test_transformer_placement import Block
 
     fused = _modelopt_placement(Block(), tmp_path)
@@ -289,6 +298,9 @@ def test_modelopt_placement_fused_qkv_silent_separate_qkv_quantizes_the_norm_out
     assert applied == {"QD020": 1} and not NEW_RULES & rules_of(fixed)
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(run_exact(fixed, x), run_exact(sep, x))
+    # qdeploy's ModelOpt export applies that fix itself: one shared pair, as ModelOpt's ONNX path places it
+    exported, applied = _modelopt_placement(sep_qkv(), tmp_path, fixes=True)
+    assert applied.get("QD020") == 1 and not NEW_RULES & rules_of(exported)
 
 
 def test_helper_graph_is_valid_onnx():

@@ -842,20 +842,24 @@ def export_qdq_onnx(qm: nn.Module, example: torch.Tensor, path: Path, opset: int
         warnings.simplefilter("ignore")
         torch.onnx.export(qm, (example,), str(tmp), dynamo=False, opset_version=max(opset, 13), input_names=[INPUT_NAME],
                           output_names=[OUTPUT_NAME], dynamic_axes=axes, do_constant_folding=True)
-        return _fold_pads_into_convs(Path(tmp))
+        return _export_fixes(Path(tmp))
 
 
-def _fold_pads_into_convs(path: Path) -> dict:
+def _export_fixes(path: Path) -> dict:
     import onnx
 
     from qdeploy.lint.fixes import apply_fixes
 
     model = onnx.load(str(path))
-    if not any(n.op_type == "Pad" for n in model.graph.node):
-        return {}
-    if not _constant_pads_after_dq(model):
-        return {}  # a Pad after a DQ pads with a value we cannot read: fold none (the fix reads unknown as zero)
-    applied = apply_fixes(model, {"QD009"})
+    fixes = set()
+    # a Pad after a DQ that pads with a value we cannot read: fold none (the fix reads unknown as zero)
+    if any(n.op_type == "Pad" for n in model.graph.node) and _constant_pads_after_dq(model):
+        fixes.add("QD009")
+    # ModelOpt gives each consumer module its own input quantizer: a LayerNorm output feeding separate q, k and v
+    # Linears gets three identical Q/DQ pairs; one shared pair (bit-identical) is what ModelOpt's ONNX path and
+    # TensorRT's guide place (lint rule QD020)
+    fixes.add("QD020")
+    applied = apply_fixes(model, fixes)
     if applied:
         _drop_dead_nodes(model)
         onnx.checker.check_model(model)
