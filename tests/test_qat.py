@@ -417,3 +417,33 @@ def test_resume_of_a_finished_run_reuses_it_without_training(tmp_path, monkeypat
     for key in ("fp32", "before", "after", "after_onnx"):
         assert again[key] == first[key], key
     assert again["log"] == first["log"]
+
+
+VIT = '''
+import timm
+import torch
+
+
+def vit(num_classes=3):
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=num_classes, img_size=16,
+                             patch_size=4, depth=2, embed_dim=32, num_heads=2)
+'''
+
+
+@pytest.mark.slow
+def test_qat_of_a_transformer_trains_its_linear_layers_and_keeps_attention_float(tmp_path):
+    """Issue 21 item 5: the QAT path handles Linear/MatMul layers: a timm ViT fine-tunes, exports the TensorRT placement
+    (every Linear INT8, attention's matmuls float by lint/placement.py) and lints clean."""
+    pytest.importorskip("timm")
+    cfg = _config(tmp_path, "distill", epochs=1.0)
+    (tmp_path / "vit.py").write_text(VIT)
+    cfg["model"]["source"] = f"{tmp_path / 'vit.py'}:vit"
+    summary = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    st = summary["structure"]
+    # 2 blocks x (qkv, proj, fc1, fc2) + patch conv + head = 10 INT8; 2 x 2 attention matmuls float by rule
+    assert st["compute_ops"] == 14 and st["compute_ops_int8"] == 10, st
+    assert summary["lint"]["verdict"] == "clean"
+    on_disk = json.loads((tmp_path / "out" / "qat.json").read_text())
+    assert on_disk["log"] and all(e["loss"] is not None for e in on_disk["log"])
+    assert abs(on_disk["after_onnx"] - on_disk["after"]) <= 1 / 24 + 1e-9
