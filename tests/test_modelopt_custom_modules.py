@@ -106,7 +106,7 @@ def test_same_padding_conv_subclasses_are_all_int8(method, tmp_path):
         assert f"{name}.weight_quantizer" in amax
     path = tmp_path / "q.onnx"
     fixes = export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
-    assert fixes == {"QD009": 4}  # each Pad between DQ and Conv folded into the Conv's pads
+    assert fixes.get("QD009") == 4  # each Pad between DQ and Conv folded into the Conv's pads
     m = onnx.load(str(path))
     assert not [n for n in m.graph.node if n.op_type == "Pad"]
     assert not [n for n in m.graph.node if n.op_type == "BatchNormalization"]
@@ -136,7 +136,7 @@ def test_a_non_zero_pad_is_not_folded(tmp_path):
     qm, amax, _ = quantize_torch_model(model, [x[:8], x[8:]], 16, "max")
     assert "2.weight_quantizer" in amax and "2.input_quantizer" in amax
     path = tmp_path / "q.onnx"
-    assert export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17) == {}
+    assert "QD009" not in export_qdq_onnx(qm, torch.from_numpy(x[:2]), path, 17)
     assert [n.op_type for n in onnx.load(str(path)).graph.node].count("Pad") == 1
     assert {f.rule for f in lint_onnx(path, confirm=False).findings} == {"QD009", "QD011"}
     assert check_qdq_export(qm, path, _data(8, seed=1))["min_cosine"] > 0.999
@@ -263,7 +263,7 @@ def test_efficientnet_lite0_every_conv_int8(tmp_path):
     qm, _, details = quantize_torch_model(model.eval(), (cal[i:i + 16] for i in range(0, 64, 16)), 64, "max")
     path = tmp_path / "lite0.onnx"
     fixes = export_qdq_onnx(qm, torch.from_numpy(cal[:2]), path, 17)
-    assert fixes == {"QD009": 17}  # the stride-2 and depthwise same-padding convs' zero Pads
+    assert fixes.get("QD009") == 17  # the stride-2 and depthwise same-padding convs' zero Pads
     s = structure_of(path)
     assert s["compute_ops_int8"] == s["compute_ops"] == 50, s  # was 1/50 (only the classifier's Gemm)
     report = lint_onnx(path, confirm=False)
