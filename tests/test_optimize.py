@@ -644,3 +644,17 @@ def test_layer_names_pair_a_modelopt_linear_with_the_fp32_export(tmp_path):
     onnx.save(fp32, str(tmp_path / "f.onnx"))
     onnx.save(qdq, str(tmp_path / "q.onnx"))
     assert layer_names_map(tmp_path / "f.onnx", tmp_path / "q.onnx") == {"/model/fc/MatMul": "/fc/MatMul"}
+
+
+def test_optimize_prints_each_identical_warning_once():
+    """optimize opens the model twice (search, confirm): a warning such as the static-batch one is said once."""
+    from qdeploy.utils import log
+
+    with log.console.capture() as cap:
+        with log.each_warning_once():
+            log.warn("model.onnx has a static batch of 1")
+            log.warn("model.onnx has a static batch of 1")
+            log.warn("another warning")
+        log.warn("another warning")  # outside the scope: said again
+    text = cap.get()
+    assert text.count("static batch of 1") == 1 and text.count("another warning") == 2

@@ -55,7 +55,7 @@ from qdeploy.report.verdict import int8_failure_warning, near_chance_warning
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_json
-from qdeploy.utils.log import log, warn
+from qdeploy.utils.log import each_warning_once, log, warn
 
 
 def _metric_key(task: str) -> str:
@@ -203,6 +203,11 @@ def _prepare(cfg: RunConfig):
 
 
 def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], cache_dir: Optional[Path] = None) -> dict:
+    with each_warning_once():  # the search and the confirm run open the same model: one warning each
+        return _optimize(config, out_dir, cache_dir)
+
+
+def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], cache_dir: Optional[Path] = None) -> dict:
     t_start = time.perf_counter()
     cfg = as_config(config)
     # --out is written only after the confirm split, maybe an hour from now: refuse a bad one before any work

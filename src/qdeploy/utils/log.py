@@ -35,8 +35,28 @@ def log(msg: str) -> None:
         console.print(f"[dim]qdeploy[/dim] {msg}", markup=True, soft_wrap=True)
 
 
+_said: "set | None" = None  # inside each_warning_once(): the warnings already printed
+
+
+@contextmanager
+def each_warning_once():
+    """A command that opens several runs (optimize: search, then confirm) prints each identical warning once."""
+    global _said
+    outer = _said
+    _said = set() if outer is None else outer
+    try:
+        yield
+    finally:
+        _said = outer
+
+
 def warn(msg: str) -> None:
     from rich.markup import escape
+
+    if _said is not None:
+        if msg in _said:
+            return
+        _said.add(msg)
 
     # warnings are plain text (file names, "qdeploy[tensorrt]"): brackets must not be read as rich styles
     console.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
