@@ -46,7 +46,10 @@ def test_a_005_point_difference_on_2000_images_is_no_detectable_change():
 def test_a_significant_drop_beyond_the_tolerance_is_degraded_and_a_small_one_is_not():
     big = accuracy_change(n=2000, reference_correct=1500, b=80, c=20)        # -3.00 points
     assert big["verdict"] == "worse" and big["p_value"] < 1e-8
-    assert 1.5 < big["ci_low_points"] < 3.0 < big["ci_high_points"] < 4.5
+    # Agresti-Min by hand: 0.5 added to each cell, d = (80.5 - 20.5) / 2002 = 2.997 points,
+    # se = sqrt(101 - 60**2 / 2002) / 2002 = 0.4975 points, 95 %: d -/+ 1.95996 se = 2.022 .. 3.972 points
+    assert big["ci_low_points"] == pytest.approx(2.022, abs=0.002)
+    assert big["ci_high_points"] == pytest.approx(3.972, abs=0.002)
     small = accuracy_change(n=50000, reference_correct=38000, b=400, c=250)  # -0.30 points, detectable on 50k images
     assert small["verdict"] == "worse" and small["p_value"] < 0.001
     better = accuracy_change(n=2000, reference_correct=1500, b=20, c=80)
