@@ -5,8 +5,8 @@ Adds get a skip-input quantizer. Readers:
 
 - the ONNX Q/DQ placement (``quantize/qdq.py``): the op types it quantizes (``int8_op_types``) and the nodes it leaves
   float (``float_nodes``);
-- the ModelOpt placement on the PyTorch model (``quantize/modelopt_torch.py``): the module classes whose quantizers it
-  keeps (``int8_modules``) and the ones it disables (``float_modules``);
+- the ModelOpt placement on the PyTorch model (``quantize/modelopt_torch.py``): the rule of each module class
+  (``module_rule``), whose quantizers it disables where that rule is FLOAT;
 - the lint (rule QD011): a compute op left float by a rule is "float, as it should be", not a defect.
 
 Each rule names its ONNX op types, the PyTorch ``torch.nn`` class names of the same layer (strings, so that the lint
@@ -25,7 +25,6 @@ import onnx
 
 from qdeploy.utils.onnx_graph import OnnxGraph
 
-PLACEMENTS = ("tensorrt", "onnxruntime")
 INT8 = "int8"              # Q/DQ on the activation input(s) and on the weight
 FLOAT = "float"            # no Q/DQ of its own: computed in float from whatever its producer gives it
 SKIP_INPUT = "skip-input"  # residual Add: Q/DQ on the skip input only (both inputs, one scale, where no conv path fuses)
@@ -166,11 +165,6 @@ def float_nodes(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
     return out
 
 
-def float_by_rule(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
-    """Compute ops (and the rest) a rule keeps float: what the lint's QD011 calls "float, as it should be"."""
-    return float_nodes(g, placement)
-
-
 def _module_names(module_type: type) -> set[str]:
     return {c.__name__ for c in module_type.__mro__ if c.__module__.startswith("torch.nn")}
 
@@ -179,14 +173,6 @@ def module_rule(module_type: type, placement: str = "tensorrt") -> Optional[OpRu
     """The rule a PyTorch module class falls under (through its torch.nn base classes), or None."""
     names = _module_names(module_type)
     return next((r for r in rules(placement) if names & set(r.torch_modules)), None)
-
-
-def float_modules(placement: str = "tensorrt") -> set[str]:
-    return {m for r in rules(placement) if r.role(placement) == FLOAT for m in r.torch_modules}
-
-
-def int8_modules(placement: str = "tensorrt") -> set[str]:
-    return {m for r in rules(placement) if r.role(placement) == INT8 for m in r.torch_modules}
 
 
 def attention_matmuls(g: OnnxGraph) -> list[onnx.NodeProto]:
@@ -205,6 +191,5 @@ def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
         RULES.remove(rule)
 
 
-__all__ = ["ATTENTION_MATMUL", "FLOAT", "INT8", "OpRule", "PLACEMENTS", "RULES", "SKIP_INPUT", "attention_matmuls",
-           "extra_rule", "float_by_rule", "float_modules", "float_nodes", "int8_modules", "int8_op_types",
-           "module_rule", "rule_for", "rules"]
+__all__ = ["ATTENTION_MATMUL", "FLOAT", "INT8", "OpRule", "RULES", "SKIP_INPUT", "attention_matmuls", "extra_rule",
+           "float_nodes", "int8_op_types", "module_rule", "rule_for", "rules"]

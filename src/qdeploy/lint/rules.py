@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 import onnx
 
-from qdeploy.lint.placement import float_by_rule
+from qdeploy.lint.placement import float_nodes
 from qdeploy.lint.qdq_graph import DATA_MOVEMENT_OPS, QdqGraph
 from qdeploy.facts.tensorrt import COMPUTE_OPS, conv_int8_supported
 
@@ -278,7 +278,7 @@ def conv_runs_int8_in_tensorrt(g: QdqGraph, conv):
 def compute_op_float(g: QdqGraph):
     """A Conv/ConvTranspose/Gemm/MatMul has no Q/DQ on its input or its weights (unless a placement rule keeps it float
     on purpose: lint/placement.py)."""
-    by_rule = float_by_rule(g)
+    by_rule = float_nodes(g)
     for node in g.compute_ops():
         weight_idx = 1  # MatMul of two activations (attention) needs both quantized too
         act_q = g.dq_of(node.input[0]) is not None

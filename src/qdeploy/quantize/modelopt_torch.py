@@ -256,7 +256,7 @@ def unquantized_compute(qm: fx.GraphModule, exclude: Iterable[str] = ()) -> list
     return out
 
 
-def float_by_rule(qm: nn.Module, placement: str = "tensorrt") -> dict:
+def disable_float_by_rule(qm: nn.Module, placement: str = "tensorrt") -> dict:
     """Disable every quantizer of the modules a placement rule keeps float (lint/placement.py, the rules the ONNX
     placement and the lint read too); {module name: why}. Attention's matmuls need nothing here: they are functions,
     and ModelOpt quantizes modules."""
@@ -701,7 +701,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     exclude = set(exclude or ())
-    rule_float = float_by_rule(qm)  # LayerNorm (ModelOpt's QuantLayerNorm has an input quantizer), and any rule added
+    rule_float = disable_float_by_rule(qm)  # LayerNorm (ModelOpt's QuantLayerNorm has an input quantizer), and any rule added
     missed = unquantized_compute(qm, exclude | set(rule_float))
     if missed:  # never ship float convs silently: quantizer auto falls back to the ONNX quantizer
         more = f" and {len(missed) - 5} more" if len(missed) > 5 else ""
