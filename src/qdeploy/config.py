@@ -419,10 +419,11 @@ class BudgetSpec(_Strict):
 class OptimizeConfig(_Strict):
     """``qdeploy optimize``: the fastest artifact within ``budget``, chosen on a search split, confirmed once on another."""
 
-    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda"] = "onnxruntime-cpu"
+    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda", "torch-cpu"] = "onnxruntime-cpu"
     budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0))
     time_limit: Optional[float] = Field(None, gt=0, description="seconds for the whole search; the best candidate so far is "
-                                                                "written when it runs out")
+                                                                "written when it runs out (default: none; 300 for the "
+                                                                "PyTorch targets, compile time included)")
     search_fraction: float = Field(0.5, gt=0, lt=1, description="share of data.eval that decides (seeded); the rest confirms")
     seed: int = 0
     batch_size: Optional[int] = Field(None, gt=0, description="rank by p50 latency at this batch size (default: the largest "
@@ -442,6 +443,12 @@ class OptimizeConfig(_Strict):
     sensitivity_images: int = Field(32, gt=0, description="images of the search split for the one-pass SQNR ranking")
     max_float_fraction: float = Field(0.25, ge=0, le=1, description="share of compute (MACs) the fallback may leave in "
                                                                     "float before it stops (then QAT, when allowed)")
+    compile_modes: list[Literal["default", "max-autotune-no-cudagraphs"]] = Field(
+        default_factory=lambda: ["default"],
+        description="PyTorch targets: torch.compile modes tried (each with and without CUDA graphs on a GPU). "
+                    "max-autotune-no-cudagraphs benchmarks kernels while compiling: minutes per model, so opt-in")
+    finalists: int = Field(3, ge=1, description="PyTorch targets: candidates measured fully (evaluation + timing) after "
+                                                "every candidate was timed briefly")
     qat: Literal["off", "distill", "supervised", "both"] = Field(
         "off", description="QAT on the partially quantized model when fallback alone misses the budget or would leave "
                            "more than max_float_fraction in float: the objective (the qat: section sets the rest); off: "

@@ -24,6 +24,9 @@ class TorchOptions(BaseModel):
     cuda_graphs: bool = Field(False, json_schema_extra={"label": "cudagraph"})
     compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
         False, json_schema_extra={"label": "compile"})
+    tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
+                       description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
+                                   "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
 
 
 def resolve_torch_device(requested: str, precision: str) -> str:
@@ -73,6 +76,9 @@ class TorchEngine(Engine):
             torch.set_num_threads(v.threads)
         if self.device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick its fastest kernels, as trtexec does
+            # said, not inherited: PyTorch's defaults give cuDNN TF32 and cuBLAS strict FP32 (process-wide flags)
+            torch.backends.cuda.matmul.allow_tf32 = opts.tf32
+            torch.backends.cudnn.allow_tf32 = opts.tf32
         self.dtype = _DTYPES[v.precision]
         self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
         model = copy.deepcopy(self.artifact.module)
@@ -86,6 +92,10 @@ class TorchEngine(Engine):
             model = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
         self.model = model
         self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
+        # a compiled or graph-captured model pads a last, smaller batch to the batch size it has seen: a new shape would
+        # compile again (torch.compile specialises on shapes) or capture another graph
+        self._pad = bool(opts.compile or opts.cuda_graphs)
+        self._largest = 0
 
     def _to_device(self, batch: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(batch))
@@ -120,8 +130,12 @@ class TorchEngine(Engine):
             return self.model(x)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        n = len(batch)
+        if self._pad and 0 < n < self._largest:
+            batch = np.concatenate([batch, np.repeat(batch[-1:], self._largest - n, axis=0)])
+        self._largest = max(self._largest, n)
         out = self._forward(self._to_device(batch))
-        return out.float().cpu().numpy()
+        return out[:n].float().cpu().numpy()
 
     def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
         x = self._to_device(batch)
@@ -150,6 +164,7 @@ class TorchEngine(Engine):
             "channels_last": self.options.channels_last,
             "cuda_graphs": self.options.cuda_graphs,
             "compile": self.compile_mode,
+            "tf32": self.options.tf32 if self.device == "cuda" else None,
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
             "glibc_malloc_tuned": self.malloc_tuned,
             "torch": torch.__version__,

@@ -39,7 +39,9 @@ def register(cls: type["Candidate"]) -> type["Candidate"]:
 @dataclass(frozen=True)
 class Target:
     """Where the answer runs: the engine every candidate uses, the INT8 placement (None: no INT8 candidates), the
-    reduced float precisions worth trying there, and whether latency is measured on it (ranked by it) or not."""
+    reduced float precisions worth trying there, and whether latency is measured on it (ranked by it) or not.
+    ``runtimes``: for PyTorch targets, how the model may run besides eager (CUDA-graph replay, torch.compile); the
+    answer is then a saved program (artifacts/torch_program.py), not an ONNX."""
 
     name: str
     engine: dict
@@ -47,17 +49,25 @@ class Target:
     floats: tuple[str, ...] = ()
     measured: bool = True
     note: Optional[str] = None
+    runtimes: tuple[str, ...] = ()
+    tf32: bool = False  # FP32 with TF32 math is a candidate of its own (NVIDIA GPUs from Ampere on)
 
     @property
     def engine_name(self) -> str:
         return self.engine["engine"]
+
+    @property
+    def torch_program(self) -> bool:
+        return bool(self.runtimes)
 
 
 _ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
 TARGETS = {
     "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime"),
     "tensorrt": Target("tensorrt", {"engine": "tensorrt"}, "tensorrt", ("fp16",)),
-    "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16",)),
+    "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16", "bf16"),
+                         runtimes=("eager", "cudagraph", "compile"), tf32=True),
+    "torch-cpu": Target("torch-cpu", {"engine": "torch", "device": "cpu"}, None, (), runtimes=("eager", "compile")),
 }
 
 
@@ -69,13 +79,30 @@ def target_for(name: str, tensorrt_available: bool) -> Target:
         return replace(t, engine=_ORT_CPU, floats=(), measured=False,
                        note="TensorRT is not installed: TensorRT-placement artifacts are evaluated in ONNX Runtime with "
                             "exact Q/DQ and ranked by the share of compute in INT8; TensorRT latency was not measured")
+    if name == "torch-cuda" and tf32_supported() is False:
+        return replace(t, tf32=False)
     return t
+
+
+def tf32_supported() -> Optional[bool]:
+    """TF32 tensor cores exist from compute capability 8.0 (Ampere) on; None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability()[0] >= 8
 
 
 def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
     """The first candidates of a search, cheapest first: the FP32 reference, the target's float precisions, one PTQ
-    candidate per method. Fallback and QAT candidates are planned later, from the best PTQ result."""
-    out: list[Candidate] = [Fp32Reference.planned(target)]
+    candidate per method. Fallback and QAT candidates are planned later, from the best PTQ result; a PyTorch target's
+    CUDA-graph and compiled candidates later too, from the precisions within budget (optimize/torch_search.py)."""
+    out: list[Candidate] = [(TorchFp32Reference if target.torch_program else Fp32Reference).planned(target)]
+    if target.torch_program:
+        if target.tf32:
+            out.append(EagerCandidate.planned(target, "fp32", tf32=True))
+        out += [EagerCandidate.planned(target, p) for p in target.floats]
+        return out
     out += [FloatCandidate.planned(target, p) for p in target.floats]
     if target.placement is not None:
         out += [PtqCandidate.planned(target, m) for m in o.methods]
@@ -97,6 +124,7 @@ class Candidate:
     failed_stage: Optional[str] = None    # the pipeline stage that failed (export, calibrate, build, eval, bench)
     search_metric: Optional[float] = None
     latency_p50_ms: Optional[float] = None
+    latency_p50_by_batch: Optional[dict] = None  # batch size → p50 (ms), every batch size ranked on
     rank_key: Optional[float] = None      # lower is better: p50, or -INT8 share where latency is not measured
     int8_share: Optional[float] = None    # of the MACs, in layers with INT8 input and weights
     int8_ops_share: Optional[float] = None
@@ -138,8 +166,10 @@ class Candidate:
 
     # ---- how it is measured
     def measure(self, record, key: str, batch_size: int, measured: bool, seconds: float,
-                macs: Optional[dict] = None, fp32_onnx: Optional[Path] = None) -> None:
-        """Take the numbers of a finished ``run_variant`` record (the same for every kind)."""
+                macs: Optional[dict] = None, fp32_onnx: Optional[Path] = None,
+                rank_batches: Optional[list] = None) -> None:
+        """Take the numbers of a finished ``run_variant`` record (the same for every kind). Ranked by the p50 at
+        ``batch_size``, or by the geometric mean of the p50s at ``rank_batches`` (every batch size counts by ratio)."""
         self.status, self.reason, self.failed_stage = record.status, record.reason, record.failed_stage
         self.search_metric = record.metrics.get(key) if record.metrics else None
         onnx_art = onnx_of(record.artifact)
@@ -155,6 +185,10 @@ class Candidate:
         self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
                                if measured and self.ok else None)
         rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
+        if measured and self.ok and rank_batches:
+            lat = {"latency_ms": record.bench.get("latency_ms", {})}
+            self.latency_p50_by_batch = {str(b): T.p50(lat, str(b)) for b in rank_batches}
+            rank = geomean(self.latency_p50_by_batch.values())
         self.rank_key = rank if self.ok else None
         self.float_layers = list(structure.get("compute_ops_float") or [])
         self.time_s = round(seconds, 2)
@@ -168,7 +202,8 @@ class Candidate:
         self.budget = budget_verdict.why if self.ok else T.status_text(self.to_json())
 
     # ---- how it is shown and stored
-    _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "rank_key", "int8_share",
+    _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "latency_p50_by_batch",
+                 "rank_key", "int8_share",
                  "int8_ops_share", "int8_share_basis", "float_layers", "time_s")
 
     def measured_json(self) -> dict:
@@ -247,6 +282,154 @@ class PtqCandidate(Candidate):
 
     def describe(self) -> str:
         return f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
+
+
+def program_settings(spec: dict, batch_sizes, input_shape):
+    """What artifacts/torch_program.py saves for a PyTorch candidate (the FP32 reference included) with this spec."""
+    from qdeploy.artifacts.torch_program import ProgramSettings
+
+    mode = spec.get("compile") or None
+    return ProgramSettings(device=spec.get("device", "cpu"), precision=spec["precision"],
+                           channels_last=bool(spec.get("channels_last")), tf32=bool(spec.get("tf32")),
+                           compile="default" if mode is True else mode, cuda_graphs=bool(spec.get("cuda_graphs")),
+                           batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
+
+
+def geomean(values) -> Optional[float]:
+    vals = [float(v) for v in values if v is not None]
+    if not vals or min(vals) <= 0:
+        return None
+    return float(np.exp(np.mean(np.log(vals))))
+
+
+@dataclass(eq=False)
+class TorchCandidate(Candidate):
+    """A PyTorch way of running the model on the target (precision, memory layout, TF32, runtime). Cheap to time, so
+    every one is timed briefly first (``brief``); only the few that can win are measured fully (evaluation + timing).
+    Its deployable artifact is a saved program (``program_settings``: what artifacts/torch_program.py saves)."""
+
+    kind: ClassVar[str] = "torch"
+    stage: ClassVar[str] = "torch"
+    runtime: ClassVar[str] = "eager"
+    brief_p50_ms: Optional[dict] = None     # batch size → p50 of the brief timing
+    brief_rank: Optional[float] = None      # geometric mean of brief_p50_ms
+    compile_s: Optional[float] = None       # load + first calls (torch.compile's compile time, graph capture)
+
+    @classmethod
+    def _spec(cls, target: Target, precision: str, channels_last: bool, tf32: bool, suffix: str, **options) -> dict:
+        name = "-".join([precision + ("-tf32" if tf32 else "")] + (["cl"] if channels_last else []) + [suffix])
+        spec = {**target.engine, "precision": precision, "name": name, "channels_last": channels_last, **options}
+        if tf32:
+            spec["tf32"] = True
+        return spec
+
+    @property
+    def channels_last(self) -> bool:
+        return bool(self.spec.get("channels_last"))
+
+    @property
+    def tf32(self) -> bool:
+        return bool(self.spec.get("tf32"))
+
+    @property
+    def compile_mode(self) -> Optional[str]:
+        mode = self.spec.get("compile") or None
+        return "default" if mode is True else mode
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self.spec.get("cuda_graphs"))
+
+    def timed_briefly(self, p50_by_batch: dict, compile_s: float) -> None:
+        self.brief_p50_ms = {str(b): round(v, 5) for b, v in p50_by_batch.items()}
+        self.brief_rank = geomean(p50_by_batch.values())
+        self.compile_s = round(compile_s, 2)
+        if self.status == "planned":
+            self.status = "timed briefly only"
+            self.budget = "not evaluated (a faster candidate was measured fully)"
+
+    def _layout(self) -> str:
+        return ", channels_last" if self.channels_last else ""
+
+    def _precision_text(self) -> str:
+        return self.precision.upper() + (" (TF32 math)" if self.tf32 else " (strict, no TF32)"
+                                         if self.precision == "fp32" and self.spec.get("device") == "cuda" else "")
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "runtime": self.runtime, "channels_last": self.channels_last, "tf32": self.tf32,
+                "compile": self.compile_mode, "cuda_graphs": self.cuda_graphs, "brief_p50_ms": self.brief_p50_ms,
+                "compile_s": self.compile_s}
+
+
+@register
+@dataclass(eq=False)
+class EagerCandidate(TorchCandidate):
+    """PyTorch eager in a precision and layout: what the model costs with no capture or compilation."""
+
+    kind: ClassVar[str] = "torch-eager"
+    runtime: ClassVar[str] = "eager"
+
+    @classmethod
+    def planned(cls, target: Target, precision: str, channels_last: bool = False, tf32: bool = False) -> "EagerCandidate":
+        return cls(cls._spec(target, precision, channels_last, tf32, "eager"))
+
+    def describe(self) -> str:
+        return f"PyTorch eager, {self._precision_text()}{self._layout()}"
+
+
+@register
+@dataclass(eq=False)
+class CudaGraphCandidate(TorchCandidate):
+    """Eager kernels captured once per input shape into a CUDA graph and replayed: no per-op launch cost, which
+    dominates small models at small batches."""
+
+    kind: ClassVar[str] = "torch-cudagraph"
+    runtime: ClassVar[str] = "cudagraph"
+
+    @classmethod
+    def planned(cls, target: Target, precision: str, channels_last: bool = False,
+                tf32: bool = False) -> "CudaGraphCandidate":
+        return cls(cls._spec(target, precision, channels_last, tf32, "cudagraph", cuda_graphs=True))
+
+    def describe(self) -> str:
+        return f"CUDA-graph replay of eager PyTorch, {self._precision_text()}{self._layout()}"
+
+
+@register
+@dataclass(eq=False)
+class CompiledCandidate(TorchCandidate):
+    """torch.compile (Inductor: fused Triton/C++ kernels) in a mode, optionally replayed as CUDA graphs."""
+
+    kind: ClassVar[str] = "torch-compile"
+    runtime: ClassVar[str] = "compile"
+
+    @classmethod
+    def planned(cls, target: Target, precision: str, channels_last: bool, tf32: bool, mode: str,
+                cuda_graphs: bool) -> "CompiledCandidate":
+        short = {"default": "compile", "max-autotune-no-cudagraphs": "autotune"}.get(mode, mode)
+        return cls(cls._spec(target, precision, channels_last, tf32, short + ("-cudagraph" if cuda_graphs else ""),
+                             compile=mode, cuda_graphs=cuda_graphs))
+
+    def describe(self) -> str:
+        return (f"torch.compile ({self.compile_mode}){' + CUDA graphs' if self.cuda_graphs else ''}, "
+                f"{self._precision_text()}{self._layout()}")
+
+
+@register
+@dataclass(eq=False)
+class TorchFp32Reference(EagerCandidate):
+    """The FP32 reference of a PyTorch target: eager, contiguous, strict FP32 (no TF32). Also the eager FP32 candidate."""
+
+    kind: ClassVar[str] = "torch-fp32"
+    stage: ClassVar[str] = "reference"
+    reference: ClassVar[bool] = True
+
+    @classmethod
+    def planned(cls, target: Target) -> "TorchFp32Reference":
+        return cls({**target.engine, "precision": "fp32", "name": "fp32"})
+
+    def describe(self) -> str:
+        return f"FP32 reference: {super().describe()}"
 
 
 def exclude_patterns(layers: list[str]) -> list[str]:
@@ -347,5 +530,6 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
     return round(int8 / total, 4)
 
 
-__all__ = ["CANDIDATE_KINDS", "Candidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate",
-           "QatCandidate", "TARGETS", "Target", "exclude_patterns", "onnx_of", "plan", "rescore", "target_for"]
+__all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
+           "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
+           "TorchCandidate", "TorchFp32Reference", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]

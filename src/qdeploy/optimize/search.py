@@ -48,6 +48,7 @@ from qdeploy.optimize.candidates import (Candidate, FallbackCandidate, PtqCandid
 from qdeploy.optimize.decide import LATENCY_TIE, best_effort, budget_check, choose, resolution_warning, z_of
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
+from qdeploy.optimize.torch_search import confirm_program, evaluate_torch
 from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
@@ -56,6 +57,8 @@ from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_json
 from qdeploy.utils.log import each_warning_once, log, warn
+
+TORCH_TIME_LIMIT = 300.0  # seconds: optimize.time_limit's default for the PyTorch targets
 
 
 def _metric_key(task: str) -> str:
@@ -121,6 +124,7 @@ class _Search:
     labels: Optional[np.ndarray] = None
     macs: dict = dataclasses.field(default_factory=dict)
     fp32_onnx: Optional[Path] = None
+    rank_batches: list = dataclasses.field(default_factory=list)  # ranked on the geometric mean of their p50s
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -144,7 +148,7 @@ class _Search:
             r = run_variant(self.ctx, resolve_variant(VariantSpec.model_validate(cand.spec), len(self.candidates)))
             self.evaluations["full"] += 1
             cand.measure(r, self.key, self.batch_size, self.target.measured, time.perf_counter() - t0, self.macs,
-                         self.fp32_onnx)
+                         self.fp32_onnx, self.rank_batches)
             if cand.reference and (not cand.ok or (cand.search_metric is None and self.o.budget.min_agreement is None)):
                 raise ConfigError(f"the FP32 reference could not be evaluated on the search split: {cand.reason}")
             self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
@@ -172,6 +176,9 @@ def _prepare(cfg: RunConfig):
     o = cfg.optimize or OptimizeConfig()
     if o.target == "torch-cuda" and not torch.cuda.is_available():
         raise ConfigError("optimize.target torch-cuda: no CUDA GPU is visible to PyTorch")
+    if o.target.startswith("torch-") and o.time_limit is None:
+        # compiling is open-ended (max-autotune: minutes per model): the PyTorch targets are bounded by default
+        o = o.model_copy(update={"time_limit": TORCH_TIME_LIMIT})
     ev = cfg.data.eval
     if not ev.labels and o.budget.min_agreement is None:
         kind = "max_drop" if o.budget.max_drop is not None else "relative"
@@ -196,7 +203,9 @@ def _prepare(cfg: RunConfig):
         check_qat_data(cfg, listing)  # training images exist and are not evaluation images, before any work
     base = cfg.model_dump(mode="json", exclude_none=True)
     base.pop("optimize", None)
-    base["bench"] = {**base.get("bench", {}), "batch_sizes": [bs], "enabled": target.measured}
+    # a PyTorch target is ranked over every configured batch size (its artifact serves them all), unless one is named
+    ranked = [bs] if o.batch_size or not target.torch_program else sorted(set(cfg.bench.batch_sizes))
+    base["bench"] = {**base.get("bench", {}), "batch_sizes": ranked, "enabled": target.measured}
     search_cfg = dict(base, variants=[c.spec for c in planned],
                       data={**base["data"], "eval": {**base["data"]["eval"], "subsplit": {"count": n_search, "seed": o.seed}}})
     return o, target, planned, search_cfg, base, n, n_search, bs, trt
@@ -226,7 +235,8 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
     with tempfile.TemporaryDirectory(prefix="qdeploy-optimize-") as scratch:
         ctx = open_run(parse_config(search_cfg), Path(scratch) / "search",
                        stages=("eval", "bench") if target.measured else ("eval",), cache_dir=cache_dir)
-        s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start)
+        s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
+                    rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [])
         s.note(f"target {o.target}: candidates {', '.join(c.variant for c in planned)} on engine {target.engine_name}; "
                f"search split {n_search} of {n} data.eval images (seed {o.seed}), the other {n - n_search} confirm")
         if target.note:
@@ -237,7 +247,10 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
                    + ("; mIoU has no per-sample standard error, so mIoU budgets use the point estimate"
                       if task == "segmentation" and o.budget.min_agreement is None else ""))
         try:
-            _evaluate(s, planned, n_search)
+            if target.torch_program:
+                evaluate_torch(s, planned)
+            else:
+                _evaluate(s, planned, n_search)
         finally:
             ctx.output.abort()
         # ---- decide, on the search split
@@ -453,7 +466,9 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
     optimize.html and the chosen artifact into --out."""
     ref = s.reference
     key = s.key
-    confirm_specs = [ref.spec] + ([chosen.spec] if chosen is not None and chosen is not ref else [])
+    # a PyTorch target's answer is a saved program: confirmed from --out in a fresh process (torch_search.confirm_program)
+    program_target = s.target.torch_program and chosen is not None
+    confirm_specs = [ref.spec] + ([chosen.spec] if chosen is not None and chosen is not ref and not program_target else [])
     confirm_cfg = dict(base, variants=confirm_specs, bench={**base["bench"], "enabled": False},
                        data={**base["data"], "eval": {**base["data"]["eval"],
                                                       "subsplit": {"count": n_search, "seed": o.seed, "complement": True}}})
@@ -462,12 +477,28 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
         crecords = [run_variant(cctx, v) for v in cctx.variants]
         s.evaluations["full"] += len(crecords)
         cref, cchosen = crecords[0], crecords[-1]
-        ref_metric, chosen_metric = cref.metrics.get(key), cchosen.metrics.get(key)
-        agree = agreement(cchosen.predictions, cref.predictions) if cchosen is not cref else 1.0
-        confirm = budget_check(o.budget, ref_metric, chosen_metric, agree)
-        artifacts = copy_artifacts(cctx, [cchosen]) if cchosen.artifact is not None else []
-        chosen_file = next((a["path"] for a in artifacts if a["kind"].startswith("onnx")), None)
-        s.note(f"confirm split: {chosen.variant if chosen else 'none'} {confirm.why}: "
+        program = None
+        if program_target:
+            program = confirm_program(s, cctx, chosen, cref, key)
+            ref_metric = cref.metrics.get(key)
+            if "error" in program:
+                s.note(f"the chosen program could not be confirmed from --out: {program['error']}", warning=True)
+                chosen_metric, agree = None, None
+                confirm = budget_check(o.budget, ref_metric, None, None)
+            else:
+                chosen_metric = program["metrics"].get(key)
+                agree = agreement(program.pop("predictions"), cref.predictions)
+                confirm = budget_check(o.budget, ref_metric, chosen_metric, agree)
+            artifacts = program.pop("artifacts", [])
+            chosen_file = next((a["path"] for a in artifacts if a["kind"] == "torch-program"), None)
+        else:
+            ref_metric, chosen_metric = cref.metrics.get(key), cchosen.metrics.get(key)
+            agree = agreement(cchosen.predictions, cref.predictions) if cchosen is not cref else 1.0
+            confirm = budget_check(o.budget, ref_metric, chosen_metric, agree)
+            artifacts = copy_artifacts(cctx, [cchosen]) if cchosen.artifact is not None else []
+            chosen_file = next((a["path"] for a in artifacts if a["kind"].startswith("onnx")), None)
+        s.note(f"confirm split{' (the saved program, in a fresh process)' if program_target else ''}: "
+               f"{chosen.variant if chosen else 'none'} {confirm.why}: "
                + ("within budget" if confirm.within else "OUTSIDE the budget"))
         c = chosen
         summary = {
@@ -485,6 +516,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
                        "stage": c.stage if c else None, "setting": c.spec if c else None,
                        "description": c.describe() if c else None, "best_so_far": s.timed_out},
             "budget_met": bool(budget_met_search and confirm.within), "budget_met_search": budget_met_search,
+            **({"program": _program_summary(program, s)} if program is not None else {}),
             "confirm": {"why": confirm.why, "margin": confirm.margin},
             "warnings": s.warnings,
             "int8_all_failed": any(w["code"] == "every-int8-variant-failed" for w in s.warnings),
@@ -500,6 +532,20 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
     finally:
         cctx.output.abort()
     return summary
+
+
+def _program_summary(program: dict, s: _Search) -> dict:
+    """optimize.json's ``program``: what was saved, how it loads, and what the fresh process measured."""
+    fresh = program.get("fresh_process") or {}
+    lat = fresh.get("latency_ms") or {}
+    return {"error": program.get("error"), "manifest": program.get("manifest"), "save_s": program.get("save_s"),
+            "loader": "load_model.py", "fresh_process": fresh,
+            "latency_p50_ms": {b: round(v["p50"], 5) for b, v in lat.items()},
+            "first_call_s": {b: v.get("first_call_s") for b, v in lat.items()},
+            "noisy": sorted(b for b, v in lat.items() if v.get("noisy")),
+            "how_to_load": "import load_model; model = load_model.load(FOLDER); logits = model(images)  "
+                           "# float32 NCHW, normalized as in model.preprocess; python load_model.py FOLDER --bench "
+                           + ",".join(str(b) for b in s.rank_batches) + " reproduces the latency"}
 
 
 def _int8_slower_than_fp32(ref: Optional[Candidate], ptq: list[Candidate], measured: bool) -> Optional[str]:

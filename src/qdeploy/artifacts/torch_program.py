@@ -1,0 +1,194 @@
+"""The deployable artifact of a PyTorch candidate (targets torch-cuda, torch-cpu): a saved program a fresh process
+loads without the model's source code, plus the loader that runs it (``torch_program_loader.py``, copied as
+``load_model.py``).
+
+The format, in order of preference:
+1. ``aoti``: an AOTInductor package (``torch._inductor.aoti_compile_and_package``), for a compiled candidate, where a
+   package loads on this machine. Loading is checked in a fresh process on a one-layer model first (cached per torch
+   version and device): on torch 2.11+cu130 on the project's H100 every package crashed the process at load, CPU and CUDA.
+2. ``exported``: the exported program (``torch.export.save``); for a compiled candidate torch.compile runs on it at load,
+   warm-started from torch.compile's portable cache (``torch.compiler.save_cache_artifacts``) written here after
+   compiling it for every batch size the program serves.
+
+One program with a dynamic batch dimension serves every batch size where torch.export can trace it so; otherwise one
+program per batch size (the manifest says which). The loader pads a last, smaller batch to the full size.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from qdeploy.utils.log import log
+
+LOADER_SOURCE = Path(__file__).with_name("torch_program_loader.py")
+LOADER_NAME = "load_model.py"
+MANIFEST = "qdeploy-program.json"
+PROGRAM = "model.pt2"
+COMPILE_CACHE = "compile-cache.bin"
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ProgramSettings:
+    """How the saved program runs: what the chosen candidate was measured as."""
+
+    device: str
+    precision: str
+    channels_last: bool = False
+    tf32: bool = False
+    compile: Optional[str] = None       # a torch.compile mode, or None: eager
+    cuda_graphs: bool = False
+    batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
+    input_shape: tuple = ()             # (C, H, W)
+
+
+def _example(settings: ProgramSettings, batch: int) -> torch.Tensor:
+    fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
+    x = torch.randn(batch, *settings.input_shape, device=settings.device)
+    return x.to(dtype=_DTYPES[settings.precision]).contiguous(memory_format=fmt)
+
+
+def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
+    """{"dynamic": ExportedProgram} with a dynamic batch dimension, else {"<batch>": ExportedProgram} per batch size."""
+    from torch.export import Dim, export
+
+    sizes = sorted(set(settings.batch_sizes))
+    try:
+        # traced at batch 2: torch.export specialises a dimension of size 0 or 1
+        batch = Dim("batch", min=1, max=max(max(sizes), 2) * 64)
+        ep = export(module, (_example(settings, 2),), dynamic_shapes=({0: batch},), strict=False)
+        return {"dynamic": ep}
+    except Exception as e:  # noqa: BLE001 - any export failure: one static program per batch size instead
+        log(f"torch.export with a dynamic batch dimension failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            "one program per batch size instead")
+    return {str(b): export(module, (_example(settings, b),), strict=False) for b in sizes}
+
+
+def aoti_loads(device: str, cache_dir: Path) -> tuple[bool, str]:
+    """Whether an AOTInductor package loads in a fresh process here (a one-Linear model), cached per torch version and
+    device. A crash at load (SIGSEGV) kills only that process."""
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    key = f"{torch.__version__}|{device}|{name}"
+    memo = cache_dir / "aoti-loads.json"
+    known = {}
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    if key in known:
+        return known[key]["loads"], known[key]["why"]
+    with tempfile.TemporaryDirectory(prefix="qdeploy-aoti-probe-") as tmp:
+        pkg = Path(tmp) / "probe.pt2"
+        try:
+            m = torch.nn.Linear(8, 4).to(device).eval()
+            ep = torch.export.export(m, (torch.randn(2, 8, device=device),))
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(pkg))
+            code = (f"import torch; r = torch._inductor.aoti_load_package({str(pkg)!r}); "
+                    f"print(tuple(r(torch.randn(2, 8, device={device!r})).shape))")
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+            loads = p.returncode == 0 and "(2, 4)" in p.stdout
+            why = "a probe package loaded in a fresh process" if loads else \
+                f"a probe package {'crashed the process at load (signal ' + str(-p.returncode) + ')' if p.returncode < 0 else 'failed to load'}"
+        except Exception as e:  # noqa: BLE001 - a compile failure means the same: use the exported program
+            loads, why = False, f"AOTInductor could not compile a probe package ({type(e).__name__})"
+    known[key] = {"loads": loads, "why": why}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(known, indent=1))
+    except OSError:
+        pass
+    return loads, why
+
+
+def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Path, cache_dir: Path,
+                 aoti: Optional[bool] = None) -> dict:
+    """Write the program, its manifest and the loader into ``folder``; returns the manifest. ``aoti``: None = use a
+    package where one loads here (compiled candidates only), False = never."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
+    model = copy.deepcopy(module).to(device=settings.device, dtype=_DTYPES[settings.precision], memory_format=fmt).eval()
+    with torch.inference_mode(False), torch.no_grad():
+        programs = _export(model, settings)
+    export_s = time.perf_counter() - t0
+    why_format = "eager candidate: the exported program runs as traced"
+    use_aoti = False
+    if settings.compile is not None:
+        use_aoti, why = aoti_loads(settings.device, cache_dir) if aoti is not False else (False, "not asked for")
+        why_format = f"AOTInductor package ({why})" if use_aoti else \
+            f"no AOTInductor package ({why}): torch.compile's cache travels with the exported program instead"
+    files, t1 = {}, time.perf_counter()
+    for key, ep in programs.items():
+        name = PROGRAM if key == "dynamic" else f"model-b{key}.pt2"
+        if use_aoti:
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(folder / name))
+        else:
+            torch.export.save(ep, str(folder / name))
+        files[key] = name
+    manifest = {"format": "aoti" if use_aoti else "exported", "why_format": why_format, "programs": files,
+                "dynamic_batch": "dynamic" in programs, **asdict(settings),
+                "input_shape": list(settings.input_shape), "batch_sizes": sorted(set(settings.batch_sizes)),
+                "torch": torch.__version__, "export_s": round(export_s, 2)}
+    if settings.compile is not None and not use_aoti:
+        manifest.update(_compile_cache(folder, programs, settings))
+    manifest["package_s"] = round(time.perf_counter() - t1, 2)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    shutil.copyfile(LOADER_SOURCE, folder / LOADER_NAME)
+    return manifest
+
+
+def _compile_cache(folder: Path, programs: dict, settings: ProgramSettings) -> dict:
+    """Compile the exported program(s) as the loader will (same mode, static shapes per batch size) and save
+    torch.compile's portable cache. Compiling the loaded program, not the original module: that is what hits the cache
+    in a fresh process."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    mode = None if settings.compile == "default" else settings.compile
+    for key, ep in programs.items():
+        compiled = torch.compile(ep.module(), mode=mode, dynamic=False)
+        sizes = settings.batch_sizes if key == "dynamic" else (int(key),)
+        with torch.inference_mode():
+            for b in sorted(set(sizes)):
+                compiled(_example(settings, b))
+    if settings.device == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return {"compile_cache": None, "compile_s": round(compile_s, 2),
+                "compile_cache_note": "torch.compiler.save_cache_artifacts saved nothing: a fresh process compiles from scratch"}
+    blob, _info = saved
+    (folder / COMPILE_CACHE).write_bytes(blob)
+    return {"compile_cache": COMPILE_CACHE, "compile_s": round(compile_s, 2), "compile_cache_bytes": len(blob)}
+
+
+def run_in_fresh_process(folder: Path, images_npy: Optional[Path], save: Optional[Path], outputs: str, batch_size: int,
+                         bench: list[int], result_json: Path, timeout: float = 1800) -> dict:
+    """Run the folder's own ``load_model.py`` in a new Python process (no qdeploy, no model source imported there):
+    outputs for the images and the latency per batch size. Raises RuntimeError with the tail of its stderr."""
+    cmd = [sys.executable, str(folder / LOADER_NAME), str(folder), "--json", str(result_json),
+           "--bench", ",".join(str(b) for b in bench), "--batch-size", str(batch_size), "--outputs", outputs]
+    if images_npy is not None:
+        cmd += ["--images", str(images_npy)]
+    if save is not None:
+        cmd += ["--save", str(save)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=folder)
+    if p.returncode != 0 or not result_json.is_file():
+        how = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+        tail = " | ".join(p.stderr.strip().splitlines()[-6:])[-800:]
+        raise RuntimeError(f"{folder / LOADER_NAME} failed in a fresh process ({how}): {tail}")
+    res = json.loads(result_json.read_text())
+    res["log"] = [ln for ln in p.stdout.splitlines() if ln.startswith("load_model:")]
+    return res

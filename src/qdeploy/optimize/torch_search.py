@@ -1,0 +1,252 @@
+"""The search of the PyTorch targets (torch-cuda, torch-cpu): which way of running the model is fastest within budget.
+
+At the batch sizes of small vision models a GPU is bound by kernel launches, not by arithmetic: eager PyTorch is 6-13x
+slower than the same kernels replayed as a CUDA graph or fused by torch.compile. The candidates are precision (FP32
+strict, FP32 with TF32 math, FP16, BF16) × memory layout (contiguous, channels_last) × runtime (eager, CUDA-graph replay,
+torch.compile per mode, with and without CUDA graphs). Too many to evaluate each, and torch.compile costs seconds to
+minutes per candidate, so:
+
+1. **Accuracy per precision** (eager, contiguous): the reference and each reduced precision are evaluated on the whole
+   search split. A precision outside the budget is dropped with everything built on it.
+2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
+3. **Compilation** of the best ``2`` (precision, layout) pairs of step 2, in each mode of ``optimize.compile_modes``, with
+   and without CUDA graphs; each compile's time is recorded and counted against ``time_limit``: a compile that would not
+   fit in the time left (estimated from the ones before) is skipped, and the log says so.
+4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
+   brief timing: layout, capture and compilation change the kernels and so the numerics a little, so a candidate's
+   own predictions decide its budget verdict, never its precision's.
+
+Candidates are ranked by the geometric mean of their p50 over the ranked batch sizes (each batch size counts by ratio).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from qdeploy.benchmark.latency import fill_batch, time_iterations
+from qdeploy.config import VariantSpec
+from qdeploy.engines.base import create_engine, resolve_variant
+from qdeploy.errors import ConfigError
+from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
+                                         TorchCandidate)
+
+BRIEF_WARMUP = 10
+BRIEF_ITERATIONS = 40
+COMPILE_PAIRS = 2  # (precision, layout) pairs compiled
+RESERVE = 1.5      # a compile is started only when the time left is this many times its estimate
+
+
+def evaluate_torch(s, planned: list[Candidate]) -> None:
+    """The search for a PyTorch target; ``s`` is search._Search (measure, note, time_left, rank_batches)."""
+    from qdeploy.optimize.search import _after_reference
+
+    if not s.ctx.builder.has_torch:
+        raise ConfigError(f"optimize.target {s.target.name} runs the PyTorch model, but model.source is ONNX-only: "
+                          "use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
+    t0 = time.perf_counter()
+    s.measure(planned[0])
+    _after_reference(s, time.perf_counter() - t0, len(s.reference.predictions))
+    # 1. accuracy per precision
+    kept = [(planned[0].precision, False)]
+    for cand in planned[1:]:
+        if s.out_of_time():
+            s.timed_out = True
+            break
+        s.measure(cand)
+        if cand.within_budget:
+            kept.append((cand.precision, isinstance(cand, TorchCandidate) and cand.tf32))
+    dropped = [c.variant for c in planned[1:] if c.status != "planned" and not c.within_budget]
+    s.note("precisions kept for the runtime search: " + ", ".join(p + ("-tf32" if t else "") for p, t in kept)
+           + (f" (outside the budget or failed: {', '.join(dropped)})" if dropped else ""))
+    # 2. brief timing of eager and CUDA-graph candidates
+    measured = {c.variant: c for c in s.candidates}
+    brief: list[TorchCandidate] = []
+    kinds = [EagerCandidate] + ([CudaGraphCandidate] if "cudagraph" in s.target.runtimes else [])
+    for precision, tf32 in kept:
+        for channels_last in (False, True):
+            for kind in kinds:
+                cand = kind.planned(s.target, precision, channels_last, tf32)
+                if cand.variant == f"{s.reference.precision}-eager":
+                    cand = s.reference  # the strict FP32 reference is the contiguous FP32 eager candidate
+                if s.out_of_time():
+                    s.timed_out = True
+                    break
+                brief.append(_time_briefly(s, measured.get(cand.variant, cand)))
+    _note_brief(s, "eager and CUDA-graph", brief)
+    # 3. compile the best pairs
+    if "compile" in s.target.runtimes and s.o.compile_modes and not s.timed_out:
+        pairs = []
+        for c in sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank):
+            pair = (c.precision, c.tf32, c.channels_last)
+            if pair not in pairs:
+                pairs.append(pair)
+        graphs = (False, True) if "cudagraph" in s.target.runtimes else (False,)
+        compiled: list[TorchCandidate] = []
+        estimate = None
+        for precision, tf32, channels_last in pairs[:COMPILE_PAIRS]:
+            for mode in s.o.compile_modes:
+                for cuda_graphs in graphs:
+                    cand = CompiledCandidate.planned(s.target, precision, channels_last, tf32, mode, cuda_graphs)
+                    left = s.time_left()
+                    if left is not None and estimate is not None and left < RESERVE * estimate:
+                        s.note(f"{cand.variant}: not compiled, {left:.0f} s left of optimize.time_limit and the compiles "
+                               f"so far took up to {estimate:.0f} s each")
+                        continue
+                    _time_briefly(s, cand)
+                    compiled.append(cand)
+                    if cand.compile_s is not None:
+                        estimate = max(estimate or 0.0, cand.compile_s)
+        _note_brief(s, "torch.compile", compiled)
+        brief += compiled
+    # 4. the finalists, measured fully
+    timed = sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank)
+    finalists = [c for c in timed if c.variant not in measured][: s.o.finalists]
+    s.note("measured fully (evaluation + timing): " + (", ".join(c.variant for c in finalists) or "none"))
+    for cand in finalists:
+        if s.out_of_time():
+            s.timed_out = True
+            s.note(f"{cand.variant}: not measured, optimize.time_limit reached")
+            break
+        s.measure(cand)
+    for cand in brief:  # the rows of candidates only timed briefly
+        if cand not in s.candidates:
+            s.candidates.append(cand)
+    if s.out_of_time():
+        s.timed_out = True
+
+
+def _time_briefly(s, cand: TorchCandidate) -> TorchCandidate:
+    """Load the candidate (compiling it, capturing its graphs) and time it for a few dozen calls per ranked batch size
+    on the run's real inputs, in memory; a failure is the candidate's, with its reason."""
+    spec = VariantSpec.model_validate(cand.spec)
+    variant = resolve_variant(spec, 0)
+    t0 = time.perf_counter()
+    engine, loaded = None, False
+    try:
+        artifact = s.ctx.builder.build(variant.artifact_request())
+        variant.engine.check(variant, s.ctx.builder.has_torch)
+        engine = create_engine(variant, artifact)
+        engine.load()
+        loaded = True
+        images = s.ctx.bench_inputs()
+        p50 = {}
+        for b in s.rank_batches:
+            step = engine.prepare_timed(fill_batch(images, b))
+            step()  # compile / capture for this shape: counted in compile_s, not in the timing
+            engine.synchronize()
+            p50[b] = statistics.median(time_iterations(engine, step, BRIEF_WARMUP, BRIEF_ITERATIONS))
+        # compile time: loading plus the first calls (Inductor compiles per shape on first call), minus the timing
+        spent = time.perf_counter() - t0
+        timing = sum(p50.values()) * (BRIEF_WARMUP + BRIEF_ITERATIONS) / 1e3
+        cand.timed_briefly(p50, max(0.0, spent - timing))
+    except Exception as e:  # noqa: BLE001 - a candidate that cannot compile or capture is listed, with why
+        if cand.ok:  # measured fully already (the reference, an eager precision): its verdict stands
+            s.note(f"{cand.variant}: brief timing failed ({type(e).__name__}); ranked by its full measurement")
+            return cand
+        cand.status, cand.failed_stage = "failed", "bench" if loaded else "load"
+        cand.reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        cand.budget = f"failed ({cand.failed_stage}): {cand.reason}"
+        s.note(f"{cand.variant}: failed while timing briefly: {cand.reason}", warning=True)
+    finally:
+        if engine is not None:
+            engine.close()
+    return cand
+
+
+def _note_brief(s, what: str, cands: list[TorchCandidate]) -> None:
+    ok = sorted((c for c in cands if c.brief_rank is not None), key=lambda c: c.brief_rank)
+    if not ok:
+        return
+    s.note(f"{what} candidates timed briefly ({BRIEF_ITERATIONS} calls after {BRIEF_WARMUP} per batch size "
+           f"{', '.join(str(b) for b in s.rank_batches)}; p50 ms): "
+           + "; ".join(f"{c.variant} " + "/".join(f"{v:.3f}" for v in c.brief_p50_ms.values())
+                       + (f" (compile {c.compile_s:.1f} s)" if c.compile_mode else "") for c in ok))
+
+
+def brief_only(cands) -> list:
+    return [c for c in cands if isinstance(c, TorchCandidate) and c.status == "timed briefly only"]
+
+
+__all__ = ["brief_only", "evaluate_torch"]
+
+
+# ---------------------------------------------------------------------------- the chosen program, confirmed from disk
+def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
+    """Save the chosen candidate as a program in --out (artifacts/torch_program.py) and measure it the way a user
+    would run it: its own ``load_model.py`` in a fresh process (no qdeploy, no model source imported there) on the
+    confirm split, then timed at every ranked batch size. Returns the metrics, predictions, the loader's results and
+    the artifact entries; a program that fails to save or to run is reported with why (``error``)."""
+    import tempfile
+    from pathlib import Path
+
+    from qdeploy.artifacts.torch_program import LOADER_NAME, MANIFEST, run_in_fresh_process, save_program
+    from qdeploy.data import normalize
+    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
+    from qdeploy.optimize.candidates import program_settings
+    from qdeploy.utils.cache import default_cache_dir
+    from qdeploy.utils.hashing import sha256_file
+    from qdeploy.utils.log import log
+
+    cfg = cctx.cfg
+    folder = cctx.output.staging
+    eval_bs = cctx.eval_batches.batch_size
+    input_shape = tuple(s.ctx.bench_inputs().shape[1:])
+    settings = program_settings(chosen.spec, sorted(set(s.rank_batches) | {eval_bs}), input_shape)
+    t0 = time.perf_counter()
+    log(f"optimize: saving {chosen.variant} as a program (torch.export"
+        + (", torch.compile's cache" if settings.compile else "") + f") into {cctx.output.final}")
+    out = {"variant": chosen.variant}
+    try:
+        manifest = save_program(s.ctx.builder.torch_model(), settings, folder, default_cache_dir() / "torch-program")
+    except Exception as e:  # noqa: BLE001 - export failures of arbitrary models: said, the search result stays
+        out["error"] = f"saving {chosen.variant} failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        return out
+    out["save_s"] = round(time.perf_counter() - t0, 2)
+    task = cfg.model.task
+    with tempfile.TemporaryDirectory(prefix="qdeploy-confirm-") as tmp:
+        tmp = Path(tmp)
+        images_npy, labels = tmp / "images.npy", []
+        n = cctx.eval_batches.num_samples
+        mm = None
+        i = 0
+        for images, y in cctx.eval_batches:
+            x = normalize(images, cfg.model.preprocess)
+            if mm is None:
+                mm = np.lib.format.open_memmap(images_npy, mode="w+", dtype=np.float32, shape=(n, *x.shape[1:]))
+            mm[i:i + len(x)] = x
+            i += len(x)
+            labels.append(np.asarray(y))
+        mm.flush()
+        del mm
+        if i != n:  # on_error: skip dropped images: keep the ones decoded
+            np.save(images_npy, np.load(images_npy, mmap_mode="r")[:i])
+        log(f"optimize: {LOADER_NAME} in a fresh process on the {i} confirm images, then timed at batch "
+            + ", ".join(str(b) for b in s.rank_batches))
+        try:
+            res = run_in_fresh_process(folder, images_npy, tmp / "outputs.npy",
+                                       "logits" if task == "classification" else "argmax", eval_bs, s.rank_batches,
+                                       tmp / "result.json")
+        except (RuntimeError, OSError, ValueError) as e:
+            out["error"] = str(e)
+            return out
+        outputs = np.load(tmp / "outputs.npy")
+    labels = np.concatenate(labels)
+    if task == "classification":
+        metrics = ClassificationMetrics()
+        metrics.update(outputs.astype(np.float32), labels.astype(np.int64))
+    else:
+        classes = len((cref.metrics or {}).get("per_class_iou") or {}) or int(outputs.max()) + 1
+        metrics = SegmentationMetrics(classes, cfg.data.eval.ignore_index, cctx.eval_batches.class_names)
+        metrics.update_predictions(outputs.astype(np.int64), labels)
+    out.update(metrics=metrics.result(), predictions=metrics.predictions, manifest=manifest,
+               fresh_process={k: res.get(k) for k in ("load_s", "predict_s", "latency_ms", "environment", "log")})
+    for line in res.get("log", []):
+        log(f"optimize: {line}")
+    out["artifacts"] = [{"variant": chosen.variant, "kind": "torch-program" if f.name not in (LOADER_NAME, MANIFEST)
+                         else "loader" if f.name == LOADER_NAME else "manifest", "path": f.name,
+                         "sha256": sha256_file(f), "produced_by": f"optimize (target {s.target.name})", "inputs": []}
+                        for f in sorted(folder.iterdir()) if f.name in set(manifest["programs"].values())
+                        | {LOADER_NAME, MANIFEST, manifest.get("compile_cache") or ""}]
+    return out
