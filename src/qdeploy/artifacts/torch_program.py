@@ -20,7 +20,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,46 +73,75 @@ def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
     return {str(b): export(module, (_example(settings, b),), strict=False) for b in sizes}
 
 
-def aoti_loads(device: str, cache_dir: Path) -> tuple[bool, str]:
-    """Whether an AOTInductor package loads in a fresh process here (a one-Linear model), cached per torch version and
-    device. A crash at load (SIGSEGV) kills only that process."""
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    key = f"{torch.__version__}|{device}|{name}"
-    memo = cache_dir / "aoti-loads.json"
-    known = {}
+_PROBE = """
+import json, subprocess, sys, tempfile, torch
+device, pkg = sys.argv[1], tempfile.mkdtemp(prefix="qdeploy-aoti-probe-") + "/probe.pt2"
+try:
+    ep = torch.export.export(torch.nn.Linear(8, 4).to(device).eval(), (torch.randn(2, 8, device=device),))
+    torch._inductor.aoti_compile_and_package(ep, package_path=pkg)
+except Exception as e:
+    print(json.dumps({"loads": False, "why": "AOTInductor could not compile a probe package (%s)" % type(e).__name__}))
+    sys.exit(0)
+code = ("import torch; r = torch._inductor.aoti_load_package(%r); print(tuple(r(torch.randn(2, 8, device=%r)).shape))"
+        % (pkg, device))
+p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+if p.returncode == 0 and "(2, 4)" in p.stdout:
+    why = "a probe package loaded in a fresh process"
+elif p.returncode < 0:
+    why = "a probe package crashed the process that loaded it (signal %d)" % -p.returncode
+else:
+    why = "a probe package failed to load: " + " | ".join(p.stderr.strip().splitlines()[-2:])[-300:]
+print(json.dumps({"loads": why.startswith("a probe package loaded"), "why": why}))
+"""
+
+
+class AotiProbe:
+    """Whether an AOTInductor package loads on this machine: a one-Linear package compiled and then loaded in fresh
+    processes (a crash at load, SIGSEGV, kills only those), started in the background when a search begins and read
+    when the chosen program is saved; the answer is kept per torch version and device in ``cache_dir``."""
+
+    def __init__(self, device: str, cache_dir: Path):
+        name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+        self.key = f"{torch.__version__}|{device}|{name}"
+        self.memo = cache_dir / "aoti-loads.json"
+        self.known = _read_json(self.memo)
+        self.proc = None
+        if self.key not in self.known:
+            self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, device], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+
+    def result(self, timeout: float = 600) -> tuple[bool, str]:
+        if self.key not in self.known:
+            try:
+                out, _ = self.proc.communicate(timeout=timeout)
+                answer = json.loads(out.strip().splitlines()[-1])
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                self.proc.kill()
+                return False, "the AOTInductor probe did not answer"
+            self.known = {**_read_json(self.memo), self.key: answer}
+            try:
+                self.memo.parent.mkdir(parents=True, exist_ok=True)
+                self.memo.write_text(json.dumps(self.known, indent=1))
+            except OSError:
+                pass
+        return self.known[self.key]["loads"], self.known[self.key]["why"]
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+
+def _read_json(path: Path) -> dict:
     try:
-        known = json.loads(memo.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        pass
-    if key in known:
-        return known[key]["loads"], known[key]["why"]
-    with tempfile.TemporaryDirectory(prefix="qdeploy-aoti-probe-") as tmp:
-        pkg = Path(tmp) / "probe.pt2"
-        try:
-            m = torch.nn.Linear(8, 4).to(device).eval()
-            ep = torch.export.export(m, (torch.randn(2, 8, device=device),))
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(pkg))
-            code = (f"import torch; r = torch._inductor.aoti_load_package({str(pkg)!r}); "
-                    f"print(tuple(r(torch.randn(2, 8, device={device!r})).shape))")
-            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-            loads = p.returncode == 0 and "(2, 4)" in p.stdout
-            why = "a probe package loaded in a fresh process" if loads else \
-                f"a probe package {'crashed the process at load (signal ' + str(-p.returncode) + ')' if p.returncode < 0 else 'failed to load'}"
-        except Exception as e:  # noqa: BLE001 - a compile failure means the same: use the exported program
-            loads, why = False, f"AOTInductor could not compile a probe package ({type(e).__name__})"
-    known[key] = {"loads": loads, "why": why}
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        memo.write_text(json.dumps(known, indent=1))
-    except OSError:
-        pass
-    return loads, why
+        return {}
 
 
-def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Path, cache_dir: Path,
-                 aoti: Optional[bool] = None) -> dict:
-    """Write the program, its manifest and the loader into ``folder``; returns the manifest. ``aoti``: None = use a
-    package where one loads here (compiled candidates only), False = never."""
+def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Path,
+                 aoti: Optional[AotiProbe] = None) -> dict:
+    """Write the program, its manifest and the loader into ``folder``; returns the manifest. ``aoti``: the probe that
+    says whether an AOTInductor package loads here (compiled candidates only); None: never a package."""
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
@@ -124,7 +152,7 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     why_format = "eager candidate: the exported program runs as traced"
     use_aoti = False
     if settings.compile is not None:
-        use_aoti, why = aoti_loads(settings.device, cache_dir) if aoti is not False else (False, "not asked for")
+        use_aoti, why = aoti.result() if aoti is not None else (False, "not asked for")
         why_format = f"AOTInductor package ({why})" if use_aoti else \
             f"no AOTInductor package ({why}): torch.compile's cache travels with the exported program instead"
     files, t1 = {}, time.perf_counter()

@@ -113,6 +113,17 @@ def best_effort(candidates: list):
     return max(scored, key=lambda c: (c.margin, -(c.rank_key or 0.0))) if scored else None
 
 
+def _speed(ref, rank_key: float) -> str:
+    """A rank key in words: the p50, or the geometric mean of the p50s where several batch sizes are ranked."""
+    several = getattr(ref, "latency_p50_by_batch", None)
+    return (f"geometric mean of p50 over batch sizes {', '.join(several)}: {rank_key:.3f} ms" if several
+            else f"p50 {rank_key:.3f} ms")
+
+
+def _int8_offered(offers: list) -> bool:
+    return any(getattr(c, "precision", None) == "int8" for c in offers)
+
+
 def choose(candidates: list, measured: bool) -> tuple:
     """(chosen candidate, within budget on the search split, decision lines). ``candidates[0]`` is the FP32 reference.
 
@@ -125,8 +136,9 @@ def choose(candidates: list, measured: bool) -> tuple:
     timed = [c.rank_key for c in offers if c.rank_key is not None]
     if measured and ref is not None and ref.reference and ref.rank_key is not None and timed \
             and ref.rank_key <= min(timed) * (1 + LATENCY_TIE):
-        return ref, True, [f"FP32 (p50 {ref.latency_p50_ms:.3f} ms) is at least as fast as every candidate (fastest "
-                           f"{min(timed):.3f} ms) on this target: the answer is FP32, INT8 brings no speed here"]
+        return ref, True, [f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate (fastest "
+                           f"{_speed(ref, min(timed))}) on this target: the answer is FP32, "
+                           + ("INT8 brings no speed here" if _int8_offered(offers) else "nothing runs it faster here")]
     chosen = fastest_within(offers)
     if chosen is None:
         chosen = best_effort(offers) or ref
@@ -135,8 +147,8 @@ def choose(candidates: list, measured: bool) -> tuple:
     why = [f"chosen: {chosen.variant} (fastest within budget on the search split"
            + ("" if measured else ", by INT8 share of compute") + ")"]
     if measured and ref.reference and fastest_within(offers + [ref]) is ref:
-        why.append(f"FP32 (p50 {ref.latency_p50_ms:.3f} ms) is at least as fast as every candidate within budget (best "
-                   f"{chosen.variant}: {chosen.latency_p50_ms:.3f} ms) on this target: the answer is FP32, INT8 brings "
-                   "no speed here")
+        why.append(f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate within budget (best "
+                   f"{chosen.variant}: {_speed(ref, chosen.rank_key)}) on this target: the answer is FP32, "
+                   + ("INT8 brings no speed here" if _int8_offered(offers) else "nothing runs it faster here"))
         chosen = ref
     return chosen, True, why

@@ -125,6 +125,8 @@ class _Search:
     macs: dict = dataclasses.field(default_factory=dict)
     fp32_onnx: Optional[Path] = None
     rank_batches: list = dataclasses.field(default_factory=list)  # ranked on the geometric mean of their p50s
+    cache_root: Optional[Path] = None
+    aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -206,6 +208,10 @@ def _prepare(cfg: RunConfig):
     # a PyTorch target is ranked over every configured batch size (its artifact serves them all), unless one is named
     ranked = [bs] if o.batch_size or not target.torch_program else sorted(set(cfg.bench.batch_sizes))
     base["bench"] = {**base.get("bench", {}), "batch_sizes": ranked, "enabled": target.measured}
+    if target.torch_program:
+        # evaluated in batches of the largest timed size: torch.compile specialises on shapes, so another batch size
+        # would compile again (a last, smaller batch is padded by the engine and by load_model.py)
+        base["data"] = {**base["data"], "eval": {**base["data"]["eval"], "batch_size": max(ranked)}}
     search_cfg = dict(base, variants=[c.spec for c in planned],
                       data={**base["data"], "eval": {**base["data"]["eval"], "subsplit": {"count": n_search, "seed": o.seed}}})
     return o, target, planned, search_cfg, base, n, n_search, bs, trt
@@ -236,7 +242,8 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
         ctx = open_run(parse_config(search_cfg), Path(scratch) / "search",
                        stages=("eval", "bench") if target.measured else ("eval",), cache_dir=cache_dir)
         s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
-                    rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [])
+                    rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [],
+                    cache_root=cache_root)
         s.note(f"target {o.target}: candidates {', '.join(c.variant for c in planned)} on engine {target.engine_name}; "
                f"search split {n_search} of {n} data.eval images (seed {o.seed}), the other {n - n_search} confirm")
         if target.note:
@@ -251,6 +258,10 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
                 evaluate_torch(s, planned)
             else:
                 _evaluate(s, planned, n_search)
+        except BaseException:
+            if s.aoti_probe is not None:  # no background compile outlives a failed search
+                s.aoti_probe.close()
+            raise
         finally:
             ctx.output.abort()
         # ---- decide, on the search split
@@ -265,7 +276,11 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
             int8_failed["message"] = int8_failed["message"].replace("INT8 variant", "INT8 candidate")
             s.warnings.append(int8_failed)
             s.note(int8_failed["message"], warning=True)
-        summary = _confirm(s, cfg, o, base, chosen, budget_met_search, n, n_search, out_dir, cache_dir, t_start)
+        try:
+            summary = _confirm(s, cfg, o, base, chosen, budget_met_search, n, n_search, out_dir, cache_dir, t_start)
+        finally:
+            if s.aoti_probe is not None:
+                s.aoti_probe.close()
     return summary
 
 

@@ -45,6 +45,10 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
     if not s.ctx.builder.has_torch:
         raise ConfigError(f"optimize.target {s.target.name} runs the PyTorch model, but model.source is ONNX-only: "
                           "use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
+    if "compile" in s.target.runtimes and s.o.compile_modes and s.aoti_probe is None:
+        from qdeploy.artifacts.torch_program import AotiProbe
+
+        s.aoti_probe = AotiProbe(s.target.engine["device"], s.cache_root / "torch-program")  # in the background
     t0 = time.perf_counter()
     s.measure(planned[0])
     _after_reference(s, time.perf_counter() - t0, len(s.reference.predictions))
@@ -185,7 +189,6 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
     from qdeploy.data import normalize
     from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
     from qdeploy.optimize.candidates import program_settings
-    from qdeploy.utils.cache import default_cache_dir
     from qdeploy.utils.hashing import sha256_file
     from qdeploy.utils.log import log
 
@@ -199,7 +202,7 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
         + (", torch.compile's cache" if settings.compile else "") + f") into {cctx.output.final}")
     out = {"variant": chosen.variant}
     try:
-        manifest = save_program(s.ctx.builder.torch_model(), settings, folder, default_cache_dir() / "torch-program")
+        manifest = save_program(s.ctx.builder.torch_model(), settings, folder, s.aoti_probe)
     except Exception as e:  # noqa: BLE001 - export failures of arbitrary models: said, the search result stays
         out["error"] = f"saving {chosen.variant} failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         return out
@@ -244,9 +247,9 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
                fresh_process={k: res.get(k) for k in ("load_s", "predict_s", "latency_ms", "environment", "log")})
     for line in res.get("log", []):
         log(f"optimize: {line}")
-    out["artifacts"] = [{"variant": chosen.variant, "kind": "torch-program" if f.name not in (LOADER_NAME, MANIFEST)
-                         else "loader" if f.name == LOADER_NAME else "manifest", "path": f.name,
+    kinds = {**{name: "torch-program" for name in manifest["programs"].values()}, LOADER_NAME: "loader",
+             MANIFEST: "manifest", manifest.get("compile_cache") or "": "compile-cache"}
+    out["artifacts"] = [{"variant": chosen.variant, "kind": kinds[f.name], "path": f.name,
                          "sha256": sha256_file(f), "produced_by": f"optimize (target {s.target.name})", "inputs": []}
-                        for f in sorted(folder.iterdir()) if f.name in set(manifest["programs"].values())
-                        | {LOADER_NAME, MANIFEST, manifest.get("compile_cache") or ""}]
+                        for f in sorted(folder.iterdir()) if f.name in kinds]
     return out
