@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -161,7 +162,11 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
         if use_aoti:
             torch._inductor.aoti_compile_and_package(ep, package_path=str(folder / name))
         else:
-            torch.export.save(ep, str(folder / name))
+            with warnings.catch_warnings():
+                # torch.export.save groups storages that share memory and warns when none of a group is "complete"
+                # (a view of another weight, e.g. a tied or sliced parameter); the saved program is still whole
+                warnings.filterwarnings("ignore", message="No complete tensor found in the group")
+                torch.export.save(ep, str(folder / name))
         files[key] = name
     manifest = {"format": "aoti" if use_aoti else "exported", "why_format": why_format, "programs": files,
                 "dynamic_batch": "dynamic" in programs, **asdict(settings),

@@ -1,0 +1,132 @@
+"""`qdeploy optimize` for the PyTorch targets (issue #22): typed candidates (precision × layout × runtime), brief timing
+then the finalists, and the chosen candidate saved as a program in --out and confirmed from there in a fresh process.
+torch-cpu runs the whole protocol on CI; torch-cuda's own test skips without a GPU (run it on the GPU machine)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from qdeploy import api
+from qdeploy.config import OptimizeConfig
+from qdeploy.errors import ConfigError
+from qdeploy.optimize.candidates import (CANDIDATE_KINDS, TARGETS, CompiledCandidate, CudaGraphCandidate,
+                                         EagerCandidate, TorchFp32Reference, geomean, plan, program_settings)
+from qdeploy.optimize.decide import choose
+from test_optimize import _opt_config
+
+
+def test_torch_cuda_plans_the_strict_fp32_reference_then_each_precision_eager():
+    planned = plan(OptimizeConfig(target="torch-cuda"), TARGETS["torch-cuda"])
+    assert [type(c) for c in planned] == [TorchFp32Reference, EagerCandidate, EagerCandidate, EagerCandidate]
+    assert [c.variant for c in planned] == ["fp32", "fp32-tf32-eager", "fp16-eager", "bf16-eager"]
+    assert planned[0].reference and "tf32" not in planned[0].spec and planned[1].spec["tf32"] is True
+    assert "strict, no TF32" in planned[0].describe() and "TF32 math" in planned[1].describe()
+    cpu = plan(OptimizeConfig(target="torch-cpu"), TARGETS["torch-cpu"])
+    assert [c.variant for c in cpu] == ["fp32"]  # no reduced precision, no TF32 on a CPU
+
+
+def test_each_runtime_is_one_kind_with_a_unique_name_and_the_settings_it_is_saved_with():
+    t = TARGETS["torch-cuda"]
+    cands = [k.planned(t, p, cl, tf32) for k in (EagerCandidate, CudaGraphCandidate)
+             for p, tf32 in (("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False)) for cl in (False, True)]
+    cands += [CompiledCandidate.planned(t, "fp16", cl, False, mode, g) for cl in (False, True)
+              for mode in ("default", "max-autotune-no-cudagraphs") for g in (False, True)]
+    names = [c.variant for c in cands]
+    assert len(set(names)) == len(names)
+    assert {"torch-fp32", "torch-eager", "torch-cudagraph", "torch-compile"} <= set(CANDIDATE_KINDS)
+    c = CompiledCandidate.planned(t, "fp16", True, False, "default", True)
+    assert c.variant == "fp16-cl-compile-cudagraph" and c.kind == "torch-compile"
+    s = program_settings(c.spec, [1, 32], (3, 64, 64))
+    assert (s.device, s.precision, s.channels_last, s.compile, s.cuda_graphs, s.batch_sizes) == \
+        ("cuda", "fp16", True, "default", True, (1, 32))
+    assert program_settings(CudaGraphCandidate.planned(t, "fp32", False, True).spec, [1], (3, 8, 8)).tf32 is True
+
+
+def test_candidates_rank_on_the_geometric_mean_over_batch_sizes_and_fp32_wins_only_when_as_fast():
+    assert geomean([1.0, 4.0]) == pytest.approx(2.0) and geomean([]) is None
+    def cand(cls, name, precision, **numbers):
+        return cls({"name": name, "precision": precision}, status="ok", **numbers)
+
+    ref = cand(TorchFp32Reference, "fp32", "fp32", rank_key=2.0, latency_p50_ms=2.0, within_budget=True, margin=0.3,
+               latency_p50_by_batch={"1": 1.0, "32": 4.0})
+    fast = cand(CompiledCandidate, "fp16-cl-compile-cudagraph", "fp16", rank_key=0.3, latency_p50_ms=0.3,
+                within_budget=True, margin=0.3)
+    chosen, met, why = choose([ref, fast], measured=True)
+    assert chosen is fast and met
+    slow = cand(EagerCandidate, "fp16-eager", "fp16", rank_key=2.05, latency_p50_ms=2.05, within_budget=True, margin=0.3)
+    chosen, met, why = choose([ref, slow], measured=True)
+    assert chosen is ref and "geometric mean of p50 over batch sizes 1, 32" in why[0]
+    assert "nothing runs it faster here" in why[0] and "INT8" not in why[0]
+
+
+@pytest.mark.slow
+def test_torch_cpu_saves_the_chosen_program_and_confirms_it_from_out_in_a_fresh_process(tmp_path):
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", compile_modes=[])
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    out = tmp_path / "out"
+    on_disk = json.loads((out / "optimize.json").read_text())
+    assert on_disk["chosen"]["artifact"] == "model.pt2" and (out / "model.pt2").is_file()
+    assert {"load_model.py", "qdeploy-program.json", "optimize.json", "optimize.html"} <= {p.name for p in out.iterdir()}
+    kinds = {c["kind"] for c in on_disk["candidates"]}
+    assert kinds <= {"torch-fp32", "torch-eager"} and "torch-fp32" in kinds
+    assert {c["variant"] for c in on_disk["candidates"]} == {"fp32", "fp32-cl-eager"}
+    program = on_disk["program"]
+    assert program["error"] is None and program["manifest"]["format"] == "exported"
+    assert program["fresh_process"]["environment"]["imported_sources"] == []
+    assert set(program["latency_p50_ms"]) == {"1", "4"} and all(v > 0 for v in program["latency_p50_ms"].values())
+    # FP32 eager saved and reloaded: the confirm split's outputs are the reference's
+    c = on_disk["chosen"]
+    assert c["confirm_metric"] == c["reference_confirm_metric"] and c["confirm_agreement"] == 1.0
+    assert on_disk["budget_met"] is True
+    assert any(d.startswith("confirm split (the saved program, in a fresh process)") for d in s["decisions"])
+    # every file the summary lists is in --out with its hash
+    from qdeploy.utils.hashing import sha256_file
+    for a in on_disk["artifacts"]:
+        assert sha256_file(out / a["path"]) == a["sha256"]
+    # the program runs without qdeploy: load_model.py from --out
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("load_model_under_test", out / "load_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    prog = mod.load(out)
+    y = prog(np.zeros((2, 3, 16, 16), np.float32))
+    assert tuple(y.shape) == (2, 3)
+
+
+@pytest.mark.slow
+def test_torch_cpu_compiles_its_best_pair_and_reports_compile_time(tmp_path):
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1)
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    compiled = [c for c in s["candidates"] if c["kind"] == "torch-compile"]
+    assert compiled and all(c["compile_s"] is not None and c["compile_s"] >= 0 for c in compiled)
+    assert all(c["brief_p50_ms"] and set(c["brief_p50_ms"]) == {"1", "4"} for c in compiled if c["status"] != "failed")
+    assert sum(1 for c in s["candidates"] if c["search_metric"] is not None) <= 2  # the reference + 1 finalist
+    assert any(d.startswith("torch.compile candidates timed briefly") for d in s["decisions"])
+    assert (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+
+
+def test_torch_targets_need_a_pytorch_model(tmp_path):
+    import onnx
+
+    cfg = _opt_config(tmp_path, budget={"max_drop": 1.0}, target="torch-cpu")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 3, 16, 16),), str(path), input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "n"}, "output": {0: "n"}}, dynamo=False)
+    onnx.checker.check_model(str(path))
+    cfg["model"] = {"source": str(path), "task": "classification", "preprocess": cfg["model"]["preprocess"]}
+    with pytest.raises(ConfigError, match="torch-cpu runs the PyTorch model, but model.source is ONNX-only"):
+        api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_torch_cuda_chooses_a_captured_or_compiled_program_and_reloads_it(tmp_path):
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cuda", finalists=2)
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert s["program"]["error"] is None
+    assert s["program"]["fresh_process"]["environment"]["imported_sources"] == []
+    assert s["program"]["fresh_process"]["environment"]["gpu"]
+    kinds = {c["kind"] for c in s["candidates"]}
+    assert {"torch-fp32", "torch-eager", "torch-cudagraph", "torch-compile"} <= kinds

@@ -1,0 +1,145 @@
+"""The PyTorch targets' artifact (issue #22): a saved program that a fresh process loads with its own load_model.py,
+without qdeploy or the model's source, and that gives the model's outputs. Runs on the CPU (CI has no GPU): the eager
+exported program, the static-batch fallback, and (slow) the compiled program: an AOTInductor package where one loads,
+else the exported program with torch.compile's cache."""
+import ast
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from qdeploy.artifacts import torch_program_loader as loader
+from qdeploy.artifacts.torch_program import (LOADER_NAME, MANIFEST, AotiProbe, ProgramSettings, run_in_fresh_process,
+                                             save_program)
+from qdeploy.benchmark.latency import latency_stats
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
+
+
+class BatchGuarded(torch.nn.Module):
+    """A model with a branch on the batch size: torch.export cannot keep that dimension dynamic."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 3)
+
+    def forward(self, x):
+        y = x.flatten(1)
+        if x.shape[0] > 4:
+            y = y * 2
+        return self.fc(y)
+
+
+def _images(n, shape=(3, 8, 8)):
+    return np.random.default_rng(0).standard_normal((n, *shape), dtype=np.float32)
+
+
+def test_the_loader_imports_torch_and_numpy_only():
+    tree = ast.parse(open(loader.__file__).read())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"__future__", "argparse", "json", "statistics", "sys", "time", "pathlib", "numpy", "torch"}, imported
+
+
+def test_the_loaders_timing_statistics_are_the_benchmarks():
+    samples = list(np.random.default_rng(1).gamma(4.0, 0.1, size=300))
+    assert loader.latency_stats(samples) == pytest.approx(latency_stats(samples))
+    assert loader.NOISY_CV == pytest.approx(__import__("qdeploy.benchmark.latency", fromlist=["x"]).NOISY_CV)
+
+
+def test_an_eager_program_reloads_in_a_fresh_process_with_the_models_outputs(tmp_path):
+    model = small_cnn()
+    images = _images(37)
+    np.save(tmp_path / "images.npy", images)
+    folder = tmp_path / "out"
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", batch_sizes=(1, 8), input_shape=(3, 8, 8)), folder)
+    assert manifest["format"] == "exported" and manifest["dynamic_batch"] and manifest["programs"] == {"dynamic": "model.pt2"}
+    assert {p.name for p in folder.iterdir()} == {"model.pt2", MANIFEST, LOADER_NAME}
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [1, 8],
+                               tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    got = np.load(tmp_path / "y.npy")  # 37 images in batches of 8: the last one padded and the padding dropped
+    assert got.shape == want.shape and np.allclose(got, want, atol=1e-5)
+    assert res["environment"]["imported_sources"] == []
+    assert any("imports torch and numpy only" in line for line in res["log"])
+    assert set(res["latency_ms"]) == {"1", "8"} and all(v["p50"] > 0 and v["repeats"] == 3 for v in res["latency_ms"].values())
+    # the user's module is not changed by saving (dtype, device, layout)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_argmax_outputs_and_the_model_unchanged_in_memory(tmp_path):
+    model = small_cnn()
+    folder = tmp_path / "out"
+    save_program(model, ProgramSettings("cpu", "fp32", batch_sizes=(4,), input_shape=(3, 8, 8)), folder)
+    program = loader.load(folder)
+    images = _images(10)
+    preds = loader.predict(program, images, 4, outputs="argmax")
+    with torch.no_grad():
+        assert (preds == model(torch.from_numpy(images)).argmax(1).numpy()).all()
+
+
+def test_a_batch_size_torch_export_cannot_keep_dynamic_gets_one_program_per_batch_size(tmp_path):
+    model = BatchGuarded().eval()
+    folder = tmp_path / "out"
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", batch_sizes=(1, 8), input_shape=(3, 2, 2)), folder)
+    assert manifest["dynamic_batch"] is False and manifest["programs"] == {"1": "model-b1.pt2", "8": "model-b8.pt2"}
+    program = loader.load(folder)
+    x = _images(8, (3, 2, 2))
+    with torch.no_grad():
+        assert np.allclose(program(x).numpy(), model(torch.from_numpy(x)).numpy(), atol=1e-5)
+        assert np.allclose(program(x[:1]).numpy(), model(torch.from_numpy(x[:1])).numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="saved for batch sizes"):
+        program(x[:3])
+
+
+def test_a_cuda_program_on_a_machine_without_a_gpu_says_so(tmp_path):
+    folder = tmp_path / "out"
+    save_program(small_cnn(), ProgramSettings("cpu", "fp32", batch_sizes=(1,), input_shape=(3, 8, 8)), folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "device": "cuda"}))
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal is for machines without one")
+    with pytest.raises(RuntimeError, match="saved for a CUDA GPU"):
+        loader.load(folder)
+
+
+@pytest.mark.slow
+def test_a_compiled_program_is_an_aoti_package_where_one_loads_else_the_exported_program_with_its_cache(tmp_path):
+    model = small_cnn()
+    images = _images(16)
+    np.save(tmp_path / "images.npy", images)
+    probe = AotiProbe("cpu", tmp_path / "cache")
+    loads, why = probe.result()
+    folder = tmp_path / "out"
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", compile="default", batch_sizes=(1, 8),
+                                                   input_shape=(3, 8, 8)), folder, probe)
+    assert manifest["format"] == ("aoti" if loads else "exported") and why in manifest["why_format"]
+    if not loads:
+        assert (folder / manifest["compile_cache"]).stat().st_size > 0
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [1, 8],
+                               tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    assert np.allclose(np.load(tmp_path / "y.npy"), want, atol=1e-4)
+    assert res["environment"]["imported_sources"] == []
+    # the probe's answer is kept per torch version and device: a second probe starts no process
+    again = AotiProbe("cpu", tmp_path / "cache")
+    assert again.proc is None and again.result() == (loads, why)
+
+
+@pytest.mark.slow
+def test_the_loader_runs_as_a_script_from_the_folder_with_no_arguments(tmp_path):
+    folder = tmp_path / "out"
+    save_program(small_cnn(), ProgramSettings("cpu", "fp32", batch_sizes=(2,), input_shape=(3, 8, 8)), folder)
+    p = subprocess.run([sys.executable, LOADER_NAME, "--iterations", "20", "--repeats", "1"], cwd=folder,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "batch 2: p50" in p.stdout and "imports torch and numpy only" in p.stdout
