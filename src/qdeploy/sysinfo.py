@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -58,4 +59,29 @@ def environment() -> dict:
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
         env["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        env.update(nvidia_smi_facts())
     return env
+
+
+_SMI_FIELDS = {"driver_version": "driver", "clocks.sm": "sm_clock_mhz", "clocks.max.sm": "sm_clock_max_mhz",
+               "clocks.mem": "mem_clock_mhz", "power.limit": "power_limit_w", "temperature.gpu": "temperature_c"}
+
+
+def nvidia_smi_facts(index: int = 0) -> dict:
+    """Driver and clocks of a GPU as nvidia-smi reads them at this moment ({} where nvidia-smi is absent): GPU timings
+    depend on them (a GPU idling at 345 MHz ramps up under load; a capped power limit lowers the top clock)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=" + ",".join(_SMI_FIELDS),
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in out.stdout.strip().split(",")]
+    if out.returncode != 0 or len(values) != len(_SMI_FIELDS):
+        return {}
+    facts = {}
+    for key, value in zip(_SMI_FIELDS.values(), values):
+        try:
+            facts[key] = value if key == "driver" else float(value)
+        except ValueError:
+            facts[key] = None  # "[N/A]" where the GPU does not report it
+    return facts

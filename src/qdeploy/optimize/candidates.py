@@ -125,6 +125,7 @@ class Candidate:
     search_metric: Optional[float] = None
     latency_p50_ms: Optional[float] = None
     latency_p50_by_batch: Optional[dict] = None  # batch size → p50 (ms), every batch size ranked on
+    noisy: Optional[bool] = None          # a timed batch size's CV above benchmark.latency.NOISY_CV
     rank_key: Optional[float] = None      # lower is better: p50, or -INT8 share where latency is not measured
     int8_share: Optional[float] = None    # of the MACs, in layers with INT8 input and weights
     int8_ops_share: Optional[float] = None
@@ -185,6 +186,8 @@ class Candidate:
         self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
                                if measured and self.ok else None)
         rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
+        if measured and self.ok:
+            self.noisy = any(bool(v.get("noisy")) for v in (record.bench.get("latency_ms") or {}).values())
         if measured and self.ok and rank_batches:
             lat = {"latency_ms": record.bench.get("latency_ms", {})}
             self.latency_p50_by_batch = {str(b): T.p50(lat, str(b)) for b in rank_batches}
@@ -202,7 +205,7 @@ class Candidate:
         self.budget = budget_verdict.why if self.ok else T.status_text(self.to_json())
 
     # ---- how it is shown and stored
-    _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "latency_p50_by_batch",
+    _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "latency_p50_by_batch", "noisy",
                  "rank_key", "int8_share",
                  "int8_ops_share", "int8_share_basis", "float_layers", "time_s")
 

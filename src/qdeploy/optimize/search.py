@@ -53,6 +53,7 @@ from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.report.verdict import int8_failure_warning, near_chance_warning
+from qdeploy.sysinfo import environment
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_json
@@ -537,6 +538,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
             "int8_all_failed": any(w["code"] == "every-int8-variant-failed" for w in s.warnings),
             "candidates": [x.to_json() for x in s.candidates], "stages": s.stages, "decisions": s.decisions,
             "evaluations": s.evaluations, "splits": {"search": n_search, "confirm": n - n_search, "seed": o.seed},
+            "environment": environment(),
             "metric": key, "time_s": round(time.perf_counter() - t_start, 2), "artifacts": artifacts,
             "resume_store": str(s.store.folder),
         }

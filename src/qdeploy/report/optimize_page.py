@@ -86,23 +86,38 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     head.add(["INT8 share of compute (MACs)" if basis == "macs" else f"INT8 share of {basis}", T.pct(c.get("int8_share")), "–"])
     head.add(["layers left in float", ", ".join(c.get("float_layers") or []) or "none", "all"])
     head.add(["artifact", str(c.get("artifact") or "–"), "–"])
+    program = T.section(summary, "program")
+    for b, v in (program.get("latency_p50_ms") or {}).items():
+        head.add([f"p50 at batch {b}, loaded from --out in a fresh process (ms)", T.fmt(v, 3), "–"])
     ev = T.section(summary, "evaluations")
     head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}", "–"])
+    torch_target = str(summary.get("target") or "").startswith("torch-")
     cands = T.Table("candidates", "Candidates (search split)",
                     ["Variant", "Found by", "Status", "Metric", "Agreement", "Budget, or why it failed", "p50 ms",
-                     "INT8 share", "Seconds"],
-                    [False, False, False, True, True, False, True, True, True])
+                     "Brief p50 ms" if torch_target else "INT8 share", "Compile s" if torch_target else "Seconds"],
+                    [False, False, False, True, True, False, True, not torch_target, True],
+                    caption=("p50 at the largest ranked batch size (ranked on the geometric mean over all); brief: a few "
+                             "dozen calls per batch size, every candidate; compile: loading plus first calls (Inductor "
+                             "compiles per shape; a second candidate of the same graph hits Inductor's cache). NOISY: "
+                             "a timed batch size with CV above 10 %." if torch_target else ""))
     for x in summary.get("candidates") or []:
         agree = T.pct(x.get("agreement")) if x.get("agreement") is not None else \
             (f"{T.pct(x.get('subset_agreement'))} (subset)" if x.get("subset_agreement") is not None else "–")
         status = str(x.get("status"))
         if status in ("failed", "skipped") and x.get("failed_stage"):
             status += f" at {x['failed_stage']}"
+        p50 = T.fmt(x.get("latency_p50_ms"), 3) + (" NOISY" if x.get("noisy") else "")
+        if torch_target:
+            brief = "/".join(T.fmt(v, 3) for v in (x.get("brief_p50_ms") or {}).values()) or "–"
+            last = [brief, T.fmt(x.get("compile_s"), 1)]
+        else:
+            last = [T.pct(x.get("int8_share")), T.fmt(x.get("time_s"), 1)]
         cands.add([str(x.get("variant")), str(x.get("stage") or "–"), status, T.pct(x.get("search_metric")), agree,
-                   str(x.get("budget")), T.fmt(x.get("latency_p50_ms"), 3), T.pct(x.get("int8_share")),
-                   T.fmt(x.get("time_s"), 1)],
+                   str(x.get("budget")), p50, *last],
                   style="muted" if x.get("status") in ("failed", "skipped") else "")
     tables = [head, cands]
+    if program:
+        tables.append(program_table(program, T.section(summary, "environment")))
     fb = T.section(T.section(summary, "stages"), "fallback")
     if fb.get("rankings"):
         rank = T.Table("fallback", "Per-layer fallback: the refined ranking",
@@ -118,6 +133,40 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     for i, d in enumerate(summary.get("decisions") or [], 1):
         log.add([str(i), str(d)])
     return tables + [log]
+
+
+def program_table(program: Mapping, env: Mapping) -> T.Table:
+    """The PyTorch targets' saved program: what it is, how it loads, and what a fresh process measured from --out."""
+    m = T.section(program, "manifest")
+    fresh = T.section(program, "fresh_process")
+    fenv = T.section(fresh, "environment")
+    t = T.Table("program", "Saved program (loaded from --out by load_model.py in a fresh process)", ["", "Value"],
+                [False, False], caption=str(program.get("how_to_load") or ""))
+    if program.get("error"):
+        t.add(["error", str(program["error"])])
+        return t
+    t.add(["format", f"{m.get('format')}: {m.get('why_format')}"])
+    t.add(["runs as", f"{m.get('precision')}{', TF32' if m.get('tf32') else ''}{', channels_last' if m.get('channels_last') else ''}"
+                      f"{', torch.compile ' + str(m.get('compile')) if m.get('compile') else ', eager'}"
+                      f"{', CUDA graph per input shape' if m.get('cuda_graphs') else ''} on {m.get('device')}"])
+    t.add(["batch", "one program, dynamic batch dimension" if m.get("dynamic_batch")
+           else f"one program per batch size ({', '.join(str(k) for k in (m.get('programs') or {}))})"])
+    t.add(["files", ", ".join(sorted(set((m.get("programs") or {}).values()) | {"load_model.py", "qdeploy-program.json"}
+                                     | ({m["compile_cache"]} if m.get("compile_cache") else set())))])
+    t.add(["save time", f"{T.fmt(program.get('save_s'), 1)} s (export {T.fmt(m.get('export_s'), 1)} s"
+                        + (f", compile for the cache {T.fmt(m.get('compile_s'), 1)} s" if m.get("compile_s") else "") + ")"])
+    t.add(["load time in the fresh process", f"{T.fmt(fresh.get('load_s'), 2)} s"])
+    for b, v in (program.get("first_call_s") or {}).items():
+        t.add([f"first call at batch {b} after the reload", f"{T.fmt(v, 2)} s"])
+    for b, v in (program.get("latency_p50_ms") or {}).items():
+        t.add([f"p50 at batch {b}", f"{T.fmt(v, 4)} ms" + (" (NOISY)" if b in (program.get("noisy") or []) else "")])
+    imported = fenv.get("imported_sources")
+    t.add(["imports in the fresh process", "torch and numpy only (qdeploy, timm, torchvision not imported)" if imported == []
+           else f"imported {', '.join(imported or ['?'])}"])
+    machine = ", ".join(f"{k} {env.get(k)}" for k in ("gpu", "driver", "cuda", "cudnn", "sm_clock_mhz", "sm_clock_max_mhz",
+                                                      "power_limit_w", "torch") if env.get(k) is not None)
+    t.add(["machine", machine or str(env.get("cpu") or "–")])
+    return t
 
 
 def write_optimize_report(summary: Mapping, path: Path, title: str) -> Path:
