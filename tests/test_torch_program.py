@@ -143,3 +143,67 @@ def test_the_loader_runs_as_a_script_from_the_folder_with_no_arguments(tmp_path)
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "batch 2: p50" in p.stdout and "imports torch and numpy only" in p.stdout
+
+
+def test_a_torchao_program_says_it_needs_torchao_and_reloads_with_close_outputs(tmp_path):
+    pytest.importorskip("torchao", reason="torchao is a dependency; this environment lacks it")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 5)).eval()
+    images = _images(16)
+    np.save(tmp_path / "images.npy", images)
+    folder = tmp_path / "out"
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", torchao="int8-weight-only", batch_sizes=(8,),
+                                                   input_shape=(3, 8, 8)), folder)
+    assert manifest["requires"] == ["torch", "numpy", "torchao"] and manifest["torchao"] == "int8-weight-only"
+    assert type(model[1].weight) is torch.nn.Parameter  # the user's model is not quantized in place
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [8], tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    got = np.load(tmp_path / "y.npy")
+    cos = (got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want))
+    assert cos > 0.999 and not np.allclose(got, want, atol=1e-7)  # INT8 weights: close, not identical
+    assert res["environment"]["imported_sources"] == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+@pytest.mark.parametrize("scheme", ["float8-dynamic", "int8-weight-only"])
+def test_a_compiled_torchao_program_reloads_on_the_gpu(tmp_path, scheme):
+    from qdeploy.facts.torchao import torchao_problem
+
+    problem = torchao_problem(scheme, "cuda")
+    if problem:
+        pytest.skip(problem)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 32)).eval()
+    images = _images(64)
+    np.save(tmp_path / "images.npy", images)
+    folder = tmp_path / "out"
+    save_program(model, ProgramSettings("cuda", "bf16", channels_last=False, compile="default", cuda_graphs=True,
+                                        torchao=scheme, batch_sizes=(1, 32), input_shape=(3, 8, 8)), folder,
+                 AotiProbe("cuda", tmp_path / "cache"))
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 32, [1, 32],
+                               tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    got = np.load(tmp_path / "y.npy")
+    assert (got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)) > 0.99
+    assert set(res["latency_ms"]) == {"1", "32"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_a_cuda_graph_program_reloads_on_the_gpu_with_the_models_outputs(tmp_path):
+    model = small_cnn()
+    images = _images(40)
+    np.save(tmp_path / "images.npy", images)
+    folder = tmp_path / "out"
+    save_program(model, ProgramSettings("cuda", "fp16", channels_last=True, compile="default", cuda_graphs=True,
+                                        batch_sizes=(1, 8), input_shape=(3, 8, 8)), folder,
+                 AotiProbe("cuda", tmp_path / "cache"))
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [1, 8],
+                               tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    assert np.allclose(np.load(tmp_path / "y.npy"), want, atol=2e-2)
+    assert res["environment"]["imported_sources"] == [] and res["environment"]["gpu"]

@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from qdeploy.facts.torchao import apply_torchao
 from qdeploy.utils.log import log
 
 LOADER_SOURCE = Path(__file__).with_name("torch_program_loader.py")
@@ -48,6 +49,7 @@ class ProgramSettings:
     tf32: bool = False
     compile: Optional[str] = None       # a torch.compile mode, or None: eager
     cuda_graphs: bool = False
+    torchao: Optional[str] = None       # a facts.torchao scheme applied to the Linear layers before export
     batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
     input_shape: tuple = ()             # (C, H, W)
 
@@ -147,6 +149,8 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     t0 = time.perf_counter()
     fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
     model = copy.deepcopy(module).to(device=settings.device, dtype=_DTYPES[settings.precision], memory_format=fmt).eval()
+    if settings.torchao:
+        apply_torchao(model, settings.torchao)  # its weights are torchao tensor subclasses: loading needs torchao
     with torch.inference_mode(False), torch.no_grad():
         programs = _export(model, settings)
     export_s = time.perf_counter() - t0
@@ -171,7 +175,8 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     manifest = {"format": "aoti" if use_aoti else "exported", "why_format": why_format, "programs": files,
                 "dynamic_batch": "dynamic" in programs, **asdict(settings),
                 "input_shape": list(settings.input_shape), "batch_sizes": sorted(set(settings.batch_sizes)),
-                "torch": torch.__version__, "export_s": round(export_s, 2)}
+                "torch": torch.__version__, "export_s": round(export_s, 2),
+                "requires": ["torch", "numpy"] + (["torchao"] if settings.torchao else [])}
     if settings.compile is not None and not use_aoti:
         manifest.update(_compile_cache(folder, programs, settings))
     manifest["package_s"] = round(time.perf_counter() - t1, 2)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
+from qdeploy.facts.torchao import apply_torchao, torchao_problem
 from qdeploy.utils.malloc import tune_glibc_malloc
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -24,6 +25,9 @@ class TorchOptions(BaseModel):
     cuda_graphs: bool = Field(False, json_schema_extra={"label": "cudagraph"})
     compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
         False, json_schema_extra={"label": "compile"})
+    torchao: Optional[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
+        None, json_schema_extra={"label": "torchao"},
+        description="quantize the Linear layers with a torchao scheme (facts/torchao.py) before compiling")
     tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
                        description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
@@ -63,6 +67,10 @@ class TorchEngine(Engine):
         device = resolve_torch_device(variant.device, variant.precision)
         if variant.options.cuda_graphs and device != "cuda":
             raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")
+        if variant.options.torchao:
+            problem = torchao_problem(variant.options.torchao, device)
+            if problem:
+                raise VariantUnavailable(problem)
 
     @classmethod
     def artifact(cls, variant: Variant) -> ArtifactRequest:
@@ -83,6 +91,8 @@ class TorchEngine(Engine):
         self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
         model = copy.deepcopy(self.artifact.module)
         model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
+        if opts.torchao:
+            apply_torchao(model, opts.torchao)
         self.compile_mode: Optional[str] = None
         if opts.compile:
             mode = "default" if opts.compile is True else opts.compile
@@ -165,6 +175,7 @@ class TorchEngine(Engine):
             "cuda_graphs": self.options.cuda_graphs,
             "compile": self.compile_mode,
             "tf32": self.options.tf32 if self.device == "cuda" else None,
+            "torchao": self.options.torchao,
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
             "glibc_malloc_tuned": self.malloc_tuned,
             "torch": torch.__version__,

@@ -295,6 +295,7 @@ def program_settings(spec: dict, batch_sizes, input_shape):
     return ProgramSettings(device=spec.get("device", "cpu"), precision=spec["precision"],
                            channels_last=bool(spec.get("channels_last")), tf32=bool(spec.get("tf32")),
                            compile="default" if mode is True else mode, cuda_graphs=bool(spec.get("cuda_graphs")),
+                           torchao=spec.get("torchao"),
                            batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
 
 
@@ -420,6 +421,24 @@ class CompiledCandidate(TorchCandidate):
 
 @register
 @dataclass(eq=False)
+class TorchaoCandidate(CompiledCandidate):
+    """A compiled candidate whose Linear layers torchao quantized (FP8 or INT8, facts/torchao.py): faster only where
+    the Linear layers' matmuls, not launches or convolutions, bound the time."""
+
+    kind: ClassVar[str] = "torch-ao"
+    runtime: ClassVar[str] = "torchao"
+
+    @classmethod
+    def planned_from(cls, base: "CompiledCandidate", scheme: str) -> "TorchaoCandidate":
+        spec = {**base.spec, "torchao": scheme, "name": f"{base.variant}-ao-{scheme}"}
+        return cls(spec)
+
+    def describe(self) -> str:
+        return f"torchao {self.spec['torchao']} on the Linear layers, then {super().describe()}"
+
+
+@register
+@dataclass(eq=False)
 class TorchFp32Reference(EagerCandidate):
     """The FP32 reference of a PyTorch target: eager, contiguous, strict FP32 (no TF32). Also the eager FP32 candidate."""
 
@@ -535,4 +554,4 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
            "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
-           "TorchCandidate", "TorchFp32Reference", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]
+           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]

@@ -29,8 +29,9 @@ from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
 from qdeploy.errors import ConfigError
+from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
-                                         TorchCandidate)
+                                         TorchaoCandidate, TorchCandidate)
 
 BRIEF_WARMUP = 10
 BRIEF_ITERATIONS = 40
@@ -104,6 +105,8 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
                         estimate = max(estimate or 0.0, cand.compile_s)
         _note_brief(s, "torch.compile", compiled)
         brief += compiled
+        if s.target.name == "torch-cuda" and s.o.torchao and not s.timed_out:
+            brief += _torchao_stage(s, compiled, estimate)
     # 4. the finalists, measured fully
     timed = sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank)
     finalists = [c for c in timed if c.variant not in measured][: s.o.finalists]
@@ -119,6 +122,38 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             s.candidates.append(cand)
     if s.out_of_time():
         s.timed_out = True
+
+
+def _torchao_stage(s, compiled: list, estimate) -> list:
+    """torchao's schemes (facts/torchao.py) on the fastest compiled BF16/FP16 candidate: the same runtime with its
+    Linear layers quantized. Said plainly when a scheme cannot run here or is not faster than its base."""
+    base = min((c for c in compiled if c.brief_rank is not None and c.precision in ("bf16", "fp16")),
+               key=lambda c: c.brief_rank, default=None)
+    if base is None:
+        s.note("torchao: no compiled BF16/FP16 candidate to start from")
+        return []
+    out = []
+    for scheme in s.o.torchao:
+        problem = torchao_problem(scheme, s.target.engine["device"])
+        if problem:
+            s.note(f"torchao {scheme}: not tried: {problem}")
+            continue
+        cand = TorchaoCandidate.planned_from(base, scheme)
+        left = s.time_left()
+        if left is not None and estimate is not None and left < RESERVE * estimate:
+            s.note(f"{cand.variant}: not compiled, {left:.0f} s left of optimize.time_limit")
+            continue
+        _time_briefly(s, cand)
+        out.append(cand)
+        if cand.brief_rank is not None:
+            faster = cand.brief_rank < base.brief_rank
+            s.note(f"torchao {scheme} on {base.variant}'s Linear layers: "
+                   + "/".join(f"{v:.3f}" for v in cand.brief_p50_ms.values()) + " ms vs "
+                   + "/".join(f"{v:.3f}" for v in base.brief_p50_ms.values()) + " ms without"
+                   + (f" (compile {cand.compile_s:.1f} s)" if cand.compile_s is not None else "")
+                   + (": faster, a candidate" if faster else ": not faster here (the quantize/dequantize work costs more "
+                      "than the Linear matmuls it speeds up at these sizes)"))
+    return out
 
 
 def _time_briefly(s, cand: TorchCandidate) -> TorchCandidate:

@@ -1,0 +1,62 @@
+"""torchao's low-precision schemes that the PyTorch targets try: what each is, where it runs, and how it is applied.
+
+torchao (pytorch/ao) swaps the weights of ``nn.Linear`` layers for quantized tensor subclasses (``quantize_``); its
+kernels come from torch.compile, so a torchao candidate is always compiled. Only Linear layers are quantized (torchao's
+default filter): convolutions stay in the model's precision, so a CNN gains little (its classifier only) and a
+transformer's projections and MLPs are what changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class TorchaoScheme:
+    name: str
+    config: str                          # the torchao.quantization config class
+    min_capability: Optional[tuple]      # CUDA compute capability it needs (None: any device torchao supports)
+    cuda_only: bool
+    why: str
+
+
+SCHEMES = {
+    "float8-dynamic": TorchaoScheme(
+        "float8-dynamic", "Float8DynamicActivationFloat8WeightConfig", (8, 9), True,
+        "FP8 (e4m3) weights and per-token dynamically scaled FP8 activations: FP8 tensor cores exist from compute "
+        "capability 8.9 (Ada, Hopper)"),
+    "int8-weight-only": TorchaoScheme(
+        "int8-weight-only", "Int8WeightOnlyConfig", None, False,
+        "INT8 per-channel weights dequantized in the matmul: halves weight memory traffic, the math stays in the "
+        "activation precision"),
+    "int8-dynamic": TorchaoScheme(
+        "int8-dynamic", "Int8DynamicActivationInt8WeightConfig", None, True,
+        "INT8 weights and dynamically quantized INT8 activations (per token): INT8 tensor-core matmuls"),
+}
+
+
+def torchao_problem(scheme: str, device: str) -> Optional[str]:
+    """Why ``scheme`` cannot run here (one sentence), or None."""
+    import importlib.util
+
+    s = SCHEMES[scheme]
+    if importlib.util.find_spec("torchao") is None:
+        return f"torchao {scheme} needs the torchao package (pip install torchao)"
+    if s.cuda_only and device != "cuda":
+        return f"torchao {scheme} runs on a CUDA GPU only"
+    if s.min_capability is not None and device == "cuda":
+        import torch
+
+        cap = torch.cuda.get_device_capability()
+        if cap < s.min_capability:
+            return (f"torchao {scheme} needs compute capability {s.min_capability[0]}.{s.min_capability[1]} or newer "
+                    f"({s.why.split(': ')[-1]}); this GPU is {cap[0]}.{cap[1]}")
+    return None
+
+
+def apply_torchao(model, scheme: str):
+    """Quantize ``model``'s Linear layers in place with the scheme's torchao config; returns the model."""
+    import torchao.quantization as q
+
+    q.quantize_(model, getattr(q, SCHEMES[scheme].config)())
+    return model
