@@ -130,3 +130,17 @@ def test_torch_cuda_chooses_a_captured_or_compiled_program_and_reloads_it(tmp_pa
     assert s["program"]["fresh_process"]["environment"]["gpu"]
     kinds = {c["kind"] for c in s["candidates"]}
     assert {"torch-fp32", "torch-eager", "torch-cudagraph", "torch-compile"} <= kinds
+
+
+def test_torchao_candidates_are_opt_in_and_start_from_a_compiled_candidate():
+    from qdeploy.facts.torchao import SCHEMES, torchao_problem
+    from qdeploy.optimize.candidates import TorchaoCandidate
+
+    assert OptimizeConfig(target="torch-cuda").torchao == []  # opt-in: see the field's description
+    base = CompiledCandidate.planned(TARGETS["torch-cuda"], "bf16", True, False, "default", True)
+    c = TorchaoCandidate.planned_from(base, "float8-dynamic")
+    assert c.kind == "torch-ao" and c.variant == "bf16-cl-compile-cudagraph-ao-float8-dynamic"
+    assert program_settings(c.spec, [1], (3, 8, 8)).torchao == "float8-dynamic"
+    assert "torchao float8-dynamic on the Linear layers" in c.describe()
+    assert SCHEMES["float8-dynamic"].min_capability == (8, 9)
+    assert "CUDA GPU only" in torchao_problem("float8-dynamic", "cpu") or "torchao package" in torchao_problem("float8-dynamic", "cpu")
