@@ -43,6 +43,7 @@ from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.compare import reference_chance
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.facts.tensorrt import tensorrt_version
+from qdeploy.models.loader import is_onnx_source
 from qdeploy.optimize.candidates import (Candidate, FallbackCandidate, PtqCandidate, QatCandidate, Target, onnx_of, plan,
                                          rescore, target_for)
 from qdeploy.optimize.decide import LATENCY_TIE, best_effort, budget_check, choose, resolution_warning, z_of
@@ -179,6 +180,9 @@ def _prepare(cfg: RunConfig):
     o = cfg.optimize or OptimizeConfig()
     if o.target == "torch-cuda" and not torch.cuda.is_available():
         raise ConfigError("optimize.target torch-cuda: no CUDA GPU is visible to PyTorch")
+    if o.target.startswith("torch-") and is_onnx_source(cfg.model.source):
+        raise ConfigError(f"optimize.target {o.target} runs the PyTorch model, but model.source is ONNX-only "
+                          f"({cfg.model.source}): use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
     if o.target.startswith("torch-") and o.time_limit is None:
         # compiling is open-ended (max-autotune: minutes per model): the PyTorch targets are bounded by default
         o = o.model_copy(update={"time_limit": TORCH_TIME_LIMIT})

@@ -28,7 +28,6 @@ import numpy as np
 from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
-from qdeploy.errors import ConfigError
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
                                          TorchaoCandidate, TorchCandidate)
@@ -43,9 +42,6 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
     """The search for a PyTorch target; ``s`` is search._Search (measure, note, time_left, rank_batches)."""
     from qdeploy.optimize.search import _after_reference
 
-    if not s.ctx.builder.has_torch:
-        raise ConfigError(f"optimize.target {s.target.name} runs the PyTorch model, but model.source is ONNX-only: "
-                          "use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
     if "compile" in s.target.runtimes and s.o.compile_modes and s.aoti_probe is None:
         from qdeploy.artifacts.torch_program import AotiProbe
 
