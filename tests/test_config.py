@@ -78,9 +78,9 @@ def test_bad_enum_and_missing_key():
 
 def test_engine_specific_option_on_the_wrong_engine():
     d = _data()
-    d["variants"][1]["cuda_graphs"] = True
-    with pytest.raises(ConfigError, match=r"variants\[1\].cuda_graphs: not an option of engine 'onnxruntime'; its options: "
-                                          "graph_optimization, providers"):
+    d["variants"][1]["channels_last"] = True
+    with pytest.raises(ConfigError, match=r"variants\[1\].channels_last: not an option of engine 'onnxruntime'; its options: "
+                                          "cuda_graphs, graph_optimization, providers"):
         resolve_variants(parse_config(d))
 
 

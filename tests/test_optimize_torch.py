@@ -144,3 +144,19 @@ def test_torchao_candidates_are_opt_in_and_start_from_a_compiled_candidate():
     assert "torchao float8-dynamic on the Linear layers" in c.describe()
     assert SCHEMES["float8-dynamic"].min_capability == (8, 9)
     assert "CUDA GPU only" in torchao_problem("float8-dynamic", "cpu") or "torchao package" in torchao_problem("float8-dynamic", "cpu")
+
+
+def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_cannot_run_here(tmp_path):
+    planned = plan(OptimizeConfig(target="onnxruntime-cuda"), TARGETS["onnxruntime-cuda"])
+    assert [c.variant for c in planned] == ["fp32", "fp16", "fp32-cudagraph", "fp16-cudagraph"]
+    assert all(c.spec["engine"] == "onnxruntime" and c.spec["device"] == "cuda" for c in planned)
+    assert planned[2].spec["cuda_graphs"] is True and "CUDA graph replay" in planned[3].describe()
+    from qdeploy.facts.onnxruntime import cuda_ep_problem
+
+    problem = cuda_ep_problem()
+    if problem is None:
+        pytest.skip("this onnxruntime runs the CUDA execution provider here")
+    cfg = _opt_config(tmp_path, budget={"max_drop": 1.0}, target="onnxruntime-cuda")
+    with pytest.raises(ConfigError, match="optimize.target onnxruntime-cuda: .*onnxruntime-gpu"):
+        api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out").exists()

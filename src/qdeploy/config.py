@@ -419,7 +419,7 @@ class BudgetSpec(_Strict):
 class OptimizeConfig(_Strict):
     """``qdeploy optimize``: the fastest artifact within ``budget``, chosen on a search split, confirmed once on another."""
 
-    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda", "torch-cpu"] = "onnxruntime-cpu"
+    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda", "torch-cpu", "onnxruntime-cuda"] = "onnxruntime-cpu"
     budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0))
     time_limit: Optional[float] = Field(None, gt=0, description="seconds for the whole search; the best candidate so far is "
                                                                 "written when it runs out (default: none; 300 for the "

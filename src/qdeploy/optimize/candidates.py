@@ -51,6 +51,7 @@ class Target:
     note: Optional[str] = None
     runtimes: tuple[str, ...] = ()
     tf32: bool = False  # FP32 with TF32 math is a candidate of its own (NVIDIA GPUs from Ampere on)
+    graph_capture: bool = False  # each float candidate also as a CUDA graph (engine option cuda_graphs)
 
     @property
     def engine_name(self) -> str:
@@ -68,6 +69,10 @@ TARGETS = {
     "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16", "bf16"),
                          runtimes=("eager", "cudagraph", "compile"), tf32=True),
     "torch-cpu": Target("torch-cpu", {"engine": "torch", "device": "cpu"}, None, (), runtimes=("eager", "compile")),
+    # the same ONNX as the CPU answer on ONNX Runtime's CUDA execution provider (onnxruntime-gpu, installed instead of the
+    # CPU build: docs/onnxruntime-cuda.md): FP32 and FP16, each also replayed as a CUDA graph on bound buffers
+    "onnxruntime-cuda": Target("onnxruntime-cuda", {"engine": "onnxruntime", "device": "cuda"}, None, ("fp16",),
+                               graph_capture=True),
 }
 
 
@@ -104,6 +109,8 @@ def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
         out += [EagerCandidate.planned(target, p) for p in target.floats]
         return out
     out += [FloatCandidate.planned(target, p) for p in target.floats]
+    if target.graph_capture:
+        out += [FloatCandidate.planned(target, p, cuda_graphs=True) for p in ("fp32", *target.floats)]
     if target.placement is not None:
         out += [PtqCandidate.planned(target, m) for m in o.methods]
     return out
@@ -257,11 +264,12 @@ class FloatCandidate(Candidate):
     stage: ClassVar[str] = "float"
 
     @classmethod
-    def planned(cls, target: Target, precision: str) -> "FloatCandidate":
-        return cls({**target.engine, "precision": precision, "name": precision})
+    def planned(cls, target: Target, precision: str, cuda_graphs: bool = False) -> "FloatCandidate":
+        spec = {**target.engine, "precision": precision, "name": precision + ("-cudagraph" if cuda_graphs else "")}
+        return cls({**spec, "cuda_graphs": True} if cuda_graphs else spec)
 
     def describe(self) -> str:
-        return self.precision.upper()
+        return self.precision.upper() + (", CUDA graph replay" if self.spec.get("cuda_graphs") else "")
 
 
 @register

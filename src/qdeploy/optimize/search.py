@@ -42,6 +42,7 @@ from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.compare import reference_chance
 from qdeploy.evaluate.metrics import agreement
+from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.models.loader import is_onnx_source
 from qdeploy.optimize.candidates import (Candidate, FallbackCandidate, PtqCandidate, QatCandidate, Target, onnx_of, plan,
@@ -180,6 +181,10 @@ def _prepare(cfg: RunConfig):
     o = cfg.optimize or OptimizeConfig()
     if o.target == "torch-cuda" and not torch.cuda.is_available():
         raise ConfigError("optimize.target torch-cuda: no CUDA GPU is visible to PyTorch")
+    if o.target == "onnxruntime-cuda":
+        problem = cuda_ep_problem()
+        if problem:
+            raise ConfigError(f"optimize.target onnxruntime-cuda: {problem}")
     if o.target.startswith("torch-") and is_onnx_source(cfg.model.source):
         raise ConfigError(f"optimize.target {o.target} runs the PyTorch model, but model.source is ONNX-only "
                           f"({cfg.model.source}): use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
