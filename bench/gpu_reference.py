@@ -92,19 +92,9 @@ def eager(model):
     return make
 
 
-def cuda_graph(model):
+def cuda_graph(model, loader):
     def make(x):
-        static = x.clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.inference_mode():
-            for _ in range(3):
-                model(static)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g), torch.inference_mode():
-            model(static)
-        return g.replay
+        return loader.capture_cuda_graph(model, x)[0].replay
     return make
 
 
@@ -162,7 +152,7 @@ def main() -> None:
     fp16_cl = build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last)
     refs = {"eager FP32": Hand(eager(model), torch.float32, False),
             "eager FP16": Hand(eager(fp16), torch.float16, False),
-            "CUDA-graph FP16 channels_last": Hand(cuda_graph(fp16_cl), torch.float16, True)}
+            "CUDA-graph FP16 channels_last": Hand(cuda_graph(fp16_cl, loader), torch.float16, True)}
     compiled = torch.compile(build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last),
                              mode="reduce-overhead")
     refs["torch.compile reduce-overhead FP16 channels_last"] = Hand(eager(compiled), torch.float16, True)

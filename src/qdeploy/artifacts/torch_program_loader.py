@@ -82,17 +82,7 @@ class Program:
     def _graph(self, x: torch.Tensor):
         key = tuple(x.shape)
         if key not in self._graphs:
-            static_in = x.clone()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(3):  # lazy initialisation and cuDNN autotuning happen outside the capture
-                    self._run(static_in)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.inference_mode():
-                static_out = self._run(static_in)
-            self._graphs[key] = (graph, static_in, static_out)
+            self._graphs[key] = capture_cuda_graph(self._run, x)
         return self._graphs[key]
 
     def stage(self, images) -> torch.Tensor:
@@ -125,6 +115,24 @@ class Program:
     def synchronize(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+
+def capture_cuda_graph(run, x: torch.Tensor) -> tuple:
+    """(graph, static input, static output) of ``run`` on ``x``'s shape: three warm-up calls on a side stream first
+    (lazy initialisation, cuDNN autotuning and torch.compile's first call must happen outside the capture). Replay:
+    copy the new input into the static input, ``graph.replay()``, read the static output. qdeploy's torch engine uses
+    this function too, so what optimize measured is what this file replays."""
+    static_in = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(3):
+            run(static_in)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        static_out = run(static_in)
+    return graph, static_in, static_out
 
 
 def _set_math_flags(manifest: dict, device: str) -> None:

@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts.torch_program_loader import capture_cuda_graph
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.facts.torchao import apply_torchao, torchao_problem
@@ -114,20 +115,10 @@ class TorchEngine(Engine):
         return x.to(dtype=self.dtype).contiguous(memory_format=self.memory_format)
 
     def _graph_for(self, x: torch.Tensor):
-        """Capture (once per input shape) a CUDA graph of the forward pass, after warm-up on a side stream."""
+        """Capture (once per input shape) a CUDA graph of the forward pass: the saved program's loader does the same."""
         key = tuple(x.shape)
         if key not in self._graphs:
-            static_in = x.clone()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(3):  # cuDNN autotuning / lazy init must happen outside capture
-                    self.model(static_in)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.inference_mode():
-                static_out = self.model(static_in)
-            self._graphs[key] = (graph, static_in, static_out)
+            self._graphs[key] = capture_cuda_graph(self.model, x)
         return self._graphs[key]
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
