@@ -69,7 +69,7 @@ def test_wrong_types_are_named():
 def test_bad_enum_and_missing_key():
     d = _data()
     d["variants"][0]["engine"] = "tensorflow"
-    with pytest.raises(ConfigError, match=r"variants\[0\].engine: unknown engine 'tensorflow' \(did you mean 'tensorrt'\?\); engines: onnxruntime, tensorrt, torch"):
+    with pytest.raises(ConfigError, match=r"variants\[0\].engine: unknown engine 'tensorflow' \(did you mean 'tensorrt'\?\); engines: onnxruntime, openvino, tensorrt, torch"):
         resolve_variants(parse_config(d))
     del d["data"]["eval"]["root"]
     with pytest.raises(ConfigError, match="data.eval.root: required key is missing"):

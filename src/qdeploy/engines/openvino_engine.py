@@ -1,0 +1,186 @@
+"""OpenVINO engine (CPU plugin) on qdeploy's ONNX artifacts: the FP32 ONNX, the FP32 ONNX compiled with an FP16
+inference-precision hint, and the INT8 Q/DQ ONNX that qdeploy's quantizers make (OpenVINO reads Q/DQ and runs its own
+INT8 kernels where its transformations accept the pattern).
+
+API used (checked against the installed openvino package, openvino/_ov_api.py, and docs.openvino.ai's "CPU Device"
+page): ``Core().read_model(onnx_path)``, ``Core.compile_model(model, "CPU", config)`` with the properties
+INFERENCE_PRECISION_HINT, INFERENCE_NUM_THREADS and PERFORMANCE_HINT, ``Core.get_property("CPU", ...)`` for
+OPTIMIZATION_CAPABILITIES and FULL_DEVICE_NAME, ``CompiledModel.get_property`` to read the settings back,
+``CompiledModel.create_infer_request``, ``InferRequest.infer`` / ``get_output_tensor`` / ``set_input_tensor``
+(``openvino.Tensor(array, shared_memory=True)``), and
+``CompiledModel.get_runtime_model`` (each executed layer's ``runtimePrecision``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+from typing import Callable, Literal, Optional
+
+import numpy as np
+import openvino as ov
+from pydantic import BaseModel, ConfigDict, Field
+
+from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.engines.base import Engine, Variant, register_engine
+from qdeploy.errors import VariantUnavailable
+
+# fp16 compiles the FP32 ONNX with an FP16 precision hint: OpenVINO converts the weights and compute internally
+_ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP32, "int8": ArtifactKind.ONNX_INT8}
+# INFERENCE_PRECISION_HINT per precision. fp32 and int8 say f32 explicitly: on CPUs with AMX or AVX512_BF16 the CPU
+# plugin's default hint is bf16, so an unset hint would silently run the float layers in bfloat16.
+_PRECISION_HINT = {"fp32": "f32", "fp16": "f16", "int8": "f32"}
+_PERFORMANCE_HINT = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+# layer types of the runtime model whose runtimePrecision says whether INT8 kernels ran
+_COMPUTE_LAYERS = ("Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul")
+
+
+class OpenVinoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    performance_hint: Literal["latency", "throughput"] = Field(
+        "latency", json_schema_extra={"label": "hint"},
+        description="OpenVINO's PERFORMANCE_HINT: latency = one stream using the cores for one request; throughput = "
+                    "the cores split into several streams for parallel requests (qdeploy's benchmark runs one request "
+                    "at a time, so it measures one stream's latency)")
+
+
+@lru_cache(maxsize=1)
+def core() -> ov.Core:
+    """One OpenVINO Core per process (it holds the loaded device plugins)."""
+    return ov.Core()
+
+
+def cpu_capabilities() -> list[str]:
+    """The CPU plugin's OPTIMIZATION_CAPABILITIES on this machine (e.g. FP32, INT8, BIN, EXPORT_IMPORT; FP16, BF16
+    where the CPU runs them natively)."""
+    return [str(c) for c in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+def precision_problem(precision: str) -> Optional[str]:
+    """Why OpenVINO's CPU plugin cannot run ``precision`` here (None: it can)."""
+    if precision != "fp16":
+        return None
+    caps = cpu_capabilities()
+    if "FP16" in caps:
+        return None
+    return (f"FP16 in OpenVINO needs a CPU whose OPTIMIZATION_CAPABILITIES list FP16, and this CPU's are "
+            f"{', '.join(caps)} (an f16 precision hint would run FP32)")
+
+
+def _type_name(value) -> str:
+    return value.get_type_name() if isinstance(value, ov.Type) else str(value)
+
+
+@register_engine
+class OpenVinoEngine(Engine):
+    name = "openvino"
+    description = "OpenVINO CPU plugin on the built ONNX (FP32, FP32 with an FP16 precision hint, or INT8 Q/DQ)"
+    Options = OpenVinoOptions
+    precisions = ("fp32", "fp16", "int8")
+    devices = ("cpu",)
+
+    @classmethod
+    def probe(cls) -> list[dict]:
+        try:
+            caps = cpu_capabilities()
+        except Exception as e:  # a broken install: doctor says so rather than failing
+            return [{"engine": cls.name, "device": "cpu", "precisions": [], "usable": False,
+                     "note": f"openvino {ov.__version__}: CPU plugin unavailable ({type(e).__name__}: {e})"}]
+        runs = ["fp32"] + (["fp16"] if "FP16" in caps else []) + ["int8"]
+        return [{"engine": cls.name, "device": "cpu", "precisions": runs, "usable": True,
+                 "note": f"openvino {ov.__version__.split('-')[0]}; CPU optimization capabilities: {', '.join(caps)}"}]
+
+    @classmethod
+    def check(cls, variant: Variant, has_torch: bool) -> None:
+        problem = precision_problem(variant.precision)
+        if problem:
+            raise VariantUnavailable(problem)
+
+    @classmethod
+    def artifact(cls, variant: Variant) -> ArtifactRequest:
+        return ArtifactRequest(_ARTIFACTS[variant.precision], variant.int8)
+
+    @classmethod
+    def speed_is_deployment(cls, variant: Variant) -> bool:
+        # a TensorRT-placement Q/DQ graph is meant for TensorRT: OpenVINO's speed on it is not TensorRT's
+        return not (variant.int8 is not None and variant.int8.placement == "tensorrt")
+
+    @classmethod
+    def note(cls, variant: Variant) -> Optional[str]:
+        if variant.int8 is not None and variant.int8.placement == "tensorrt":
+            return "TensorRT Q/DQ artifact run by OpenVINO's CPU plugin (TensorRT not run); speed is OpenVINO's, not TensorRT's"
+        if variant.int8 is not None:
+            return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)"
+        if variant.precision == "fp16":
+            return "FP32 ONNX compiled with OpenVINO's f16 inference-precision hint"
+        return None
+
+    def load(self) -> None:
+        v = self.variant
+        problem = precision_problem(v.precision)
+        if problem:
+            raise VariantUnavailable(problem)
+        self.precision_hint = _PRECISION_HINT[v.precision]
+        config = {"INFERENCE_PRECISION_HINT": self.precision_hint,
+                  "PERFORMANCE_HINT": _PERFORMANCE_HINT[self.options.performance_hint]}
+        if v.threads:
+            config["INFERENCE_NUM_THREADS"] = int(v.threads)  # unset: OpenVINO's default, every core
+        model = core().read_model(str(self.artifact.path))
+        self.input_name = model.inputs[0].get_any_name()
+        self.input_shape = str(model.inputs[0].get_partial_shape())  # a static batch is handled upstream (preflight)
+        self.compiled = core().compile_model(model, "CPU", config)
+        got = _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        if got != self.precision_hint:  # the plugin overrode the hint: the variant would not run what it says
+            raise VariantUnavailable(f"OpenVINO compiled this {v.precision.upper()} variant with inference precision "
+                                     f"{got}, not the {self.precision_hint} asked for")
+        self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
+        self.request = self.compiled.create_infer_request()
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(batch, dtype=np.float32)
+        self.request.infer({0: x}, share_inputs=True, share_outputs=True)
+        return np.array(self.request.get_output_tensor(0).data, dtype=np.float32, copy=True)
+
+    def prepare_timed(self, batch: np.ndarray) -> Callable[[], object]:
+        x = np.ascontiguousarray(batch, dtype=np.float32)
+        request = self.request
+        # staged once, as OpenVINO's benchmark_app does: each step runs the request on the input tensor it holds
+        # (passing the array per call adds Python-side dispatch, about 35 us per call on this 2-core host)
+        request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+
+        def step():
+            request.infer(share_outputs=True)
+            return x  # keeps the shared input array alive as long as the step
+
+        return step
+
+    def _compute_precisions(self) -> dict:
+        """Per compute-layer type of the compiled (runtime) model, how many layers ran in each precision (e.g.
+        ``{"Convolution": {"u8": 2, "f32": 1}}``): shows whether OpenVINO ran a Q/DQ layer in INT8."""
+        counts: dict[str, Counter] = {}
+        for op in self.compiled.get_runtime_model().get_ordered_ops():
+            rt = op.get_rt_info()
+            if "layerType" not in rt or "runtimePrecision" not in rt:
+                continue
+            kind = rt["layerType"].astype(str)
+            if kind in _COMPUTE_LAYERS:
+                counts.setdefault(kind, Counter())[rt["runtimePrecision"].astype(str)] += 1
+        return {k: dict(c) for k, c in sorted(counts.items())}
+
+    def describe(self) -> dict:
+        return {
+            "device": "cpu",
+            "device_name": core().get_property("CPU", "FULL_DEVICE_NAME"),
+            "precision_hint": _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT")),
+            "threads": self.threads,
+            "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")).split(".")[-1].lower(),
+            "streams": int(self.compiled.get_property("NUM_STREAMS")),
+            "input_shape": self.input_shape,
+            "compute_layer_precisions": self._compute_precisions(),
+            "artifact": self.artifact.kind.value,
+            "opset": self.artifact.opset,
+            "openvino": ov.__version__,
+        }
+
+    def close(self) -> None:
+        self.request = None
+        self.compiled = None

@@ -1,0 +1,197 @@
+"""engine: openvino (issue #23 item 2), with real OpenVINO and real ONNX files: the capability table, one engine against
+ONNX Runtime on a small hand-built ONNX (fast), and a whole `qdeploy run` of FP32, INT8 and FP16 variants beside the
+matching ONNX Runtime ones on real image folders (slow)."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import openvino as ov
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx import numpy_helper
+from PIL import Image
+
+from qdeploy import api
+from qdeploy.artifacts import Artifact, ArtifactKind
+from qdeploy.config import VariantSpec
+from qdeploy.engines import create_engine, engine_table, resolve_variant
+from qdeploy.engines.openvino_engine import OpenVinoEngine, cpu_capabilities
+from qdeploy.errors import ConfigError, VariantUnavailable
+
+from conftest import TINY_MODEL
+
+
+def _onnx(path: Path, batch="n", seed=0) -> Path:
+    """conv 3→8 → relu → global average pool → gemm 8→3: a real, small float ONNX (opset 17), batch dim ``batch``."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b")
+    fw = numpy_helper.from_array(rng.normal(0, 0.5, (3, 8)).astype(np.float32), "fw")
+    fb = numpy_helper.from_array(np.zeros(3, np.float32), "fb")
+    nodes = [oh.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["c"], ["r"]),
+             oh.make_node("GlobalAveragePool", ["r"], ["p"]),
+             oh.make_node("Flatten", ["p"], ["f"]),
+             oh.make_node("Gemm", ["f", "fw", "fb"], ["output"], transB=1)]
+    graph = oh.make_graph(nodes, "tiny", [oh.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 8, 8])],
+                          [oh.make_tensor_value_info("output", TensorProto.FLOAT, [batch, 3])], [w, b, fw, fb])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def _engine(spec: VariantSpec, path: Path, kind=ArtifactKind.ONNX_FP32):
+    engine = create_engine(resolve_variant(spec, 0), Artifact(kind, "f" * 20, "test", path=path, opset=17))
+    engine.load()
+    return engine
+
+
+# ------------------------------------------------------------------------------------------------------------ fast
+def test_doctor_lists_openvino_with_version_and_capabilities():
+    rows = [r for r in engine_table() if r["engine"] == "openvino"]
+    assert len(rows) == 1 and rows[0]["device"] == "cpu" and rows[0]["usable"] is True
+    assert ov.__version__.split("-")[0] in rows[0]["note"] and "FP32" in rows[0]["note"]
+    assert {"fp32", "int8"} <= set(rows[0]["precisions"])
+
+
+def test_config_validation_from_the_capability_table():
+    v = resolve_variant(VariantSpec(engine="openvino", precision="int8", performance_hint="throughput"), 0)
+    assert v.label == "openvino-int8-mean-minmax-hint-throughput"
+    assert v.artifact_request().kind == ArtifactKind.ONNX_INT8 and v.artifact_request().int8 == v.int8
+    assert resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0).artifact_request().kind == ArtifactKind.ONNX_FP32
+    with pytest.raises(ConfigError, match="runs on cpu"):
+        resolve_variant(VariantSpec(engine="openvino", device="cuda"), 0)
+    with pytest.raises(ConfigError, match="runs fp32, fp16, int8"):
+        resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0)
+    with pytest.raises(ConfigError, match="performance_hint"):
+        resolve_variant(VariantSpec(engine="openvino", performanc_hint="latency"), 0)
+
+
+def test_fp16_runs_only_where_the_cpu_lists_fp16():
+    caps = cpu_capabilities()
+    variant = resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0)
+    if "FP16" in caps:
+        OpenVinoEngine.check(variant, has_torch=False)
+    else:
+        with pytest.raises(VariantUnavailable, match="OPTIMIZATION_CAPABILITIES") as e:
+            OpenVinoEngine.check(variant, has_torch=False)
+        assert ", ".join(caps) in str(e.value) and "FP16" in str(e.value)
+    OpenVinoEngine.check(resolve_variant(VariantSpec(engine="openvino"), 0), has_torch=False)  # fp32: always
+
+
+def test_fp32_matches_onnxruntime_and_honours_threads(tmp_path):
+    path = _onnx(tmp_path / "m.onnx")
+    x = np.random.default_rng(1).normal(0, 1, (5, 3, 8, 8)).astype(np.float32)
+    ovo = _engine(VariantSpec(engine="openvino", threads=1), path)
+    ort = _engine(VariantSpec(engine="onnxruntime", threads=1), path)
+    try:
+        y, ref = ovo.infer(x), ort.infer(x)
+        assert y.dtype == np.float32 and y.shape == (5, 3)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+        assert ovo.infer(x[:2]).shape == (2, 3)  # dynamic batch: another size, same compiled model
+        step = ovo.prepare_timed(x)
+        step()
+        d = ovo.describe()
+        assert d["threads"] == 1 and d["precision_hint"] == "f32" and d["performance_hint"] == "latency"
+        assert d["device_name"] and d["openvino"] == ov.__version__ and d["input_shape"] == "[?,3,8,8]"
+        assert d["compute_layer_precisions"]["Convolution"] == {"f32": 1}
+    finally:
+        ovo.close()
+        ort.close()
+
+
+def test_static_batch_input_is_read_as_it_is(tmp_path):
+    path = _onnx(tmp_path / "static.onnx", batch=1)
+    engine = _engine(VariantSpec(engine="openvino"), path)
+    try:
+        assert engine.describe()["input_shape"] == "[1,3,8,8]"
+        assert engine.infer(np.zeros((1, 3, 8, 8), np.float32)).shape == (1, 3)
+    finally:
+        engine.close()
+
+
+# ------------------------------------------------------------------------------------------------------------ slow
+def _color_folder(root: Path, seed: int, per_class: int) -> Path:
+    """Image folders whose images differ (a random colour each, plus noise), so that a random-weight model's
+    predictions differ between images and agreement is not trivially 100 %."""
+    rng = np.random.default_rng(seed)
+    for c in ("a", "b", "c"):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = rng.integers(0, 256, 3)
+            arr = np.clip(base + rng.normal(0, 40, (16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(arr).save(root / c / f"{i}.png")
+    return root
+
+
+def _images(root: Path) -> np.ndarray:
+    """Every image of ``root`` as float32 NCHW, normalised as the config says ((x/255 - 0.5) / 0.25)."""
+    files = sorted(root.glob("*/*.png"))
+    x = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]).transpose(0, 3, 1, 2)
+    return ((x.astype(np.float32) / 255 - 0.5) / 0.25).astype(np.float32)
+
+
+@pytest.mark.slow
+def test_run_openvino_beside_onnxruntime(tmp_path):
+    (tmp_path / "tiny_model.py").write_text(TINY_MODEL)
+    evalset = _color_folder(tmp_path / "eval", seed=1, per_class=30)
+    calib = _color_folder(tmp_path / "calib", seed=2, per_class=10)
+    cfg = {
+        "model": {"source": f"{tmp_path / 'tiny_model.py'}:tiny_res",
+                  "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+        "data": {"eval": {"root": str(evalset), "workers": 0, "batch_size": 8},
+                 "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 30, "seed": 0}},
+        "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
+                     {"engine": "openvino", "threads": 1, "name": "openvino-1-thread"},
+                     {"engine": "onnxruntime", "precision": "int8"}, {"engine": "openvino", "precision": "int8"},
+                     {"engine": "openvino", "precision": "fp16"}],
+        "eval": {"reference": "onnxruntime-fp32"},
+        "bench": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10},
+    }
+    out = tmp_path / "out"
+    results = api.run(cfg, out, cache_dir=tmp_path / "cache")
+    by = {v["name"]: v for v in results["variants"]}
+    ort32, ov32, ov1 = by["onnxruntime-fp32"], by["openvino-fp32"], by["openvino-1-thread"]
+    ort8, ov8, ov16 = by["onnxruntime-int8-mean-minmax"], by["openvino-int8-mean-minmax"], by["openvino-fp16"]
+    for v in (ort32, ov32, ov1, ort8, ov8):
+        assert v["status"] == "ok", (v["name"], v["reason"])
+    for v in (ov32, ov1, ov8):
+        assert all(lat["p50"] > 0 for lat in v["latency_ms"].values()) and set(v["latency_ms"]) == {"1", "8"}
+        assert v["details"]["precision_hint"] == "f32" and v["details"]["openvino"] == ov.__version__
+    assert ov32["agreement"] >= 0.99 and ov1["agreement"] >= 0.99
+    assert ov32["metrics"]["top1"] == pytest.approx(ort32["metrics"]["top1"], abs=0.01)
+    assert ov1["details"]["threads"] == 1 and ov32["details"]["threads"] >= 1
+    # OpenVINO ran the Q/DQ layers with its INT8 kernels (u8/i8 runtime precision), not in float
+    int8_layers = ov8["details"]["compute_layer_precisions"]
+    assert any(p in ("u8", "i8") for counts in int8_layers.values() for p in counts), int8_layers
+    assert ov8["details"]["artifact"] == ort8["details"]["artifact"] == "onnxruntime-int8-mean-minmax.onnx"
+    if "FP16" in cpu_capabilities():
+        assert ov16["status"] == "ok" and ov16["details"]["precision_hint"] == "f16"
+    else:
+        assert ov16["status"] == "skipped" and "OPTIMIZATION_CAPABILITIES" in ov16["reason"]
+        assert ", ".join(cpu_capabilities()) in ov16["reason"]
+
+    # the same files, engine against engine, on the evaluation images: FP32 logits, INT8 predictions
+    x = _images(evalset)
+    pairs = {}
+    for precision, kind, name in (("fp32", ArtifactKind.ONNX_FP32, "model.onnx"),
+                                  ("int8", ArtifactKind.ONNX_INT8, "onnxruntime-int8-mean-minmax.onnx")):
+        logits = []
+        for engine_name in ("onnxruntime", "openvino"):
+            e = _engine(VariantSpec(engine=engine_name, precision=precision), out / name, kind)
+            try:
+                logits.append(np.concatenate([e.infer(x[i:i + 8]) for i in range(0, len(x), 8)]))
+            finally:
+                e.close()
+        pairs[precision] = logits
+    ort_fp32, ov_fp32 = pairs["fp32"]
+    assert len(set(ort_fp32.argmax(1))) > 1, "the test images should not all get one class"
+    np.testing.assert_allclose(ov_fp32, ort_fp32, rtol=1e-4, atol=1e-4 * np.abs(ort_fp32).max())
+    assert (ov_fp32.argmax(1) == ort_fp32.argmax(1)).mean() >= 0.99
+    ort_int8, ov_int8 = pairs["int8"]
+    assert (ov_int8.argmax(1) == ort_int8.argmax(1)).mean() >= 0.8
+    spread = np.abs(ort_fp32).max()
+    assert np.abs(ov_int8 - ort_int8).max() < 0.25 * spread  # same quantized model, different INT8 kernels
