@@ -195,3 +195,16 @@ def test_run_openvino_beside_onnxruntime(tmp_path):
     assert (ov_int8.argmax(1) == ort_int8.argmax(1)).mean() >= 0.8
     spread = np.abs(ort_fp32).max()
     assert np.abs(ov_int8 - ort_int8).max() < 0.25 * spread  # same quantized model, different INT8 kernels
+
+
+def test_the_tensorrt_placement_is_refused_on_openvino_with_the_measured_reason():
+    from qdeploy.config import VariantSpec
+    from qdeploy.engines.base import resolve_variant
+    from qdeploy.errors import VariantUnavailable
+
+    v = resolve_variant(VariantSpec.model_validate({"engine": "openvino", "precision": "int8", "placement": "tensorrt"}), 0)
+    with pytest.raises(VariantUnavailable, match="placement tensorrt is TensorRT's Q/DQ.*use placement onnxruntime"):
+        v.engine.check(v, True)
+    ok = resolve_variant(VariantSpec.model_validate({"engine": "openvino", "precision": "int8"}), 0)
+    ok.engine.check(ok, True)
+    assert ok.int8.placement == "onnxruntime"
