@@ -101,7 +101,7 @@ def test_doctor_states_tensorrt_absence(capsys):
     # the rows come from the engines' own declarations: INT8 runs on the ONNX Runtime CPU provider
     ort_cpu = next(r for r in info["engines"] if r["engine"] == "onnxruntime" and r["device"] == "cpu")
     assert ort_cpu["usable"] is True and "int8" in ort_cpu["precisions"]
-    assert {r["engine"] for r in info["engines"]} == {"torch", "onnxruntime", "tensorrt"}
+    assert {r["engine"] for r in info["engines"]} == {"torch", "onnxruntime", "openvino", "tensorrt"}
     assert set(info["quantizers"]) == {"modelopt", "onnx", "qat"}
 
 
