@@ -515,3 +515,20 @@ def test_validate_accepts_records_without_the_v2_keys():
     empty["artifacts"] = []
     empty["variants"][2]["stages"] = {"bench": {"status": "skipped"}}  # a subset of stages, times unknown
     validate_results(empty)
+
+
+def test_the_header_states_cpu_flags_threads_and_gpu_driver_and_clocks():
+    from qdeploy.report.tables import summary
+
+    results = {"model": {"source": "m.onnx"}, "reference": "onnxruntime-fp32",
+               "environment": {"python": "3.11", "platform": "Linux", "cpu": "AMD EPYC", "cpu_count": 2,
+                               "cpu_flags": ["avx2", "fma"], "gpu": "NVIDIA H100", "driver": "580.159.04",
+                               "cuda": "13.0", "sm_clock_mhz": 1980.0, "openvino": "2026.4.1"},
+               "variants": [{"name": "a", "details": {"threads": 2}}, {"name": "b", "details": {"threads": 1}},
+                            {"name": "c", "details": {}}]}
+    rows = dict(summary(results))
+    assert rows["CPU"] == "AMD EPYC (2 cores); flags avx2 fma; timed with 1, 2 thread(s)"
+    assert rows["GPU"] == "NVIDIA H100, driver 580.159.04, cuda 13.0, SM MHz now 1980.0"
+    assert "openvino 2026.4.1" in rows["Libraries"]
+    results["environment"]["cpu_flags"] = []
+    assert "flags: none of avx2/avx512/vnni/amx" in dict(summary(results))["CPU"]

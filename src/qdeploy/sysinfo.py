@@ -52,8 +52,10 @@ def environment() -> dict:
         "cudnn": None,
         "driver": None,
     }
-    for mod in ("torch", "torchvision", "onnx", "onnxruntime", "numpy", "timm"):
+    for mod in ("torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy", "timm"):
         env[mod] = _version(mod)
+    if env.get("openvino"):
+        env["openvino"] = env["openvino"].split("-")[0]  # "2026.4.1-22982-<hash>-releases/...": the release
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda

@@ -672,11 +672,19 @@ def summary(results: Mapping) -> list[tuple[str, str]]:
         rows.append(("ONNX export", onnx))
     if env:
         rows.append(("Python", f"{env.get('python') or '?'} on {env.get('platform') or '?'}"))
-        rows.append(("CPU", f"{env.get('cpu') or '?'}" + (f" ({env['cpu_count']} cores)" if env.get("cpu_count") else "")))
+        # INT8 speed on a CPU depends on its vector extensions (VNNI, AMX): said next to every CPU timing
+        flags = env.get("cpu_flags")
+        threads = sorted({str(v["details"]["threads"]) for v in results.get("variants") or []
+                          if isinstance(v.get("details"), Mapping) and v["details"].get("threads")})
+        rows.append(("CPU", f"{env.get('cpu') or '?'}" + (f" ({env['cpu_count']} cores)" if env.get("cpu_count") else "")
+                     + (f"; flags {' '.join(flags)}" if flags else "; flags: none of avx2/avx512/vnni/amx" if flags == [] else "")
+                     + (f"; timed with {', '.join(threads)} thread(s)" if threads else "")))
         gpu = env.get("gpu")
         rows.append(("GPU", "none" if not gpu else str(gpu) + "".join(
-            f", {k} {env[k]}" for k in ("cuda", "cudnn") if env.get(k) is not None)))
-        libs = [f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime") if env.get(k)]
+            f", {label} {env[k]}" for k, label in (("driver", "driver"), ("cuda", "cuda"), ("cudnn", "cudnn"),
+                                                    ("sm_clock_mhz", "SM MHz now"), ("sm_clock_max_mhz", "SM MHz max"))
+            if env.get(k) is not None)))
+        libs = [f"{k} {env[k]}" for k in ("torch", "torchvision", "onnx", "onnxruntime", "openvino") if env.get(k)]
         if libs:
             rows.append(("Libraries", ", ".join(libs)))
     created, version = results.get("created"), results.get("qdeploy_version")
