@@ -127,12 +127,61 @@ RULES: list[OpRule] = [
     OpRule("gelu", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Gelu", "Erf"), ("GELU",),
            applies=lambda g, n: n.op_type == "Gelu" or bool(_gelu_nodes(g, n)),
            expand=lambda g, n: [n] if n.op_type == "Gelu" else _gelu_nodes(g, n), why=_GELU_WHY),
+    OpRule("gating-mul", {"onnxruntime": FLOAT}, ("Mul",), applies=_two_activations,
+           why="a Mul of two activations (squeeze-excitation's x·gate, SiLU's x·σ(x), GELU's pieces) stays float in the "
+               "ONNX Runtime placement: ONNX Runtime's QLinearMul (requantizing, broadcasting the gate) costs 3.7-5x its "
+               "float Mul's kernel time, batch 32, 2 threads, AVX2 (bench/ort_op_profile.py: EfficientNet-B0@48 9.5 vs "
+               "2.5 ms, MobileNetV3@64 5.3 vs 1.4, DeiT-tiny 10.1 vs 2.0, ConvNeXt-atto 5.5 vs 1.0); with Mul float "
+               "EfficientNet-B0's INT8 graph went from 1.59x to 1.13x FP32's time. Elementwise work is memory-bound: "
+               "INT8 saves arithmetic, which it does not have"),
+    OpRule("global-pool", {"onnxruntime": FLOAT}, ("GlobalAveragePool",),
+           why="GlobalAveragePool stays float in the ONNX Runtime placement: QLinearGlobalAveragePool costs 2.5x the "
+               "float kernel (EfficientNet-B0@48 1.38 vs 0.53 ms, MobileNetV3@64 0.80 vs 0.32 ms, batch 32, 2 threads, "
+               "AVX2) and a mean over the map is not arithmetic-bound either"),
     OpRule("residual-add", {"tensorrt": SKIP_INPUT, "onnxruntime": INT8}, ("Add",),
            applies=lambda g, n: not any(g.is_constant(i) for i in n.input),
            why="TensorRT fuses Conv(+BN)(+act)+Add into one INT8 kernel when only the skip input is quantized (developer "
                "guide, Q/DQ layer-placement recommendations; ModelOpt's build_non_residual_input_map); ONNX Runtime runs "
                "QLinearAdd"),
 ]
+
+
+# ONNX Runtime placement: which quantized convs ONNX Runtime can run in INT8 at all (measured, issue #23)
+CONV_FLOAT_OUTPUT_WHY = (
+    "a Conv whose output is not quantized stays float in the ONNX Runtime placement: ONNX Runtime's CPU provider runs a "
+    "quantized Conv only as QLinearConv, which its QDQ transformer fuses from DequantizeLinear → Conv → QuantizeLinear "
+    "with the Q as the conv's only consumer; without it (its consumer stays float: SiLU/hardswish kept whole, a float "
+    "squeeze-excitation branch, an excluded layer) the Conv runs in float on input and weights dequantized at every "
+    "call, outside the NCHWc layout FP32 convs get. Conv kernel time, INT8 graph vs FP32 graph, batch 32, 2 threads, "
+    "AVX2 (bench/ort_op_profile.py): EfficientNet-B0@48 120.8 vs 18.8 ms, MobileNetV3@64 57.2 vs 16.1 ms, MobileViT-XXS "
+    "24.7 vs 7.9 ms. MatMul and Gemm keep their Q/DQ: ONNX Runtime has INT8 kernels with a float output for them "
+    "(MatMulIntegerToFloat, QGemm). Int8Config.quantized_conv_outputs keeps such convs INT8 by quantizing their output "
+    "instead (QLinearConv; one more rounding before the activation)")
+
+
+def convs_without_int8_kernel(model: onnx.ModelProto) -> list[str]:
+    """Names of the Convs of an ONNX Runtime-placement Q/DQ model that have a dequantized weight but whose output does
+    not go to QuantizeLinear only (so ONNX Runtime cannot fuse them into QLinearConv: CONV_FLOAT_OUTPUT_WHY)."""
+    consumers: dict[str, list] = {}
+    producer = {}
+    for node in model.graph.node:
+        for t in node.input:
+            consumers.setdefault(t, []).append(node)
+        for t in node.output:
+            producer[t] = node
+    outputs = {o.name for o in model.graph.output}
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "Conv":
+            continue
+        # a quantized weight marks a conv the placement meant to run in INT8 (a float conv may still read a DQ'd input
+        # that other, quantized consumers share)
+        dq_in = len(node.input) > 1 and getattr(producer.get(node.input[1]), "op_type", None) == "DequantizeLinear"
+        users = consumers.get(node.output[0], [])
+        fused = bool(users) and node.output[0] not in outputs and all(u.op_type == "QuantizeLinear" for u in users)
+        if dq_in and not fused:
+            out.append(node.name or node.output[0])
+    return out
 
 
 def rules(placement: str) -> list[OpRule]:
@@ -191,5 +240,5 @@ def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
         RULES.remove(rule)
 
 
-__all__ = ["ATTENTION_MATMUL", "FLOAT", "INT8", "OpRule", "RULES", "SKIP_INPUT", "attention_matmuls", "extra_rule",
+__all__ = ["ATTENTION_MATMUL", "CONV_FLOAT_OUTPUT_WHY", "convs_without_int8_kernel", "FLOAT", "INT8", "OpRule", "RULES", "SKIP_INPUT", "attention_matmuls", "extra_rule",
            "float_nodes", "int8_op_types", "module_rule", "rule_for", "rules"]

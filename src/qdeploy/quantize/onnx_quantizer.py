@@ -44,7 +44,8 @@ class OnnxQdqQuantizer(Quantizer):
             ranges, info = calibrate(source, inputs.calibration, inputs.preprocess, cfg.method, cfg.percentile,
                                      inputs.cache_dir, inputs.memo.setdefault("onnx-statistics", {}), names=names,
                                      channel_names=depthwise_inputs(model))
-        info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops, cfg.split_activations))
+        info.update(quantize_onnx(source, ranges, cfg.placement, out_path, cfg.exclude, cfg.exclude_ops, cfg.split_activations,
+                                  cfg.quantized_conv_outputs))
         facts = info.pop("calibration_facts", None)
         if facts:  # only the tensors that got a quantizer count (an equalized input stands for its source tensor)
             equalizers = set(info["equalized_depthwise_inputs"]["mul_nodes"])

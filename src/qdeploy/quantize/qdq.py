@@ -19,6 +19,7 @@ The ranges come from qdeploy's calibrators (ranges.py); ONNX Runtime only places
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Iterable
@@ -30,7 +31,7 @@ from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.quantize.equalize import equalize_depthwise_inputs
-from qdeploy.lint.placement import float_nodes, int8_op_types
+from qdeploy.lint.placement import convs_without_int8_kernel, float_nodes, int8_op_types
 from qdeploy.quantize.exclude import match_nodes
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
@@ -80,12 +81,10 @@ def select_excluded(model, exclude: Iterable[str], exclude_ops: Iterable[str]) -
 
 
 def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
-                  exclude: Iterable[str] = (), exclude_ops: Iterable[str] = (), split_activations: bool = False) -> dict:
+                  exclude: Iterable[str] = (), exclude_ops: Iterable[str] = (), split_activations: bool = False,
+                  quantized_conv_outputs: bool = False) -> dict:
     """Write the INT8 ONNX to ``out_path`` (atomically). Returns what was excluded and why."""
     import onnx
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
-    from onnxruntime.quantization.quant_utils import QuantType
 
     if target not in TARGETS:
         raise ValueError(f"unknown INT8 target '{target}' (one of {TARGETS})")
@@ -101,6 +100,10 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     # the placement rules' float ops (lint/placement.py: LayerNorm, Softmax, GELU; for TensorRT also attention's matmuls
     # of two activations), each with its reason
     rule_float = [n for n in float_nodes(OnnxGraph(model), target) if n not in excluded]
+    if split_activations:  # asked for ONNX Runtime's own placement of SiLU/hardswish's pieces: their Mul too
+        g = QdqGraph(model)
+        pieces = {p.name for node in g.nodes if (pair := g.swish(node)) is not None for p in (node, pair[1])}
+        rule_float = [n for n in rule_float if n not in pieces]
     excluded += rule_float
     symmetric = target == "tensorrt"
     # depthwise conv inputs: per-channel precision through a gain folded into the weights (equalize.py says why)
@@ -118,8 +121,48 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         for node in g.nodes:
             pair = g.swish(node)
             if pair is not None:
-                swish_nodes += [n for n in (node.name, pair[1].name) if n not in excluded]
-        excluded += swish_nodes
+                swish_nodes += [n for n in (node.name, pair[1].name) if n not in user_excluded and n not in se_nodes]
+        excluded += [n for n in swish_nodes if n not in excluded]
+
+    def place(excluded: list[str]):
+        return _place(copy.deepcopy(model), ranges, target, excluded, exclude_ops, symmetric,
+                      fix_swish=bool(swish_nodes) and not quantized_conv_outputs)
+
+    qmodel, fixes, plan, op_types = place(excluded)
+    float_convs: list[str] = []
+    if target == "onnxruntime":
+        # a conv ONNX Runtime cannot fuse into QLinearConv runs slower than in FP32: float (placement.py says why);
+        # again until none is left (a conv left float can leave its producer conv with a float output)
+        for _ in range(4):
+            more = [n for n in convs_without_int8_kernel(qmodel) if n not in excluded]
+            if not more:
+                break
+            float_convs += more
+            excluded += more
+            qmodel, fixes, plan, op_types = place(excluded)
+    # ONNX Runtime's quantizer appends its Q/DQ nodes (its own save_model_to_file sorts them): the ONNX spec, the checker
+    # and TensorRT's parser want the nodes in topological order
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    ONNXModel(qmodel).topological_sort()
+    with atomic_path(out_path) as tmp:
+        onnx.save(qmodel, str(tmp))
+    return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
+            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
+            "excluded_squeeze_excitation": se_nodes, "float_by_placement_rule": rule_float, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
+            "float_convs_without_int8_kernel": float_convs, "quantized_conv_outputs": quantized_conv_outputs,
+            "reduce_range": reduce_range_reason(target == "onnxruntime" and u8s8_saturates())}
+
+
+def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, symmetric: bool, fix_swish: bool):
+    """One run of ONNX Runtime's Q/DQ quantizer with these float nodes, then the placement's fixes: (Q/DQ model, fixes
+    applied, TensorRT plan, quantized op types)."""
+    import onnx
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantType
+
+    excluded = list(excluded)
     data = {}
     for name, r in ranges.items():
         lo, hi = (-r.amax, r.amax) if symmetric else (min(r.lo, 0.0), max(r.hi, 0.0))
@@ -160,7 +203,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
         act_type = QuantType.QInt8
     else:
         from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-
+    
         op_types = sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(exclude_ops or []))
         extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
         act_type = QuantType.QUInt8
@@ -176,19 +219,9 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     if target == "tensorrt":
         fixes = apply_fixes(qmodel, PLACEMENT_FIXES)
         snap_weights_to_grid(qmodel)
-    elif swish_nodes:  # the Q/DQ ONNX Runtime still puts on SiLU's input (a quantized conv's output) goes too
+    elif fix_swish:  # the Q/DQ ONNX Runtime still puts on SiLU's input (a quantized conv's output) goes too
         fixes = apply_fixes(qmodel, {"QD007"})
-    # ONNX Runtime's quantizer appends its Q/DQ nodes (its own save_model_to_file sorts them): the ONNX spec, the checker
-    # and TensorRT's parser want the nodes in topological order
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    ONNXModel(qmodel).topological_sort()
-    with atomic_path(out_path) as tmp:
-        onnx.save(qmodel, str(tmp))
-    return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
-            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
-            "excluded_squeeze_excitation": se_nodes, "float_by_placement_rule": rule_float, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
-            "reduce_range": reduce_range_reason(reduce_range)}
+    return qmodel, fixes, plan, op_types
 
 
 def snap_weights_to_grid(model) -> int:
