@@ -180,7 +180,7 @@ class DataConfig(_Strict):
         return self
 
 
-PLACEMENTS = ("onnxruntime", "tensorrt")
+PLACEMENTS = ("onnxruntime", "tensorrt", "openvino")
 METHODS = ("max", "entropy", "percentile", "mse", "mean-minmax")
 # Keys of earlier releases: named in the error so an old config is fixed in one step, not guessed at.
 RENAMED_KEYS = {"calibrator": "method", "target": "placement"}
@@ -198,10 +198,11 @@ class Int8Config(_Strict):
         "mean-minmax", description="range method: how an activation's clipping range is chosen from its statistics; "
                                    "default mean-minmax, the one method that collapsed on no model measured (README)")
     percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
-    placement: Literal["onnxruntime", "tensorrt"] = Field(
+    placement: Literal["onnxruntime", "tensorrt", "openvino"] = Field(
         "onnxruntime", description="Q/DQ placement style: onnxruntime = ONNX Runtime's QDQ placement for its CPU kernels (uint8 "
                                    "activations; SiLU/hardswish kept whole unless split_activations); "
-                                   "tensorrt = TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT)")
+                                   "tensorrt = TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT); "
+                                   "openvino = OpenVINO's own placement, made by NNCF (nncf.quantize on the ONNX; quantizer nncf)")
     exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
     exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
     calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
@@ -248,7 +249,7 @@ class Int8Config(_Strict):
 
     def label_parts(self) -> list[str]:
         """Label pieces that tell two settings apart: every setting that changes the artifact is in the label."""
-        parts = ["trt"] if self.placement == "tensorrt" else []
+        parts = {"tensorrt": ["trt"], "openvino": ["ov"]}.get(self.placement, [])
         if self.quantizer != "auto":
             parts.append(self.quantizer)
         if self.calibration_cache:

@@ -181,7 +181,7 @@ def internal_error(exc: BaseException, variant: Variant, stage: str) -> str:
     message = f"{type(exc).__name__} inside {where}" + (f": {text}" if text else " (no message)")
     int8 = variant.int8
     if int8 is not None and stage == "build":
-        other = "onnxruntime" if int8.placement == "tensorrt" else "tensorrt"
+        other = "onnxruntime" if int8.placement != "onnxruntime" else "tensorrt"
         tries = [f"placement: {other}"]
         if int8.quantizer == "modelopt":
             tries.append("quantizer: onnx")

@@ -108,6 +108,8 @@ class OpenVinoEngine(Engine):
 
     @classmethod
     def note(cls, variant: Variant) -> Optional[str]:
+        if variant.int8 is not None and variant.int8.placement == "openvino":
+            return "NNCF's Q/DQ placement (OpenVINO's own) run by OpenVINO's CPU plugin"
         if variant.int8 is not None:
             return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)"
         if variant.precision == "fp16":

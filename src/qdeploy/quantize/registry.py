@@ -92,7 +92,7 @@ def candidates(cfg: Int8Config, has_torch: bool) -> list[Quantizer]:
         q = get_quantizer(cfg.quantizer)
         q.check(cfg, has_torch)  # an explicit choice that cannot work is the user's error
         return [q]
-    order = [QUANTIZERS[n] for n in ("modelopt", "onnx") if n in QUANTIZERS]
+    order = [QUANTIZERS[n] for n in ("modelopt", "onnx", "nncf") if n in QUANTIZERS]
     usable = []
     for q in order:
         try:
@@ -137,7 +137,8 @@ def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name:
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
     else:
-        lint = {"skipped": "placement onnxruntime: ONNX Runtime's CPU layout, TensorRT's rules do not apply"}
+        lint = {"skipped": f"placement {cfg.placement}: {'OpenVINO' if cfg.placement == 'openvino' else 'ONNX Runtime'}'s "
+                           "CPU layout, TensorRT's rules do not apply"}
     result.info.update(quantizer=quantizer_name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
                        quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure, lint=lint)
     log(f"quantize: {out_path.name} ({quantizer_name}): {structure_line(structure)}"
