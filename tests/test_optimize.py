@@ -74,7 +74,8 @@ def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_
     assert chosen is missed and not met
     # ... unless the target times FP32 at least as fast as every candidate: then FP32 is simply the fastest answer
     chosen, met, why = choose([fp32, replace(slow_int8, within_budget=False, margin=-0.2)], measured=True)
-    assert chosen is fp32 and met and "INT8 brings no speed" in why[0]
+    assert chosen is fp32 and met and "INT8 brings no speed" in why[-1]
+    assert any("slower than the fastest FP32, fp32" in w and "never the answer" in w for w in why)
 
 
 def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
@@ -550,7 +551,7 @@ def test_every_int8_candidate_failing_is_said_first_listed_with_stage_and_reason
 
 def test_candidates_are_typed_one_class_per_kind():
     from qdeploy.config import OptimizeConfig
-    from qdeploy.optimize.candidates import CANDIDATE_KINDS, FallbackCandidate, QatCandidate, plan, target_for
+    from qdeploy.optimize.candidates import CANDIDATE_KINDS, FallbackCandidate, PtqCandidate, QatCandidate, plan, target_for
 
     o = OptimizeConfig(target="onnxruntime-cpu", methods=["max", "mse"], budget={"max_drop": 0.3})
     planned = plan(o, target_for("onnxruntime-cpu", False))
@@ -565,7 +566,19 @@ def test_candidates_are_typed_one_class_per_kind():
     assert FallbackCandidate.planned(planned[1], []) is planned[1]            # no float layer: the PTQ candidate itself
     q = QatCandidate.planned(planned[1], ["/a/Conv"])
     assert q.spec["quantizer"] == "qat" and q.variant == "int8-max-qat-float1" and q.to_json()["stage"] == "qat"
-    assert set(CANDIDATE_KINDS) >= {"fp32", "float", "int8-ptq", "int8-fallback", "int8-qat"}
+    assert set(CANDIDATE_KINDS) >= {"fp32", "float", "int8-ptq", "int8-fallback", "int8-qat", "engine"}
+    # target cpu: OpenVINO's float precisions are candidates from the start, every spec carries the threads asked
+    from dataclasses import replace as dc_replace
+
+    cpu = plan(o, dc_replace(target_for("cpu", False), threads=3))
+    assert [c.variant for c in cpu][:2] == ["fp32", "openvino-fp32"] and cpu[1].kind == "engine"
+    assert all(c.spec["threads"] == 3 for c in cpu)
+    qconv = PtqCandidate.planned(target_for("cpu", False), "max", quantized_conv_outputs=True)
+    assert qconv.variant == "int8-max-qconv" and qconv.spec["quantized_conv_outputs"] is True
+    from qdeploy.optimize.candidates import EngineCandidate
+
+    twin = EngineCandidate.planned_twin(target_for("cpu", False), "openvino", qconv)
+    assert twin.spec["engine"] == "openvino" and twin.spec["quantized_conv_outputs"] and twin.variant == "openvino-int8-max-qconv"
     row = planned[1].to_json()
     assert {"variant", "kind", "stage", "status", "failed_stage", "reason", "search_metric", "latency_p50_ms",
             "within_budget", "budget", "int8_share"} <= set(row)
@@ -658,3 +671,30 @@ def test_optimize_prints_each_identical_warning_once():
         log.warn("another warning")  # outside the scope: said again
     text = cap.get()
     assert text.count("static batch of 1") == 1 and text.count("another warning") == 2
+
+
+@pytest.mark.slow
+def test_cpu_target_weighs_both_engines_and_never_answers_with_an_int8_slower_than_fp32(tmp_path):
+    """target cpu: ONNX Runtime's FP32 reference and INT8, OpenVINO's FP32, its INT8 on the same Q/DQ ONNX and its own
+    placement (NNCF) where available, all evaluated and timed at the thread count asked; an INT8 candidate slower than
+    the fastest FP32 is named in the decisions and never chosen; the ONNX Runtime INT8 graph's per-op-class profile is in
+    optimize.json and the page."""
+    cfg = _opt_config(tmp_path, target="cpu", methods=["mean-minmax"], budget={"max_drop": 100.0}, threads=1)
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    rows = {x["variant"]: x for x in s["candidates"]}
+    assert {"fp32", "openvino-fp32", "int8-mean-minmax", "openvino-int8-mean-minmax"} <= set(rows)
+    assert rows["openvino-fp32"]["kind"] == "engine" and rows["openvino-fp32"]["engine"] == "openvino"
+    assert all(x["status"] == "ok" and x["latency_p50_ms"] > 0 for x in rows.values()
+               if x["variant"] in ("fp32", "openvino-fp32", "int8-mean-minmax", "openvino-int8-mean-minmax"))
+    assert s["threads"] == 1 and "1 thread(s); flags" in (tmp_path / "out" / "optimize.html").read_text()
+    fp32 = min(x["rank_key"] for x in rows.values() if x["precision"] == "fp32" and x["rank_key"])
+    chosen = rows[s["chosen"]["variant"]]
+    if chosen["precision"] == "int8":
+        assert chosen["rank_key"] <= fp32 * 1.03
+    for x in rows.values():
+        if x["precision"] == "int8" and x["rank_key"] and x["rank_key"] > fp32 * 1.03:
+            assert any(d.startswith(f"{x['variant']} (") and "never the answer" in d for d in s["decisions"])
+    prof = s["int8_op_profile"]
+    assert prof["threads"] == 1 and prof["batch_size"] == 4 and any(r["op_class"] == "Conv" for r in prof["classes"])
+    assert "Where INT8 time goes" in (tmp_path / "out" / "optimize.html").read_text()
+    assert (tmp_path / "out" / s["chosen"]["artifact"]).is_file()

@@ -431,7 +431,12 @@ class BudgetSpec(_Strict):
 class OptimizeConfig(_Strict):
     """``qdeploy optimize``: the fastest artifact within ``budget``, chosen on a search split, confirmed once on another."""
 
-    target: Literal["onnxruntime-cpu", "tensorrt", "torch-cuda", "torch-cpu", "onnxruntime-cuda"] = "onnxruntime-cpu"
+    target: Literal["onnxruntime-cpu", "cpu", "tensorrt", "torch-cuda", "torch-cpu", "onnxruntime-cuda"] = Field(
+        "onnxruntime-cpu", description="where the answer runs: onnxruntime-cpu (ONNX Runtime's CPU provider), cpu (ONNX "
+                                       "Runtime or OpenVINO, whichever is faster within budget), tensorrt, torch-cuda, "
+                                       "torch-cpu, onnxruntime-cuda")
+    threads: Optional[int] = Field(None, gt=0, description="CPU targets: intra-op threads every candidate runs and is timed "
+                                                           "with (default: every core); stated in the report")
     budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0))
     time_limit: Optional[float] = Field(None, gt=0, description="seconds for the whole search; the best candidate so far is "
                                                                 "written when it runs out (default: none; 300 for the "

@@ -52,10 +52,19 @@ class Target:
     runtimes: tuple[str, ...] = ()
     tf32: bool = False  # FP32 with TF32 math is a candidate of its own (NVIDIA GPUs from Ampere on)
     graph_capture: bool = False  # each float candidate also as a CUDA graph (engine option cuda_graphs)
+    # other CPU engines whose candidates this target weighs next to its own (cpu: OpenVINO beside ONNX Runtime): their
+    # FP32 (and FP16 where the CPU runs it), their INT8 from the same Q/DQ ONNX, and their own placement (NNCF)
+    also: tuple[str, ...] = ()
+    threads: Optional[int] = None  # CPU targets: intra-op threads every candidate runs and is timed with (None: all cores)
 
     @property
     def engine_name(self) -> str:
         return self.engine["engine"]
+
+    def engine_spec(self, engine: Optional[str] = None) -> dict:
+        """The variant fields every candidate on ``engine`` (default: the target's own) starts from."""
+        spec = dict(self.engine) if engine in (None, self.engine_name) else {"engine": engine}
+        return {**spec, "threads": self.threads} if self.threads else spec
 
     @property
     def torch_program(self) -> bool:
@@ -65,6 +74,9 @@ class Target:
 _ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
 TARGETS = {
     "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime"),
+    # the CPU answer from either engine: ONNX Runtime's candidates (the FP32 reference, its INT8 placement) and
+    # OpenVINO's (engines/openvino_engine.py), each an artifact the user deploys with that engine
+    "cpu": Target("cpu", _ORT_CPU, "onnxruntime", also=("openvino",)),
     "tensorrt": Target("tensorrt", {"engine": "tensorrt"}, "tensorrt", ("fp16",)),
     "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16", "bf16"),
                          runtimes=("eager", "cudagraph", "compile"), tf32=True),
@@ -109,6 +121,8 @@ def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
         out += [EagerCandidate.planned(target, p) for p in target.floats]
         return out
     out += [FloatCandidate.planned(target, p) for p in target.floats]
+    for engine in target.also:
+        out += [EngineCandidate.planned_float(target, engine, p) for p in engine_floats(engine)]
     if target.graph_capture:
         out += [FloatCandidate.planned(target, p, cuda_graphs=True) for p in ("fp32", *target.floats)]
     if target.placement is not None:
@@ -249,7 +263,7 @@ class Fp32Reference(Candidate):
 
     @classmethod
     def planned(cls, target: Target) -> "Fp32Reference":
-        return cls({**target.engine, "precision": "fp32", "name": "fp32"})
+        return cls({**target.engine_spec(), "precision": "fp32", "name": "fp32"})
 
     def describe(self) -> str:
         return "FP32 reference"
@@ -265,7 +279,7 @@ class FloatCandidate(Candidate):
 
     @classmethod
     def planned(cls, target: Target, precision: str, cuda_graphs: bool = False) -> "FloatCandidate":
-        spec = {**target.engine, "precision": precision, "name": precision + ("-cudagraph" if cuda_graphs else "")}
+        spec = {**target.engine_spec(), "precision": precision, "name": precision + ("-cudagraph" if cuda_graphs else "")}
         return cls({**spec, "cuda_graphs": True} if cuda_graphs else spec)
 
     def describe(self) -> str:
@@ -281,9 +295,10 @@ class PtqCandidate(Candidate):
     stage: ClassVar[str] = "ptq"
 
     @classmethod
-    def planned(cls, target: Target, method: str) -> "PtqCandidate":
-        return cls({**target.engine, "precision": "int8", "method": method, "placement": target.placement,
-                    "name": f"int8-{method}"})
+    def planned(cls, target: Target, method: str, quantized_conv_outputs: bool = False) -> "PtqCandidate":
+        spec = {**target.engine_spec(), "precision": "int8", "method": method, "placement": target.placement,
+                "name": f"int8-{method}" + ("-qconv" if quantized_conv_outputs else "")}
+        return cls({**spec, "quantized_conv_outputs": True} if quantized_conv_outputs else spec)
 
     def subset_only(self, agreement: float) -> None:
         """Ranked below another method on the subset and not evaluated on the whole search split (same graph, so the
@@ -292,7 +307,60 @@ class PtqCandidate(Candidate):
         self.budget = "not evaluated on the whole search split"
 
     def describe(self) -> str:
-        return f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
+        return (f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
+                + (", conv outputs quantized (QLinearConv before the activations kept whole)"
+                   if self.spec.get("quantized_conv_outputs") else ""))
+
+
+def engine_floats(engine: str) -> tuple[str, ...]:
+    """The float precisions ``engine`` runs on this CPU: FP32, and FP16 where OpenVINO's CPU plugin lists it."""
+    if engine == "openvino":
+        from qdeploy.engines.openvino_engine import precision_problem
+
+        return ("fp32",) + (("fp16",) if precision_problem("fp16") is None else ())
+    return ("fp32",)
+
+
+@register
+@dataclass(eq=False)
+class EngineCandidate(Candidate):
+    """A candidate on another CPU engine than the target's own (OpenVINO on target cpu): its float precisions, its
+    INT8 from the same Q/DQ ONNX as an ONNX Runtime PTQ candidate, or its own placement (NNCF). The artifact is the
+    ONNX that engine compiles, so the user deploys it with that engine."""
+
+    kind: ClassVar[str] = "engine"
+    stage: ClassVar[str] = "engine"
+
+    @property
+    def engine(self) -> str:
+        return self.spec["engine"]
+
+    @classmethod
+    def planned_float(cls, target: Target, engine: str, precision: str) -> "EngineCandidate":
+        return cls({**target.engine_spec(engine), "precision": precision, "name": f"{engine}-{precision}"})
+
+    @classmethod
+    def planned_twin(cls, target: Target, engine: str, of: Candidate) -> "EngineCandidate":
+        """The same INT8 Q/DQ ONNX as ``of`` (an ONNX Runtime PTQ candidate), run by ``engine``."""
+        int8 = {k: v for k, v in of.spec.items() if k not in ("engine", "device", "threads", "name")}
+        return cls({**target.engine_spec(engine), **int8, "name": f"{engine}-{of.variant}"})
+
+    @classmethod
+    def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax") -> "EngineCandidate":
+        return cls({**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine,
+                    "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"})
+
+    def describe(self) -> str:
+        name = {"openvino": "OpenVINO"}.get(self.engine, self.engine)
+        if self.precision != "int8":
+            return f"{name} {self.precision.upper()}"
+        if self.spec.get("placement") == self.engine:
+            return f"{name} INT8, {self.method} ranges, its own placement (NNCF)"
+        return (f"{name} INT8 on the ONNX Runtime-placement Q/DQ ONNX ({self.method} ranges"
+                + (", conv outputs quantized" if self.spec.get("quantized_conv_outputs") else "") + ")")
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "engine": self.engine}
 
 
 def program_settings(spec: dict, batch_sizes, input_shape):
@@ -561,5 +629,5 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
-           "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
-           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]
+           "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
+           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]

@@ -124,6 +124,19 @@ def _int8_offered(offers: list) -> bool:
     return any(getattr(c, "precision", None) == "int8" for c in offers)
 
 
+def int8_slower_than_fp32(candidates: list) -> list[str]:
+    """A line for each INT8 candidate measured slower than the fastest FP32 candidate (of any engine): the search never
+    answers with one, and says so rather than leaving it out silently."""
+    fp32 = [c for c in candidates if getattr(c, "precision", None) == "fp32" and (c.rank_key or 0) > 0]
+    if not fp32:
+        return []
+    best = min(fp32, key=lambda c: c.rank_key)
+    return [f"{c.variant} ({_speed(c, c.rank_key)}) is slower than the fastest FP32, {best.variant} "
+            f"({_speed(best, best.rank_key)}): an INT8 candidate slower than FP32 is never the answer"
+            for c in candidates if getattr(c, "precision", None) == "int8" and (c.rank_key or 0) > 0
+            and c.rank_key > best.rank_key * (1 + LATENCY_TIE)]
+
+
 def choose(candidates: list, measured: bool) -> tuple:
     """(chosen candidate, within budget on the search split, decision lines). ``candidates[0]`` is the FP32 reference.
 
@@ -134,17 +147,18 @@ def choose(candidates: list, measured: bool) -> tuple:
     offers = [c for c in candidates if not c.reference]
     ref = candidates[0] if candidates else None
     timed = [c.rank_key for c in offers if c.rank_key is not None]
+    slower = int8_slower_than_fp32(candidates) if measured else []
     if measured and ref is not None and ref.reference and ref.rank_key is not None and timed \
             and ref.rank_key <= min(timed) * (1 + LATENCY_TIE):
-        return ref, True, [f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate (fastest "
-                           f"{_speed(ref, min(timed))}) on this target: the answer is FP32, "
-                           + ("INT8 brings no speed here" if _int8_offered(offers) else "nothing runs it faster here")]
+        return ref, True, slower + [f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate (fastest "
+                                    f"{_speed(ref, min(timed))}) on this target: the answer is FP32, "
+                                    + ("INT8 brings no speed here" if _int8_offered(offers) else "nothing runs it faster here")]
     chosen = fastest_within(offers)
     if chosen is None:
         chosen = best_effort(offers) or ref
         return chosen, False, [f"no candidate within budget on the search split; best effort: "
                                f"{chosen.variant if chosen else 'none'}"]
-    why = [f"chosen: {chosen.variant} (fastest within budget on the search split"
+    why = slower + [f"chosen: {chosen.variant} (fastest within budget on the search split"
            + ("" if measured else ", by INT8 share of compute") + ")"]
     if measured and ref.reference and fastest_within(offers + [ref]) is ref:
         why.append(f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate within budget (best "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -45,9 +46,10 @@ from qdeploy.evaluate.metrics import agreement
 from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.models.loader import is_onnx_source
-from qdeploy.optimize.candidates import (Candidate, FallbackCandidate, PtqCandidate, QatCandidate, Target, onnx_of, plan,
-                                         rescore, target_for)
-from qdeploy.optimize.decide import LATENCY_TIE, best_effort, budget_check, choose, resolution_warning, z_of
+from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, Target,
+                                         onnx_of, plan, rescore, target_for)
+from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fastest_within, resolution_warning,
+                                     z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
 from qdeploy.optimize.torch_search import confirm_program, evaluate_torch
@@ -62,6 +64,7 @@ from qdeploy.utils.hashing import sha256_json
 from qdeploy.utils.log import each_warning_once, log, warn
 
 TORCH_TIME_LIMIT = 300.0  # seconds: optimize.time_limit's default for the PyTorch targets
+CPU_TARGETS = ("onnxruntime-cpu", "cpu", "torch-cpu")
 
 
 def _metric_key(task: str) -> str:
@@ -130,6 +133,7 @@ class _Search:
     rank_batches: list = dataclasses.field(default_factory=list)  # ranked on the geometric mean of their p50s
     cache_root: Optional[Path] = None
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
+    int8_op_profile: Optional[dict] = None  # ONNX Runtime CPU targets: per-op-class time of an INT8 candidate vs FP32
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -201,6 +205,10 @@ def _prepare(cfg: RunConfig):
                           "from data.eval (count/complement, to keep calibration images out, stay as they are)")
     trt = tensorrt_version() is not None and torch.cuda.is_available()
     target = target_for(o.target, trt)
+    if o.threads:
+        if o.target not in CPU_TARGETS:
+            raise ConfigError(f"optimize.threads sets CPU threads; target {o.target} runs on a GPU")
+        target = dataclasses.replace(target, threads=o.threads)
     bs = o.batch_size or max(cfg.bench.batch_sizes)
     listing = make_batches(ev, cfg.model.preprocess, cfg.model.task, progress=False)
     n = listing.num_samples
@@ -280,6 +288,7 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
             s.note(line)
         if s.timed_out:
             s.note(f"time limit {o.time_limit:g} s: the chosen candidate is the best found so far")
+        _profile_int8(s, chosen)
         int8_failed = int8_failure_warning([{**c.to_json(), "name": c.variant} for c in s.int8()]) \
             if any(c.precision == "int8" for c in planned) else None
         if int8_failed is not None:
@@ -323,11 +332,14 @@ def _evaluate(s: _Search, planned: list[Candidate], n_search: int) -> None:
         _rank_methods(s, ptq)
     ok_ptq = [c for c in s.int8() if c.ok]
     s.stages["ptq"] = {"within_budget": [c.variant for c in ok_ptq if c.within_budget]}
+    if not s.timed_out:
+        _placements_and_engines(s, ok_ptq)
+        ok_ptq = [c for c in s.int8() if c.ok and isinstance(c, PtqCandidate)]
     # ---- per-layer fallback, then QAT: when no INT8 candidate is within budget (FP16 may be, and slower)
     slower = _int8_slower_than_fp32(s.reference, ok_ptq, s.target.measured)
     if slower:
         s.note(slower)
-    if ok_ptq and not any(c.within_budget for c in ok_ptq) and not s.timed_out and not slower:
+    if ok_ptq and not any(c.within_budget for c in s.int8() if c.ok) and not s.timed_out and not slower:
         start = best_effort(ok_ptq)
         s.note(f"no PTQ candidate within budget on the search split; best: {start.variant} ({start.budget})")
         float_layers: list[str] = []
@@ -347,6 +359,79 @@ def _evaluate(s: _Search, planned: list[Candidate], n_search: int) -> None:
             s.note("QAT not allowed (optimize.qat: off): the search ends without training")
     if s.out_of_time():
         s.timed_out = True
+
+
+def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
+    """From the best PTQ method: the ONNX Runtime placement that keeps conv outputs quantized (when the default left
+    convs float because ONNX Runtime has no INT8 conv with a float output: lint/placement.py), and on the target's other
+    engines (target cpu: OpenVINO) the same Q/DQ ONNX files and the engine's own placement (NNCF)."""
+    if s.target.placement != "onnxruntime" or not s.target.measured:
+        return
+    measured = [c for c in ok_ptq if isinstance(c, PtqCandidate) and c.latency_p50_ms is not None]
+    best = fastest_within(measured) or best_effort(measured)
+    planned: list[Candidate] = []
+    if best is not None:
+        art = onnx_of(s.ctx.builder.build(resolve_variant(VariantSpec.model_validate(best.spec), 0).artifact_request()))
+        float_convs = (art.info or {}).get("float_convs_without_int8_kernel") or [] if art is not None else []
+        if float_convs:
+            s.note(f"{best.variant}: {len(float_convs)} convs left float because their outputs stay float (ONNX Runtime "
+                   "runs a conv in INT8 only as QLinearConv); trying them INT8 with quantized outputs")
+            planned.append(PtqCandidate.planned(s.target, best.method, quantized_conv_outputs=True))
+    for engine in s.target.also:
+        sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)]
+        planned += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
+        problem = own_placement_problem(engine)
+        if problem:
+            s.note(f"{engine}'s own INT8 placement not tried: {problem}")
+        else:
+            planned.append(EngineCandidate.planned_own_placement(s.target, engine))
+    for i, cand in enumerate(planned):
+        if s.out_of_time():
+            s.timed_out = True
+            s.note(f"time limit {s.o.time_limit:g} s reached: {', '.join(c.variant for c in planned[i:])} not tried")
+            return
+        s.measure(cand)
+
+
+def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
+    """Where the ONNX Runtime INT8 graph spends its time against FP32, per op class (benchmark/op_profile.py): the
+    chosen INT8 candidate, or the fastest ONNX Runtime INT8 candidate when the answer is not one (why INT8 lost). The
+    report shows the classes whose INT8 form costs more than their float form."""
+    if not s.target.measured or s.fp32_onnx is None or s.target.engine.get("device", "cpu") != "cpu":
+        return
+    ort_int8 = [c for c in s.candidates if c.ok and c.precision == "int8" and c.spec.get("engine") == "onnxruntime"
+                and c.latency_p50_ms is not None]
+    cand = chosen if chosen in ort_int8 else min(ort_int8, key=lambda c: c.latency_p50_ms, default=None)
+    if cand is None:
+        return
+    from qdeploy.benchmark.op_profile import int8_cost_by_op_class, summary_line
+
+    try:
+        art = onnx_of(s.ctx.builder.build(resolve_variant(VariantSpec.model_validate(cand.spec), 0).artifact_request()))
+        images = normalize(s.ctx.eval_batches.first(s.batch_size)[0], s.ctx.cfg.model.preprocess)
+        x = np.ascontiguousarray(np.resize(images, (s.batch_size, *images.shape[1:])).astype(np.float32))
+        # about 5 s per graph: the candidate's p50 sets the number of profiled runs
+        runs = int(min(20, max(3, 5000.0 / max(cand.latency_p50_ms, 1e-3))))
+        t0 = time.perf_counter()
+        cmp = int8_cost_by_op_class(s.fp32_onnx, art.path, x, runs=runs, threads=s.target.threads)
+    except (QDeployError, OSError, RuntimeError, ValueError) as e:  # a diagnostic: its failure must not sink the search
+        s.note(f"per-op profile of {cand.variant} not taken: {type(e).__name__}: {e}")
+        return
+    s.int8_op_profile = {"candidate": cand.variant, "chosen": cand is chosen, "seconds": round(time.perf_counter() - t0, 1),
+                         **cmp}
+    s.note(f"{cand.variant}: " + summary_line(cmp))
+
+
+def own_placement_problem(engine: str) -> Optional[str]:
+    """Why ``engine``'s own INT8 placement cannot be made here (None: it can)."""
+    from qdeploy.config import Int8Config
+    from qdeploy.quantize.registry import NotApplicable, candidates as quantizers
+
+    try:
+        quantizers(Int8Config(placement=engine), has_torch=False)
+    except (NotApplicable, QDeployError) as e:
+        return str(e)
+    return None
 
 
 def _after_reference(s: _Search, spent: float, n_search: int) -> None:
@@ -528,6 +613,8 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
         c = chosen
         summary = {
             "target": o.target, "budget": o.budget.model_dump(exclude_none=True), "batch_size": s.batch_size,
+            # the CPU threads every candidate ran and was timed with (GPU targets: None)
+            "threads": (s.target.threads or os.cpu_count()) if o.target in CPU_TARGETS else None,
             "latency_measured": s.target.measured, "timed_out": s.timed_out,
             "chosen": {"variant": c.variant if c else None, "kind": c.kind if c else None, "artifact": chosen_file,
                        "search_metric": c.search_metric if c else None, "confirm_metric": chosen_metric,
@@ -544,6 +631,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
             **({"program": _program_summary(program, s)} if program is not None else {}),
             "confirm": {"why": confirm.why, "margin": confirm.margin},
             "warnings": s.warnings,
+            **({"int8_op_profile": s.int8_op_profile} if s.int8_op_profile else {}),
             "int8_all_failed": any(w["code"] == "every-int8-variant-failed" for w in s.warnings),
             "candidates": [x.to_json() for x in s.candidates], "stages": s.stages, "decisions": s.decisions,
             "evaluations": s.evaluations, "splits": {"search": n_search, "confirm": n - n_search, "seed": o.seed},

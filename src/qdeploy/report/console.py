@@ -170,5 +170,5 @@ def print_optimize(summary: Mapping, console: Console | None = None) -> None:
     console = console or _stdout_console()
     for line in optimize_warnings(summary):  # first: what makes the answer doubtful
         console.print(Text(f"{T.WARNING_MARK} {line}", style="bold red"))
-    for table in [t for t in optimize_tables(summary) if t.key in ("chosen", "candidates", "program")]:
+    for table in [t for t in optimize_tables(summary) if t.key in ("chosen", "candidates", "program", "op-profile")]:
         print_report_table(table, console)

@@ -89,6 +89,11 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     program = T.section(summary, "program")
     for b, v in (program.get("latency_p50_ms") or {}).items():
         head.add([f"p50 at batch {b}, loaded from --out in a fresh process (ms)", T.fmt(v, 3), "–"])
+    env = T.section(summary, "environment")
+    if summary.get("threads"):  # CPU targets: INT8 speed depends on the CPU's vector extensions and the threads
+        flags = env.get("cpu_flags")
+        head.add(["timed on", f"{env.get('cpu') or '?'}, {summary['threads']} thread(s)"
+                  + (f"; flags {' '.join(flags)}" if flags else "; flags: none of avx2/avx512/vnni/amx"), "–"])
     ev = T.section(summary, "evaluations")
     head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}", "–"])
     torch_target = str(summary.get("target") or "").startswith("torch-")
@@ -116,6 +121,9 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
                    str(x.get("budget")), p50, *last],
                   style="muted" if x.get("status") in ("failed", "skipped") else "")
     tables = [head, cands]
+    prof = T.section(summary, "int8_op_profile")
+    if prof.get("classes"):
+        tables.append(op_profile_table(prof))
     if program:
         tables.append(program_table(program, T.section(summary, "environment")))
     fb = T.section(T.section(summary, "stages"), "fallback")
@@ -133,6 +141,25 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     for i, d in enumerate(summary.get("decisions") or [], 1):
         log.add([str(i), str(d)])
     return tables + [log]
+
+
+def op_profile_table(prof: Mapping) -> T.Table:
+    """The ONNX Runtime INT8 graph against the FP32 graph, kernel time per op class: where INT8 costs more than float."""
+    slower = set(prof.get("slower") or [])
+    who = "the chosen candidate" if prof.get("chosen") else "the fastest ONNX Runtime INT8 candidate (not chosen)"
+    t = T.Table("op-profile", f"Where INT8 time goes: {prof.get('candidate')} vs FP32, per op class",
+                ["Op class", "FP32 ms", "INT8 ms", "INT8 / FP32", "INT8 kernels", "INT8 costs more"],
+                [False, True, True, True, False, False],
+                caption=f"ONNX Runtime's profiler on {who}: kernel time per op class over {prof.get('runs')} runs at batch "
+                        f"{prof.get('batch_size')}, {prof.get('threads')} threads (p50 FP32 {T.fmt(prof.get('fp32_p50_ms'), 3)}"
+                        f" ms, INT8 {T.fmt(prof.get('int8_p50_ms'), 3)} ms). Q/DQ: quantize/dequantize nodes ONNX Runtime "
+                        "could not fuse; layout: NCHWc reorders. A class that costs more in INT8 is what the placement "
+                        "rules (lint/placement.py) leave float where that is faster.")
+    for r in prof.get("classes") or []:
+        t.add([str(r.get("op_class")), T.fmt((r.get("fp32_us") or 0) / 1e3, 3), T.fmt((r.get("int8_us") or 0) / 1e3, 3),
+               T.fmt(r.get("ratio"), 2) if r.get("ratio") is not None else "–", ", ".join(r.get("int8_ops") or []) or "–",
+               "YES" if r.get("op_class") in slower else ""], style="degraded" if r.get("op_class") in slower else "")
+    return t
 
 
 def program_table(program: Mapping, env: Mapping) -> T.Table:
