@@ -60,8 +60,9 @@ def test_quantizer_registry_resolves_auto_and_refuses_what_cannot_work():
     assert names(Int8Config(placement="tensorrt", exclude_ops=["Gemm"]), True) == ["onnx"]
     with pytest.raises(NotApplicable, match="needs a PyTorch model"):
         candidates(Int8Config(placement="tensorrt", quantizer="modelopt"), False)
-    with pytest.raises(QDeployError, match="unknown quantizer 'nncf'"):
-        candidates(Int8Config(quantizer="nncf"), True)
+    assert names(Int8Config(placement="openvino"), True) == ["nncf"]  # OpenVINO's own placement: NNCF only
+    with pytest.raises(QDeployError, match="unknown quantizer 'olive'"):
+        candidates(Int8Config(quantizer="olive"), True)
 
 
 def test_exclude_means_onnx_node_names_for_modelopt_too(res_setup):

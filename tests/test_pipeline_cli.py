@@ -102,7 +102,7 @@ def test_doctor_states_tensorrt_absence(capsys):
     ort_cpu = next(r for r in info["engines"] if r["engine"] == "onnxruntime" and r["device"] == "cpu")
     assert ort_cpu["usable"] is True and "int8" in ort_cpu["precisions"]
     assert {r["engine"] for r in info["engines"]} == {"torch", "onnxruntime", "openvino", "tensorrt"}
-    assert set(info["quantizers"]) == {"modelopt", "onnx", "qat"}
+    assert set(info["quantizers"]) == {"modelopt", "onnx", "qat", "nncf"}
 
 
 # ---- bad input: one clear message, exit code 2, no traceback, nothing half-written ----------------

@@ -206,7 +206,7 @@ class Int8Config(_Strict):
     exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
     exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
     calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
-    quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx | qat (see qdeploy doctor); "
+    quantizer: str = Field("auto", description="registered quantizer: auto | modelopt | onnx | qat | nncf (see qdeploy doctor); "
                                                 "qat fine-tunes with the config's qat: section, starting from this method's PTQ")
     split_activations: bool = Field(
         False, description="placement onnxruntime only: quantize SiLU/hardswish as x, gate and product separately, so that "

@@ -295,10 +295,17 @@ class PtqCandidate(Candidate):
     stage: ClassVar[str] = "ptq"
 
     @classmethod
-    def planned(cls, target: Target, method: str, quantized_conv_outputs: bool = False) -> "PtqCandidate":
+    def planned(cls, target: Target, method: str, quantized_conv_outputs: bool = False,
+                float_ops: tuple[str, ...] = ()) -> "PtqCandidate":
+        """``float_ops``: op types left float because the profile of this placement measured their INT8 form slower."""
         spec = {**target.engine_spec(), "precision": "int8", "method": method, "placement": target.placement,
-                "name": f"int8-{method}" + ("-qconv" if quantized_conv_outputs else "")}
-        return cls({**spec, "quantized_conv_outputs": True} if quantized_conv_outputs else spec)
+                "name": f"int8-{method}" + ("-qconv" if quantized_conv_outputs else "")
+                + (f"-float-{'+'.join(float_ops)}" if float_ops else "")}
+        if quantized_conv_outputs:
+            spec["quantized_conv_outputs"] = True
+        if float_ops:
+            spec["exclude_ops"] = list(float_ops)
+        return cls(spec)
 
     def subset_only(self, agreement: float) -> None:
         """Ranked below another method on the subset and not evaluated on the whole search split (same graph, so the
@@ -309,7 +316,9 @@ class PtqCandidate(Candidate):
     def describe(self) -> str:
         return (f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
                 + (", conv outputs quantized (QLinearConv before the activations kept whole)"
-                   if self.spec.get("quantized_conv_outputs") else ""))
+                   if self.spec.get("quantized_conv_outputs") else "")
+                + (f", {', '.join(self.spec['exclude_ops'])} left float (measured slower in INT8)"
+                   if self.spec.get("exclude_ops") else ""))
 
 
 def engine_floats(engine: str) -> tuple[str, ...]:

@@ -134,6 +134,7 @@ class _Search:
     cache_root: Optional[Path] = None
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
     int8_op_profile: Optional[dict] = None  # ONNX Runtime CPU targets: per-op-class time of an INT8 candidate vs FP32
+    profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -377,20 +378,63 @@ def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
             s.note(f"{best.variant}: {len(float_convs)} convs left float because their outputs stay float (ONNX Runtime "
                    "runs a conv in INT8 only as QLinearConv); trying them INT8 with quantized outputs")
             planned.append(PtqCandidate.planned(s.target, best.method, quantized_conv_outputs=True))
+    if not _measure_all(s, planned):
+        return
+    # the placement the profile asks for: op types whose INT8 kernels ONNX Runtime measured slower than their float ones
+    # (on this model, CPU and batch size) left float, from the faster of the two placements above
+    ort = [c for c in [best, *planned] if c is not None and c.ok and c.latency_p50_ms is not None]
+    base = min(ort, key=lambda c: c.latency_p50_ms, default=None)
+    profiled = _profile(s, base) if base is not None and s.fp32_onnx is not None else None
+    slower = [k for k in (profiled or {}).get("slower", []) if k in FLOAT_WHEN_SLOWER]
+    if slower:
+        cand = PtqCandidate.planned(s.target, base.method, bool(base.spec.get("quantized_conv_outputs")), tuple(slower))
+        if _same_onnx(s, cand, base):
+            s.note(f"{base.variant}: {', '.join(slower)} measured slower in INT8 than in FP32, but leaving them float "
+                   "gives the same Q/DQ ONNX (ONNX Runtime fuses them from their neighbours' Q/DQ): not tried")
+        else:
+            s.note(f"{base.variant}: {', '.join(slower)} measured slower in INT8 than in FP32 (ONNX Runtime profiler); "
+                   "trying them float")
+            planned.append(cand)
+            if not _measure_all(s, planned[-1:]):
+                return
+    twins: list[Candidate] = []
     for engine in s.target.also:
-        sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)]
-        planned += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
+        sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)
+                                                          and not c.spec.get("exclude_ops")]
+        twins += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
         problem = own_placement_problem(engine)
         if problem:
             s.note(f"{engine}'s own INT8 placement not tried: {problem}")
         else:
-            planned.append(EngineCandidate.planned_own_placement(s.target, engine))
+            twins.append(EngineCandidate.planned_own_placement(s.target, engine))
+    _measure_all(s, twins)
+
+
+# op classes (benchmark/op_profile.op_class) that are also ONNX op types the placement can leave float without losing a
+# compute op's INT8 kernel: data movement and elementwise work, whose INT8 form saves no arithmetic
+FLOAT_WHEN_SLOWER = ("Transpose", "Reshape", "Concat", "Resize", "Softmax", "Sigmoid", "HardSigmoid", "MaxPool",
+                     "AveragePool", "Split", "Slice", "Pad")
+
+
+def _same_onnx(s: _Search, a: Candidate, b: Candidate) -> bool:
+    """Whether two INT8 candidates' specs build byte-identical Q/DQ ONNX files (then they are one candidate)."""
+    from qdeploy.utils.hashing import sha256_file
+
+    paths = [onnx_of(s.ctx.builder.build(resolve_variant(VariantSpec.model_validate(c.spec), 0).artifact_request())).path
+             for c in (a, b)]
+    return sha256_file(paths[0]) == sha256_file(paths[1])
+
+
+def _measure_all(s: _Search, planned: list[Candidate]) -> bool:
+    """Measure each candidate in turn; False when the time limit stopped it (the rest are named as not tried)."""
     for i, cand in enumerate(planned):
         if s.out_of_time():
             s.timed_out = True
             s.note(f"time limit {s.o.time_limit:g} s reached: {', '.join(c.variant for c in planned[i:])} not tried")
-            return
-        s.measure(cand)
+            return False
+        if not any(c.variant == cand.variant for c in s.candidates):
+            s.measure(cand)
+    return True
 
 
 def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
@@ -404,8 +448,20 @@ def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
     cand = chosen if chosen in ort_int8 else min(ort_int8, key=lambda c: c.latency_p50_ms, default=None)
     if cand is None:
         return
+    cmp = _profile(s, cand)
+    if cmp is not None:
+        s.int8_op_profile = {"candidate": cand.variant, "chosen": cand is chosen, **cmp}
+
+
+def _profile(s: _Search, cand: Candidate) -> Optional[dict]:
+    """benchmark/op_profile's comparison of ``cand``'s INT8 ONNX with the FP32 ONNX at the ranked batch size and the
+    target's threads (None, with a decision line, when it cannot be taken). Once per candidate."""
+    cache = s.profiles
+    if cand.variant in cache:
+        return cache[cand.variant]
     from qdeploy.benchmark.op_profile import int8_cost_by_op_class, summary_line
 
+    cache[cand.variant] = None
     try:
         art = onnx_of(s.ctx.builder.build(resolve_variant(VariantSpec.model_validate(cand.spec), 0).artifact_request()))
         images = normalize(s.ctx.eval_batches.first(s.batch_size)[0], s.ctx.cfg.model.preprocess)
@@ -416,10 +472,11 @@ def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
         cmp = int8_cost_by_op_class(s.fp32_onnx, art.path, x, runs=runs, threads=s.target.threads)
     except (QDeployError, OSError, RuntimeError, ValueError) as e:  # a diagnostic: its failure must not sink the search
         s.note(f"per-op profile of {cand.variant} not taken: {type(e).__name__}: {e}")
-        return
-    s.int8_op_profile = {"candidate": cand.variant, "chosen": cand is chosen, "seconds": round(time.perf_counter() - t0, 1),
-                         **cmp}
+        return None
+    cmp["seconds"] = round(time.perf_counter() - t0, 1)
     s.note(f"{cand.variant}: " + summary_line(cmp))
+    cache[cand.variant] = cmp
+    return cmp
 
 
 def own_placement_problem(engine: str) -> Optional[str]:

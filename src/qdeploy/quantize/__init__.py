@@ -4,12 +4,13 @@
 
 Settings are one object (``qdeploy.config.Int8Config``); the algorithm is a registered quantizer
 (registry.py): ``onnx`` (onnx_quantizer.py: ONNX Runtime statistics pass → ranges.py → qdq.py placement)
-``modelopt`` (modelopt_quantizer.py → modelopt_torch.py) and ``qat`` (qat_quantizer.py: ModelOpt PTQ fine-tuned by
-qat.py's trainer). Shared pieces: collect.py (statistics),
+``modelopt`` (modelopt_quantizer.py → modelopt_torch.py), ``qat`` (qat_quantizer.py: ModelOpt PTQ fine-tuned by
+qat.py's trainer) and ``nncf`` (nncf_quantizer.py: placement openvino, NNCF's ``nncf.quantize`` on the ONNX; nncf is
+imported on first use). Shared pieces: collect.py (statistics),
 ranges.py (max / entropy / percentile / mse), calibrate.py (ranges cache, TensorRT cache input, Q/DQ
 read-back), trt_cache.py (TensorRT calibration cache in/out).
 """
-from qdeploy.quantize import modelopt_quantizer, onnx_quantizer, qat_quantizer  # noqa: F401  (register the quantizers)
+from qdeploy.quantize import modelopt_quantizer, nncf_quantizer, onnx_quantizer, qat_quantizer  # noqa: F401  (register the quantizers)
 from qdeploy.quantize.qdq import quantize_onnx
 from qdeploy.quantize.ranges import METHODS, TensorRange, compute_ranges
 from qdeploy.quantize.registry import (

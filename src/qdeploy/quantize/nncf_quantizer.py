@@ -1,0 +1,248 @@
+"""Quantizer ``nncf``: OpenVINO's own INT8 placement (``placement: openvino``), made by NNCF on the FP32 ONNX.
+
+``nncf.quantize`` with its ONNX backend inserts QuantizeLinear/DequantizeLinear where OpenVINO's CPU plugin wants them
+(NNCF's CPU hardware config, target_device ANY: int8 weights symmetric per output channel, activations per tensor,
+unsigned after a ReLU) and calibrates the ranges itself; the Q/DQ ONNX is what engine ``openvino`` (and ONNX Runtime)
+runs. Only the settings NNCF has an equivalent for are accepted: range methods mean-minmax (NNCF's default) and max,
+``exclude`` and ``exclude_ops``.
+
+``nncf`` is imported on first use only: ``import qdeploy`` stays fast and works without it (then ``check`` declines).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from qdeploy.config import Int8Config
+from qdeploy.errors import ConfigError, QDeployError
+from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
+from qdeploy.utils.log import log, warn
+
+METHODS = ("mean-minmax", "max")  # the range methods NNCF offers here (Int8Config.method)
+
+
+@register_quantizer
+class NncfQuantizer(Quantizer):
+    name = "nncf"
+    description = "OpenVINO's own Q/DQ placement and ranges, made by NNCF (nncf.quantize on the ONNX; placement openvino)"
+
+    def check(self, cfg: Int8Config, has_torch: bool) -> None:
+        if cfg.placement != "openvino":
+            raise NotApplicable(f"placement {cfg.placement}: quantizer nncf makes placement openvino only (OpenVINO's own "
+                                "Q/DQ placement)")
+        if importlib.util.find_spec("nncf") is None:
+            raise NotApplicable("NNCF is not installed (pip install nncf)")
+        if cfg.calibration_cache:
+            raise NotApplicable("calibration_cache: NNCF calibrates its own ranges and cannot take them from a TensorRT "
+                                "calibration cache (use placement tensorrt or onnxruntime with it)")
+        if cfg.split_activations:
+            raise NotApplicable("split_activations is ONNX Runtime's placement option; NNCF places the quantizers around "
+                                "SiLU/hardswish by OpenVINO's own rules")
+        if cfg.quantized_conv_outputs:
+            raise NotApplicable("quantized_conv_outputs is ONNX Runtime's placement option; NNCF places the quantizers by "
+                                "OpenVINO's own rules")
+        _check_method(cfg.method)  # ConfigError: a method NNCF has no equivalent of is the user's choice, not a fallback
+
+    def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult:
+        import onnx
+        from onnxruntime.quantization.onnx_model import ONNXModel
+
+        from qdeploy.lint.placement import attention_matmuls
+        from qdeploy.quantize.calibrate import ranges_from_qdq
+        from qdeploy.quantize.qdq import select_excluded
+        from qdeploy.utils.atomic import atomic_path
+        from qdeploy.utils.onnx_graph import OnnxGraph
+
+        if inputs.calibration is None:
+            raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
+        t0 = time.perf_counter()
+        nncf = _import_nncf()
+        model = onnx.load(str(inputs.fp32_onnx))
+        graph = OnnxGraph(model)
+        if len(graph.input_names) != 1:
+            raise NotApplicable(f"{Path(inputs.fp32_onnx).name} has {len(graph.input_names)} inputs "
+                                f"({', '.join(graph.input_names)}); quantizer nncf feeds one image input")
+        input_name = graph.input_names[0]
+        # NNCF's docs: model_type TRANSFORMER is for transformer models. In its source (nncf 3.4) it keeps the attention
+        # output and position-encoding patterns float (MULTIHEAD_ATTENTION_OUTPUT, ROPE, SAM_PE in
+        # common/graph/patterns/patterns.py), picks preset mixed (asymmetric activations, but symmetric on both inputs
+        # of an activation×activation MatMul: min_max/algorithm.py) and runs SmoothQuant before the range pass
+        # (post_training/pipeline.py). Without it an attention model gets the CNN rules, which NNCF does not recommend.
+        attention = attention_matmuls(graph)
+        model_type = nncf.ModelType.TRANSFORMER if attention else None
+        # qdeploy's exclude rule (module names, or regexes *searched* in node names: quantize/exclude.py) resolved here,
+        # then handed to NNCF by name: NNCF's own patterns are re.match'ed (anchored), which would read "conv1" differently
+        excluded, unmatched = select_excluded(model, cfg.exclude, cfg.exclude_ops)
+        ignored = nncf.IgnoredScope(names=excluded, types=list(cfg.exclude_ops), validate=False)
+        chunk = _static_batch(model, input_name)
+        dataset_source = _CalibrationImages(inputs.calibration, inputs.preprocess, chunk)
+        samples = int(inputs.calibration.num_samples)
+        advanced = _advanced_parameters(cfg.method)
+        if chunk > 1:
+            # a static batch of N: N images per inference, statistics still per image (NNCF's batchwise statistics,
+            # what it uses for any batched data loader)
+            advanced.batchwise_statistics = True
+        log(f"quantize: NNCF {nncf.__version__} (OpenVINO placement), {samples} calibration images, method {cfg.method}, "
+            f"model_type {'transformer' if model_type else 'default'}"
+            + (f" ({len(attention)} attention matmuls)" if attention else "")
+            + (f", {len(excluded)} nodes excluded" if excluded else "")
+            + (f", {len(cfg.exclude_ops)} op types excluded" if cfg.exclude_ops else ""))
+        with _nncf_output(nncf) as nncf_warnings:
+            try:
+                qmodel = nncf.quantize(
+                    model, nncf.Dataset(dataset_source, lambda x: {input_name: x}),
+                    # every calibration image (NNCF counts data items: one image each, or one static batch each)
+                    subset_size=max(1, len(dataset_source)),
+                    model_type=model_type, ignored_scope=ignored, advanced_parameters=advanced)
+            except (nncf.ValidationError, nncf.UnsupportedModelError, nncf.UnsupportedDatasetError,
+                    nncf.ParameterNotSupportedError) as e:
+                raise QDeployError(f"NNCF could not quantize {Path(inputs.fp32_onnx).name}: {e}") from e
+        # NNCF inserts its Q/DQ nodes where it finds room: the ONNX spec, the checker and the engines want the nodes in
+        # topological order
+        ONNXModel(qmodel).topological_sort()
+        onnx.checker.check_model(qmodel)
+        with atomic_path(out_path) as tmp:
+            onnx.save(qmodel, str(tmp))
+        seconds = round(time.perf_counter() - t0, 3)
+        info = {"method": cfg.method, "samples": samples, "nncf": nncf.__version__,
+                "model_type": "transformer" if model_type else None,
+                "attention_matmuls": [n.name for n in attention],
+                "ignored_scope": {"names": excluded, "types": list(cfg.exclude_ops), "patterns": list(cfg.exclude)},
+                "excluded_by_user": excluded, "unmatched_patterns": unmatched,
+                "batch_per_inference": chunk, "nncf_warnings": nncf_warnings, "time_s": seconds}
+        log(f"quantize: NNCF done in {seconds:.1f} s")
+        return QuantResult(out_path, ranges_from_qdq(out_path), info)
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"method {method}: quantizer nncf (placement openvino) offers mean-minmax and max here "
+                          f"(NNCF's own range estimators); use placement onnxruntime for {method}")
+
+
+def _advanced_parameters(method: str):
+    """NNCF's settings for a range method. mean-minmax is NNCF's default for per-tensor activations (the mean over the
+    calibration items of each item's min and max: min_max/algorithm.py, ``RangeEstimatorParametersSet.MEAN_MINMAX``);
+    max is its global min/max (``MINMAX``). NNCF's weights stay at their min/max per channel either way."""
+    _check_method(method)
+    nncf = _import_nncf()
+    if method == "max":
+        from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+        return nncf.AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+    return nncf.AdvancedQuantizationParameters()  # the defaults: MEAN_MINMAX for per-tensor activations
+
+
+def _import_nncf():
+    """``import nncf`` without its usage telemetry: NNCF sends Google Analytics events from ``nncf.quantize`` (through
+    openvino-telemetry, on unless opted out, and its import writes a client id under the home folder). Its own switch
+    (NNCF_CI, read once at import) and openvino-telemetry's CI rule (CI=true) turn both off; set for the import only."""
+    if "nncf" in sys.modules:
+        return sys.modules["nncf"]
+    saved = {k: os.environ.get(k) for k in ("NNCF_CI", "CI")}
+    os.environ.update(NNCF_CI="1", CI="true")
+    try:
+        with _no_cuda_home_warning():
+            import nncf
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nncf
+
+
+class _CalibrationImages:
+    """Re-iterable float32 NCHW arrays of ``chunk`` calibration images each (NNCF iterates once per pipeline step:
+    SmoothQuant, then min-max + bias correction), normalised as the model expects. One image per item by default, so
+    that NNCF's per-item statistics are per-image statistics whatever the data's batch size."""
+
+    def __init__(self, batches, preprocess, chunk: int = 1):
+        self.batches, self.preprocess, self.chunk = batches, preprocess, chunk
+
+    def __len__(self) -> int:
+        return -(-int(self.batches.num_samples) // self.chunk)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        from qdeploy.data import normalize
+
+        pending: list[np.ndarray] = []
+        have = 0
+        for images, _ in self.batches:
+            x = normalize(images, self.preprocess)
+            if self.chunk == 1:
+                for i in range(len(x)):
+                    yield x[i:i + 1]
+                continue
+            pending.append(x)
+            have += len(x)
+            while have >= self.chunk:
+                joined = np.concatenate(pending)
+                yield joined[:self.chunk]
+                rest = joined[self.chunk:]
+                pending, have = ([rest] if len(rest) else []), len(rest)
+        # with a static batch, preflight makes the calibration count a multiple of it: nothing is left over
+
+
+def _static_batch(model, input_name: str) -> int:
+    """The input's fixed batch size N > 1 (calibration then feeds N images at a time), else 1."""
+    for i in model.graph.input:
+        if i.name == input_name:
+            dims = i.type.tensor_type.shape.dim
+            if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 1:
+                return int(dims[0].dim_value)
+    return 1
+
+
+@contextlib.contextmanager
+def _no_cuda_home_warning() -> Iterator[None]:
+    """NNCF imports its torch backend (nncf.torch → torch.utils.cpp_extension) on first use, and torch then warns "No
+    CUDA runtime is found, using CUDA_HOME=..." on a machine without a GPU: nothing qdeploy does uses it."""
+    cpp_logger = logging.getLogger("torch.utils.cpp_extension")
+    saved = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        cpp_logger.setLevel(saved)
+
+
+class _ToQdeployWarnings(logging.Handler):
+    def __init__(self, collected: list):
+        super().__init__(logging.WARNING)
+        self.collected = collected
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        self.collected.append(msg)
+        warn(f"NNCF: {msg}")
+
+
+@contextlib.contextmanager
+def _nncf_output(nncf) -> Iterator[list]:
+    """While NNCF runs: its log at WARNING, its warnings as qdeploy warnings (on stderr, collected for the result), its
+    rich progress bars (which print to the global console, stdout) on stderr, or nowhere with --quiet; stdout stays
+    clean for machine-readable output."""
+    from qdeploy.utils.log import is_quiet
+
+    logger = nncf.nncf_logger
+    saved_level, saved_handlers = logger.level, list(logger.handlers)
+    collected: list[str] = []
+    logger.handlers = [_ToQdeployWarnings(collected)]
+    nncf.set_log_level(logging.WARNING)
+    try:
+        with open(os.devnull, "w") if is_quiet() else contextlib.nullcontext(sys.stderr) as sink, \
+                contextlib.redirect_stdout(sink), _no_cuda_home_warning():
+            yield collected
+    finally:
+        logger.handlers = saved_handlers
+        logger.setLevel(saved_level)
