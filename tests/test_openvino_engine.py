@@ -283,3 +283,21 @@ def test_signed_int8_activations_are_read_as_uint8_exactly(tmp_path):
     finally:
         engine.close()
     assert sha256_file(path) == before  # the artifact itself is untouched
+
+
+def test_an_int8_graph_openvino_cannot_compile_is_refused_not_a_crash(tmp_path):
+    """OpenVINO 2026.4.1 segfaults compiling Swin's Q/DQ ONNX: INT8 artifacts are compiled in a child process first,
+    so that a native crash becomes a refused variant instead of the end of the qdeploy process."""
+    from qdeploy.engines.openvino_engine import compile_crash
+
+    good = _int8_activations_qdq(tmp_path / "good.onnx")
+    assert compile_crash(good, {"INFERENCE_NUM_THREADS": 1}) is None
+    bad = tmp_path / "bad.onnx"
+    model = onnx.load(str(good))
+    model.graph.node[3].input[1] = "no_such_tensor"  # the Conv's weight: OpenVINO refuses the graph
+    onnx.save(model, str(bad))
+    got = compile_crash(bad, {"INFERENCE_NUM_THREADS": 1})
+    assert got is not None and got.startswith("failed (") and "no_such_tensor" in got
+    with pytest.raises(VariantUnavailable, match=r"OpenVINO .* failed .* bad.onnx on the CPU \(tried in a child "
+                                                 r"process\); this INT8 graph is not runnable in OpenVINO here"):
+        _engine(VariantSpec(engine="openvino", precision="int8"), bad, kind=ArtifactKind.ONNX_INT8)

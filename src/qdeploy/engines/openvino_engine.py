@@ -12,9 +12,12 @@ OPTIMIZATION_CAPABILITIES and FULL_DEVICE_NAME, ``CompiledModel.get_property`` t
 """
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections import Counter
 from functools import lru_cache
-from typing import Callable, Literal, Optional
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Optional
 
 import numpy as np
 import openvino as ov
@@ -122,6 +125,50 @@ def signed_activations_as_uint8(model) -> int:
     return changed
 
 
+# A child process that reads, compiles and runs the model once (batch 1 where the batch is dynamic); exit 0 = fine
+_PROBE = """
+import json, sys
+import numpy as np, openvino as ov
+core = ov.Core()
+model = core.read_model(sys.argv[1])
+compiled = core.compile_model(model, "CPU", json.loads(sys.argv[2]))
+shape = [1 if d.is_dynamic else d.get_length() for d in model.inputs[0].get_partial_shape()]
+compiled(np.zeros(shape, np.float32))
+"""
+_PROBE_TIMEOUT_S = 600
+_probed: dict = {}
+
+
+def compile_crash(path: Path, config: dict, key=None) -> Optional[str]:
+    """How OpenVINO's CPU plugin dies on ``path`` (None: it compiles and runs), tried in a child process first.
+
+    Why: a native crash cannot be caught, and it would end the whole qdeploy process (an ``optimize`` loses every
+    candidate measured so far). OpenVINO 2026.4.1 segfaults in compile_model on the ONNX Runtime-placement Q/DQ ONNX of
+    timm's Swin (cifar10-modern swin_mini, every range method; DeiT's and the CNNs' compile). Once per ``key`` per
+    process (default: the path and config)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    key = (key or str(path), json.dumps(config, sort_keys=True))
+    if key not in _probed:
+        try:
+            r = subprocess.run([sys.executable, "-c", _PROBE, str(path), json.dumps(config)], capture_output=True,
+                               text=True, timeout=_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _probed[key] = f"did not finish within {_PROBE_TIMEOUT_S} s"
+        else:
+            if r.returncode < 0:
+                _probed[key] = f"crashed ({signal.Signals(-r.returncode).name})"
+            elif r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["exit status %d" % r.returncode])[-1]
+                _probed[key] = f"failed ({last[:300]})"
+            else:
+                _probed[key] = None
+    return _probed[key]
+
+
 def _type_name(value) -> str:
     return value.get_type_name() if isinstance(value, ov.Type) else str(value)
 
@@ -182,10 +229,17 @@ class OpenVinoEngine(Engine):
                   "PERFORMANCE_HINT": _PERFORMANCE_HINT[self.options.performance_hint]}
         if v.threads:
             config["INFERENCE_NUM_THREADS"] = int(v.threads)  # unset: OpenVINO's default, every core
-        model = self._read_model()
-        self.input_name = model.inputs[0].get_any_name()
-        self.input_shape = str(model.inputs[0].get_partial_shape())  # a static batch is handled upstream (preflight)
-        self.compiled = core().compile_model(model, "CPU", config)
+        with self._model_file() as path:
+            if self.artifact.kind == ArtifactKind.ONNX_INT8:
+                crash = compile_crash(path, config, key=(str(self.artifact.path), self.uint8_rewrites))
+                if crash:
+                    raise VariantUnavailable(f"OpenVINO {ov.__version__.split('-')[0]} {crash} compiling and running "
+                                             f"{self.artifact.path.name} on the CPU (tried in a child process); this "
+                                             "INT8 graph is not runnable in OpenVINO here: use engine onnxruntime")
+            model = core().read_model(str(path))
+            self.input_name = model.inputs[0].get_any_name()
+            self.input_shape = str(model.inputs[0].get_partial_shape())  # a static batch is handled upstream (preflight)
+            self.compiled = core().compile_model(model, "CPU", config)
         got = _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
         if got != self.precision_hint:  # the plugin overrode the hint: the variant would not run what it says
             raise VariantUnavailable(f"OpenVINO compiled this {v.precision.upper()} variant with inference precision "
@@ -193,25 +247,26 @@ class OpenVinoEngine(Engine):
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.request = self.compiled.create_infer_request()
 
-    def _read_model(self) -> "ov.Model":
-        """The artifact as OpenVINO reads it; a Q/DQ ONNX with signed int8 activations is read through
-        ``signed_activations_as_uint8`` (a rewritten copy, in a temporary folder; the artifact is untouched)."""
+    @contextlib.contextmanager
+    def _model_file(self) -> Iterator[Path]:
+        """The file OpenVINO reads: the artifact, or for a Q/DQ ONNX with signed int8 activations a copy rewritten by
+        ``signed_activations_as_uint8`` (in a temporary folder, gone after compiling; the artifact is untouched)."""
         self.uint8_rewrites = 0
         path = self.artifact.path
         if self.artifact.kind != ArtifactKind.ONNX_INT8:
-            return core().read_model(str(path))
-        import tempfile
-
+            yield path
+            return
         import onnx
 
         model = onnx.load(str(path))
         self.uint8_rewrites = signed_activations_as_uint8(model)
         if not self.uint8_rewrites:
-            return core().read_model(str(path))
+            yield path
+            return
         with tempfile.TemporaryDirectory(prefix="qdeploy-ov-") as tmp:
-            copy = f"{tmp}/{path.name}"
-            onnx.save(model, copy)
-            return core().read_model(copy)  # read fully: the copy can go
+            copy = Path(tmp) / path.name
+            onnx.save(model, str(copy))
+            yield copy
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=np.float32)

@@ -386,6 +386,11 @@ def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
     base = min(ort, key=lambda c: c.latency_p50_ms, default=None)
     profiled = _profile(s, base) if base is not None and s.fp32_onnx is not None else None
     slower = [k for k in (profiled or {}).get("slower", []) if k in FLOAT_WHEN_SLOWER]
+    if slower:  # ONNX Runtime adds nodes of its own (a Transpose before a Gemm, layout reorders): only the model's count
+        import onnx
+
+        in_model = {n.op_type for n in onnx.load(str(s.fp32_onnx), load_external_data=False).graph.node}
+        slower = [k for k in slower if k in in_model]
     if slower:
         cand = PtqCandidate.planned(s.target, base.method, bool(base.spec.get("quantized_conv_outputs")), tuple(slower))
         if _same_onnx(s, cand, base):
