@@ -154,7 +154,9 @@ def test_placement_of_every_linear_matmul_norm_softmax(exported, name, placement
         elif rule.name == "linear":
             assert both, op
         elif rule.name == "conv" and placement == "onnxruntime":
-            assert both, op
+            # a conv ONNX Runtime cannot run as QLinearConv (its output feeds a SiLU kept whole: MobileViT) stays
+            # float, and the quantizer names it (lint.placement.CONV_FLOAT_OUTPUT_WHY)
+            assert both or op["name"] in res.info["float_convs_without_int8_kernel"], op
     assert kinds["linear"] > 0
     if name in ("vit-sdpa", "vit-mha", "swin", "mobilevit"):
         assert kinds["attention-matmul"] > 0, "the attention was not found as two matmuls of activations"
