@@ -302,3 +302,21 @@ def test_an_int8_graph_openvino_cannot_compile_is_refused_not_a_crash(tmp_path):
     with pytest.raises(VariantUnavailable, match=r"OpenVINO .* failed .* bad.onnx on the CPU \(tried in a child "
                                                  r"process\); this INT8 graph is not runnable in OpenVINO here"):
         _engine(VariantSpec(engine="openvino", precision="int8"), bad, kind=ArtifactKind.ONNX_INT8)
+
+
+def test_per_layer_counters_compare_int8_with_fp32_per_op_class(tmp_path):
+    """OpenVINO's per-layer counters (PERF_COUNT) in benchmark/op_profile's record: the Q/DQ network's conv ran an
+    INT8 kernel, and its time sits in the same op class as the FP32 network's conv."""
+    from qdeploy.benchmark.op_profile import int8_cost_by_op_class, profile_openvino, summary_line
+
+    fp32, int8 = _onnx(tmp_path / "f.onnx"), _int8_activations_qdq(tmp_path / "q.onnx")
+    x = np.random.default_rng(3).normal(0, 1, (4, 3, 8, 8)).astype(np.float32)
+    rec = profile_openvino(int8, x, runs=3, warmup=1, threads=1)
+    conv = [n for n in rec["nodes"] if n["op"] == "Convolution"]
+    assert rec["engine"] == "openvino" and rec["threads"] == 1 and rec["runs"] == 3 and rec["p50_ms"] > 0
+    assert conv and all("I8" in n["exec"] or "u8" in n["exec"].lower() for n in conv), conv
+    cmp = int8_cost_by_op_class(fp32, int8, x, runs=3, threads=1, engine="openvino")
+    rows = {r["op_class"]: r for r in cmp["classes"]}
+    assert cmp["engine"] == "openvino" and cmp["batch_size"] == 4
+    assert rows["Conv"]["fp32_us"] > 0 and rows["Conv"]["int8_us"] > 0 and rows["Conv"]["int8_ops"] == ["Convolution"]
+    assert "OpenVINO per-layer counters" in summary_line(cmp) or "no op class costs more" in summary_line(cmp)

@@ -87,6 +87,62 @@ def profile_onnx(path: Path, x: np.ndarray, runs: int = 30, warmup: int = 5, thr
             "nodes": [{"node": k[0], "op": k[1], "us": round(v / n, 1)} for k, v in by_node.most_common()]}
 
 
+# OpenVINO CPU plugin layer types (ProfilingInfo.node_type) → the same classes; FakeQuantize is what OpenVINO makes of a
+# Q/DQ pair it could not fold into its neighbours, Reorder its layout conversions
+_OV_ALIASES = {"Convolution": "Conv", "GroupConvolution": "Conv", "FullyConnected": "MatMul",
+               "FullyConnectedQuantizedLegacy": "MatMul", "FullyConnectedQuantized": "MatMul", "MatMul": "MatMul",
+               "FakeQuantize": "Q/DQ", "Reorder": "layout", "Multiply": "Mul", "Subtract": "Sub", "Divide": "Div",
+               "Eltwise": "elementwise", "Subgraph": "fused elementwise", "Interpolate": "Resize"}
+
+
+def profile_openvino(path: Path, x: np.ndarray, runs: int = 30, warmup: int = 5, threads: Optional[int] = None) -> dict:
+    """:func:`profile_onnx`'s record from OpenVINO's CPU plugin (its per-layer performance counters, ``PERF_COUNT``):
+    real time per executed layer of the compiled model, averaged over ``runs``; ``op`` is the layer type and ``exec``
+    the kernel (e.g. ``jit_avx2_I8``: an INT8 kernel). The ONNX is read as engine ``openvino`` reads it (signed int8
+    activations as uint8)."""
+    import onnx
+    import openvino as ov
+
+    from qdeploy.engines.openvino_engine import core, signed_activations_as_uint8
+
+    config = {"PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    with tempfile.TemporaryDirectory(prefix="qdeploy-profile-") as tmp:
+        model = onnx.load(str(path))
+        read = path
+        if signed_activations_as_uint8(model):
+            read = Path(tmp) / Path(path).name
+            onnx.save(model, str(read))
+        compiled = core().compile_model(core().read_model(str(read)), "CPU", config)
+    request = compiled.create_infer_request()
+    request.set_input_tensor(ov.Tensor(np.ascontiguousarray(x, dtype=np.float32)))
+    for _ in range(warmup):
+        request.infer()
+    times = []
+    by_node: dict = collections.Counter()
+    kernels: dict = {}
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        request.infer()
+        times.append((time.perf_counter() - t0) * 1e3)
+        for info in request.get_profiling_info():
+            if info.status == ov.ProfilingInfo.Status.EXECUTED:
+                by_node[(info.node_name, info.node_type)] += info.real_time.total_seconds() * 1e6
+                kernels[info.node_name] = info.exec_type
+    n = max(runs, 1)
+    by_type: dict = collections.Counter()
+    by_class: dict = collections.Counter()
+    for (_, op), us in by_node.items():
+        by_type[op] += us / n
+        by_class[_OV_ALIASES.get(op, op)] += us / n
+    return {"p50_ms": float(np.median(times)), "runs": n, "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
+            "engine": "openvino", "op_types_us": {k: round(v, 1) for k, v in by_type.most_common()},
+            "op_classes_us": {k: round(v, 1) for k, v in by_class.most_common()},
+            "nodes": [{"node": k[0], "op": k[1], "exec": kernels.get(k[0]), "us": round(v / n, 1)}
+                      for k, v in by_node.most_common()]}
+
+
 # an op class counts as "costs more in INT8" when its INT8 time exceeds its FP32 time by this fraction and by
 # MIN_EXTRA_US: below that, profiler jitter decides
 SLOWER_FRACTION = 0.10
@@ -99,25 +155,29 @@ def compare(fp32: dict, int8: dict) -> dict:
     extra time first."""
     classes = sorted(set(fp32["op_classes_us"]) | set(int8["op_classes_us"]),
                      key=lambda k: -(int8["op_classes_us"].get(k, 0.0) + fp32["op_classes_us"].get(k, 0.0)))
+    engine = int8.get("engine", "onnxruntime")
+    of = (lambda op: _OV_ALIASES.get(op, op)) if engine == "openvino" else op_class
     rows = []
     for k in classes:
         f, q = fp32["op_classes_us"].get(k, 0.0), int8["op_classes_us"].get(k, 0.0)
         rows.append({"op_class": k, "fp32_us": f, "int8_us": q, "ratio": round(q / f, 3) if f > 0 else None,
-                     "int8_ops": sorted({n["op"] for n in int8["nodes"] if op_class(n["op"]) == k}),
-                     "fp32_ops": sorted({n["op"] for n in fp32["nodes"] if op_class(n["op"]) == k})})
+                     "int8_ops": sorted({n["op"] for n in int8["nodes"] if of(n["op"]) == k}),
+                     "fp32_ops": sorted({n["op"] for n in fp32["nodes"] if of(n["op"]) == k})})
     slower = [r for r in rows if r["int8_us"] - r["fp32_us"] > max(MIN_EXTRA_US, SLOWER_FRACTION * r["fp32_us"])]
     slower.sort(key=lambda r: -(r["int8_us"] - r["fp32_us"]))
     return {"fp32_p50_ms": round(fp32["p50_ms"], 4), "int8_p50_ms": round(int8["p50_ms"], 4),
             "fp32_kernel_us": round(sum(fp32["op_classes_us"].values()), 1),
             "int8_kernel_us": round(sum(int8["op_classes_us"].values()), 1),
-            "threads": int8["threads"], "runs": int8["runs"], "classes": rows,
+            "threads": int8["threads"], "runs": int8["runs"], "engine": engine, "classes": rows,
             "slower": [r["op_class"] for r in slower]}
 
 
 def int8_cost_by_op_class(fp32_path: Path, int8_path: Path, x: np.ndarray, runs: int = 30,
-                          threads: Optional[int] = None) -> dict:
-    """:func:`compare` of the two ONNX files profiled on the same input ``x``, plus the batch size."""
-    out = compare(profile_onnx(fp32_path, x, runs, threads=threads), profile_onnx(int8_path, x, runs, threads=threads))
+                          threads: Optional[int] = None, engine: str = "onnxruntime") -> dict:
+    """:func:`compare` of the two ONNX files profiled on the same input ``x`` by ``engine`` (onnxruntime: its
+    profiler; openvino: its per-layer counters), plus the batch size."""
+    profile = profile_openvino if engine == "openvino" else profile_onnx
+    out = compare(profile(fp32_path, x, runs, threads=threads), profile(int8_path, x, runs, threads=threads))
     out["batch_size"] = int(x.shape[0])
     return out
 
@@ -129,8 +189,9 @@ def summary_line(cmp: dict) -> str:
         return (f"no op class costs more in INT8 than in FP32 (kernel time {cmp['int8_kernel_us'] / 1e3:.3f} vs "
                 f"{cmp['fp32_kernel_us'] / 1e3:.3f} ms, batch {cmp['batch_size']})")
     parts = [f"{k} {rows[k]['int8_us'] / 1e3:.3f} vs {rows[k]['fp32_us'] / 1e3:.3f} ms" for k in cmp["slower"]]
-    return (f"op classes slower in INT8 than in FP32 (ONNX Runtime profiler, batch {cmp['batch_size']}, "
+    who = "OpenVINO per-layer counters" if cmp.get("engine") == "openvino" else "ONNX Runtime profiler"
+    return (f"op classes slower in INT8 than in FP32 ({who}, batch {cmp['batch_size']}, "
             f"{cmp['threads']} threads): " + "; ".join(parts))
 
 
-__all__ = ["compare", "int8_cost_by_op_class", "op_class", "profile_onnx", "summary_line"]
+__all__ = ["compare", "int8_cost_by_op_class", "op_class", "profile_onnx", "profile_openvino", "summary_line"]

@@ -443,10 +443,15 @@ def _measure_all(s: _Search, planned: list[Candidate]) -> bool:
 
 
 def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
-    """Where the ONNX Runtime INT8 graph spends its time against FP32, per op class (benchmark/op_profile.py): the
-    chosen INT8 candidate, or the fastest ONNX Runtime INT8 candidate when the answer is not one (why INT8 lost). The
-    report shows the classes whose INT8 form costs more than their float form."""
+    """Where the INT8 graph spends its time against FP32, per op class (benchmark/op_profile.py): the chosen INT8
+    candidate (in OpenVINO by its per-layer counters when OpenVINO runs it), or the fastest ONNX Runtime INT8 candidate
+    when the answer is not INT8 (why INT8 lost). The report shows the classes whose INT8 form costs more than float."""
     if not s.target.measured or s.fp32_onnx is None or s.target.engine.get("device", "cpu") != "cpu":
+        return
+    if chosen is not None and chosen.ok and chosen.precision == "int8" and chosen.spec.get("engine") == "openvino":
+        cmp = _profile(s, chosen)  # OpenVINO's per-layer counters, its INT8 graph against its FP32 graph
+        if cmp is not None:
+            s.int8_op_profile = {"candidate": chosen.variant, "chosen": True, **cmp}
         return
     ort_int8 = [c for c in s.candidates if c.ok and c.precision == "int8" and c.spec.get("engine") == "onnxruntime"
                 and c.latency_p50_ms is not None]
@@ -474,7 +479,8 @@ def _profile(s: _Search, cand: Candidate) -> Optional[dict]:
         # about 5 s per graph: the candidate's p50 sets the number of profiled runs
         runs = int(min(20, max(3, 5000.0 / max(cand.latency_p50_ms, 1e-3))))
         t0 = time.perf_counter()
-        cmp = int8_cost_by_op_class(s.fp32_onnx, art.path, x, runs=runs, threads=s.target.threads)
+        engine = "openvino" if cand.spec.get("engine") == "openvino" else "onnxruntime"
+        cmp = int8_cost_by_op_class(s.fp32_onnx, art.path, x, runs=runs, threads=s.target.threads, engine=engine)
     except (QDeployError, OSError, RuntimeError, ValueError) as e:  # a diagnostic: its failure must not sink the search
         s.note(f"per-op profile of {cand.variant} not taken: {type(e).__name__}: {e}")
         return None

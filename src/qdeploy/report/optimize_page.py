@@ -147,14 +147,17 @@ def op_profile_table(prof: Mapping) -> T.Table:
     """The ONNX Runtime INT8 graph against the FP32 graph, kernel time per op class: where INT8 costs more than float."""
     slower = set(prof.get("slower") or [])
     who = "the chosen candidate" if prof.get("chosen") else "the fastest ONNX Runtime INT8 candidate (not chosen)"
+    ov = prof.get("engine") == "openvino"
+    tool = "OpenVINO's per-layer counters (PERF_COUNT)" if ov else "ONNX Runtime's profiler"
+    unfused = ("Q/DQ: FakeQuantize layers OpenVINO could not fold; layout: Reorder layers" if ov else
+               "Q/DQ: quantize/dequantize nodes ONNX Runtime could not fuse; layout: NCHWc reorders")
     t = T.Table("op-profile", f"Where INT8 time goes: {prof.get('candidate')} vs FP32, per op class",
                 ["Op class", "FP32 ms", "INT8 ms", "INT8 / FP32", "INT8 kernels", "INT8 costs more"],
                 [False, True, True, True, False, False],
-                caption=f"ONNX Runtime's profiler on {who}: kernel time per op class over {prof.get('runs')} runs at batch "
+                caption=f"{tool} on {who}: kernel time per op class over {prof.get('runs')} runs at batch "
                         f"{prof.get('batch_size')}, {prof.get('threads')} threads (p50 FP32 {T.fmt(prof.get('fp32_p50_ms'), 3)}"
-                        f" ms, INT8 {T.fmt(prof.get('int8_p50_ms'), 3)} ms). Q/DQ: quantize/dequantize nodes ONNX Runtime "
-                        "could not fuse; layout: NCHWc reorders. A class that costs more in INT8 is what the placement "
-                        "rules (lint/placement.py) leave float where that is faster.")
+                        f" ms, INT8 {T.fmt(prof.get('int8_p50_ms'), 3)} ms). {unfused}. A class that costs more in INT8 "
+                        "is what the placement rules (lint/placement.py) leave float where that is faster.")
     for r in prof.get("classes") or []:
         t.add([str(r.get("op_class")), T.fmt((r.get("fp32_us") or 0) / 1e3, 3), T.fmt((r.get("int8_us") or 0) / 1e3, 3),
                T.fmt(r.get("ratio"), 2) if r.get("ratio") is not None else "–", ", ".join(r.get("int8_ops") or []) or "–",
