@@ -100,20 +100,14 @@ def profile_openvino(path: Path, x: np.ndarray, runs: int = 30, warmup: int = 5,
     real time per executed layer of the compiled model, averaged over ``runs``; ``op`` is the layer type and ``exec``
     the kernel (e.g. ``jit_avx2_I8``: an INT8 kernel). The ONNX is read as engine ``openvino`` reads it (signed int8
     activations as uint8)."""
-    import onnx
     import openvino as ov
 
-    from qdeploy.engines.openvino_engine import core, signed_activations_as_uint8
+    from qdeploy.engines.openvino_engine import core, readable_onnx
 
     config = {"PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
-    with tempfile.TemporaryDirectory(prefix="qdeploy-profile-") as tmp:
-        model = onnx.load(str(path))
-        read = path
-        if signed_activations_as_uint8(model):
-            read = Path(tmp) / Path(path).name
-            onnx.save(model, str(read))
+    with readable_onnx(Path(path), quantized=True) as (read, _):
         compiled = core().compile_model(core().read_model(str(read)), "CPU", config)
     request = compiled.create_infer_request()
     request.set_input_tensor(ov.Tensor(np.ascontiguousarray(x, dtype=np.float32)))

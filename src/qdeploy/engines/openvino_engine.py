@@ -125,6 +125,27 @@ def signed_activations_as_uint8(model) -> int:
     return changed
 
 
+@contextlib.contextmanager
+def readable_onnx(path: Path, quantized: bool) -> Iterator[tuple[Path, int]]:
+    """(the file OpenVINO should read, how many activation Q/DQ were rewritten): ``path`` itself, or for a Q/DQ ONNX
+    with signed int8 activations a copy rewritten by ``signed_activations_as_uint8`` (in a temporary folder, gone when
+    the block ends: compile inside it; the artifact is untouched). Read by the engine and benchmark/op_profile."""
+    if not quantized:
+        yield path, 0
+        return
+    import onnx
+
+    model = onnx.load(str(path))
+    rewrites = signed_activations_as_uint8(model)
+    if not rewrites:
+        yield path, 0
+        return
+    with tempfile.TemporaryDirectory(prefix="qdeploy-ov-") as tmp:
+        copy = Path(tmp) / Path(path).name
+        onnx.save(model, str(copy))
+        yield copy, rewrites
+
+
 # A child process that reads, compiles and runs the model once (batch 1 where the batch is dynamic); exit 0 = fine
 _PROBE = """
 import json, sys
@@ -230,8 +251,9 @@ class OpenVinoEngine(Engine):
                   "PERFORMANCE_HINT": _PERFORMANCE_HINT[self.options.performance_hint]}
         if v.threads:
             config["INFERENCE_NUM_THREADS"] = int(v.threads)  # unset: OpenVINO's default, every core
-        with self._model_file() as path:
-            if self.artifact.kind == ArtifactKind.ONNX_INT8:
+        quantized = self.artifact.kind == ArtifactKind.ONNX_INT8
+        with readable_onnx(self.artifact.path, quantized) as (path, self.uint8_rewrites):
+            if quantized:
                 crash = compile_crash(path, config, key=(str(self.artifact.path), self.uint8_rewrites))
                 if crash:
                     raise VariantUnavailable(f"OpenVINO {ov.__version__.split('-')[0]} {crash} compiling and running "
@@ -247,27 +269,6 @@ class OpenVinoEngine(Engine):
                                      f"{got}, not the {self.precision_hint} asked for")
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.request = self.compiled.create_infer_request()
-
-    @contextlib.contextmanager
-    def _model_file(self) -> Iterator[Path]:
-        """The file OpenVINO reads: the artifact, or for a Q/DQ ONNX with signed int8 activations a copy rewritten by
-        ``signed_activations_as_uint8`` (in a temporary folder, gone after compiling; the artifact is untouched)."""
-        self.uint8_rewrites = 0
-        path = self.artifact.path
-        if self.artifact.kind != ArtifactKind.ONNX_INT8:
-            yield path
-            return
-        import onnx
-
-        model = onnx.load(str(path))
-        self.uint8_rewrites = signed_activations_as_uint8(model)
-        if not self.uint8_rewrites:
-            yield path
-            return
-        with tempfile.TemporaryDirectory(prefix="qdeploy-ov-") as tmp:
-            copy = Path(tmp) / path.name
-            onnx.save(model, str(copy))
-            yield copy
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=np.float32)

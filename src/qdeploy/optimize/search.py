@@ -133,7 +133,7 @@ class _Search:
     rank_batches: list = dataclasses.field(default_factory=list)  # ranked on the geometric mean of their p50s
     cache_root: Optional[Path] = None
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
-    int8_op_profile: Optional[dict] = None  # ONNX Runtime CPU targets: per-op-class time of an INT8 candidate vs FP32
+    int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
 
     def note(self, line: str, warning: bool = False) -> None:
@@ -448,14 +448,12 @@ def _profile_int8(s: _Search, chosen: Optional[Candidate]) -> None:
     when the answer is not INT8 (why INT8 lost). The report shows the classes whose INT8 form costs more than float."""
     if not s.target.measured or s.fp32_onnx is None or s.target.engine.get("device", "cpu") != "cpu":
         return
-    if chosen is not None and chosen.ok and chosen.precision == "int8" and chosen.spec.get("engine") == "openvino":
-        cmp = _profile(s, chosen)  # OpenVINO's per-layer counters, its INT8 graph against its FP32 graph
-        if cmp is not None:
-            s.int8_op_profile = {"candidate": chosen.variant, "chosen": True, **cmp}
-        return
     ort_int8 = [c for c in s.candidates if c.ok and c.precision == "int8" and c.spec.get("engine") == "onnxruntime"
                 and c.latency_p50_ms is not None]
-    cand = chosen if chosen in ort_int8 else min(ort_int8, key=lambda c: c.latency_p50_ms, default=None)
+    if chosen is not None and chosen.ok and chosen.precision == "int8" and chosen.spec.get("engine") == "openvino":
+        cand = chosen  # profiled by OpenVINO's per-layer counters, its INT8 graph against its FP32 graph
+    else:
+        cand = chosen if chosen in ort_int8 else min(ort_int8, key=lambda c: c.latency_p50_ms, default=None)
     if cand is None:
         return
     cmp = _profile(s, cand)
