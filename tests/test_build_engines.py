@@ -134,7 +134,7 @@ def test_engines_say_what_this_machine_cannot_run():
     with pytest.raises(VariantUnavailable, match="FP16 in ONNX Runtime needs a GPU"):
         v = _variant(engine="onnxruntime", precision="fp16")
         v.engine.check(v, has_torch=True)
-    with pytest.raises(VariantUnavailable, match="ONNX-only"):
+    with pytest.raises(VariantUnavailable, match="an ONNX or Keras model; the torch engine needs a PyTorch model"):
         v = _variant(engine="torch")
         v.engine.check(v, has_torch=False)
 

@@ -116,7 +116,7 @@ def test_torch_targets_need_a_pytorch_model(tmp_path):
                       dynamic_axes={"input": {0: "n"}, "output": {0: "n"}}, dynamo=False)
     onnx.checker.check_model(str(path))
     cfg["model"] = {"source": str(path), "task": "classification", "preprocess": cfg["model"]["preprocess"]}
-    with pytest.raises(ConfigError, match="torch-cpu runs the PyTorch model, but model.source is ONNX-only"):
+    with pytest.raises(ConfigError, match="torch-cpu runs the PyTorch model, but model.source is an ONNX or Keras model"):
         api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "out").exists()
 

@@ -218,5 +218,5 @@ def test_onnx_only_model_runs_in_onnxruntime_and_torch_is_skipped(tiny_config, t
     results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     o, t = results["variants"]
     assert o["status"] == "ok" and o["metrics"]["samples"] == 18 and o["agreement"] == 1.0
-    assert t["status"] == "skipped" and "ONNX-only" in t["reason"]
+    assert t["status"] == "skipped" and "an ONNX or Keras model" in t["reason"]
     assert results["reference"] == "onnxruntime-fp32"

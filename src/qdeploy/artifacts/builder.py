@@ -26,10 +26,10 @@ from torch import nn
 import qdeploy
 from qdeploy import __version__
 from qdeploy.artifacts.types import Artifact, ArtifactKind, ArtifactRequest
-from qdeploy.config import Int8Config, RunConfig
+from qdeploy.config import Int8Config, RunConfig, source_format
 from qdeploy.errors import DataError, ModelError
 from qdeploy.export import convert_fp16, export_onnx, use_onnx_file
-from qdeploy.models import build_torch_model, is_onnx_source, model_fingerprint, resolve_weights_path
+from qdeploy.models import build_torch_model, is_keras_source, model_fingerprint, resolve_weights_path
 from qdeploy.quantize import QuantizeInputs, quantize
 from qdeploy.utils.atomic import write_json
 from qdeploy.utils.cache import default_cache_dir
@@ -81,12 +81,13 @@ class Builder:
     # ---------------------------------------------------------------- inputs
     @property
     def has_torch(self) -> bool:
-        return not is_onnx_source(self.spec.source)
+        """The source is a PyTorch model (not an ONNX file or a Keras model)."""
+        return source_format(self.spec.source) == "pytorch"
 
     def torch_model(self) -> nn.Module:
         """The FP32 CPU reference module (engines copy it before changing device or dtype)."""
         if not self.has_torch:
-            raise ModelError(f"model source {self.spec.source} is ONNX-only: there is no PyTorch model")
+            raise ModelError(f"model source {self.spec.source} is an ONNX or Keras model: there is no PyTorch model")
         if self._torch is None:
             self._torch = build_torch_model(self.spec)
         return self._torch
@@ -123,6 +124,14 @@ class Builder:
             return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint, f"export ({onnx.exporter} exporter, opset {onnx.opset})",
                             inputs=[torch_art.ref], path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name,
                             opset=onnx.opset, info={"verify": onnx.verify}, cache_hit=onnx.cached)
+        if is_keras_source(self.spec.source):
+            from qdeploy.export.keras import export_keras
+
+            onnx = export_keras(self.spec, self.cfg.export, self.check_inputs(), self.cache_dir)
+            return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint, f"Keras model converted by tf2onnx (opset {onnx.opset}, "
+                            "NCHW input)", inputs=[str(Path(self.spec.source).expanduser())], path=onnx.path,
+                            input_name=onnx.input_name, output_name=onnx.output_name, opset=onnx.opset,
+                            info={"verify": onnx.verify}, cache_hit=onnx.cached)
         onnx = use_onnx_file(self.spec.source, self.cache_dir)
         return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint or sha256_file(onnx.path), "user's ONNX file",
                         inputs=[str(Path(self.spec.source).expanduser())],

@@ -91,6 +91,8 @@ def image_to_array(img: Image.Image, pre: Preprocess, path: PathLike) -> np.ndar
     img = _geometry(img, pre, _RESAMPLE[pre.interpolation])
     arr = np.asarray(img, dtype=np.uint8)
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    if pre.channel_order == "BGR":  # at decoding, so every consumer (normalize, QAT's GPU normalisation) sees BGR
+        arr = arr[::-1]
     _check_size(arr.shape[1:], pre, path)
     return np.ascontiguousarray(arr)
 

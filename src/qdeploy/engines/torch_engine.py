@@ -64,7 +64,7 @@ class TorchEngine(Engine):
     @classmethod
     def check(cls, variant: Variant, has_torch: bool) -> None:
         if not has_torch:
-            raise VariantUnavailable("the model is ONNX-only; the torch engine needs a PyTorch model")
+            raise VariantUnavailable("the source is an ONNX or Keras model; the torch engine needs a PyTorch model")
         device = resolve_torch_device(variant.device, variant.precision)
         if variant.options.cuda_graphs and device != "cuda":
             raise VariantUnavailable("CUDA graphs need a CUDA GPU; this variant runs on the CPU")

@@ -252,6 +252,12 @@ def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, sp
     x = np.ascontiguousarray(inputs[: spec.samples], dtype=np.float32)
     with torch.inference_mode():
         ref = model(torch.from_numpy(x)).float().numpy()
+    return verify_against(ref, x, artifact, spec, "PyTorch")
+
+
+def verify_against(ref: np.ndarray, x: np.ndarray, artifact: OnnxArtifact, spec: VerifySpec, reference: str) -> dict:
+    """ONNX Runtime (CPU) on ``x`` against ``reference``'s outputs ``ref`` on the same images (PyTorch, Keras):
+    within export.verify's tolerances, or an ExportError naming the file."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(artifact.path), opts, providers=["CPUExecutionProvider"])
@@ -263,15 +269,17 @@ def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, sp
     try:
         cmp = compare_outputs(got, ref)
     except ValueError:
-        raise ExportError(f"ONNX output shape {got.shape} differs from PyTorch {ref.shape} ({artifact.path})") from None
+        raise ExportError(f"ONNX output shape {got.shape} differs from {reference}'s {ref.shape} ({artifact.path})") from None
     diff, cos = cmp["max_abs_diff"], cmp["min_cosine"]
     limit = spec.atol + spec.rtol * cmp["max_abs_reference"]
-    result = {"samples": len(x), "max_abs_diff": diff, "tolerance": limit, "cosine": cos, "min_cosine": spec.min_cosine}
+    result = {"samples": len(x), "reference": reference, "max_abs_diff": diff, "tolerance": limit, "cosine": cos,
+              "min_cosine": spec.min_cosine}
     result["passed"] = bool(np.isfinite(diff) and diff <= limit and cos >= spec.min_cosine)
-    log(f"verify: ONNX Runtime vs PyTorch on {len(x)} real images: max |diff| {diff:.3g} (tolerance {limit:.3g}), min cosine {cos:.6f}")
+    log(f"verify: ONNX Runtime vs {reference} on {len(x)} real images: max |diff| {diff:.3g} (tolerance {limit:.3g}), "
+        f"min cosine {cos:.6f}")
     if not result["passed"]:
         raise ExportError(
-            f"ONNX export {artifact.path} does not match PyTorch: max |diff| {diff:.3g} > tolerance {limit:.3g} "
+            f"ONNX export {artifact.path} does not match {reference}: max |diff| {diff:.3g} > tolerance {limit:.3g} "
             f"or cosine {cos:.6f} < {spec.min_cosine} (export.verify sets the tolerances)"
         )
     return result

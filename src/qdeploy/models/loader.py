@@ -6,6 +6,7 @@ Sources (a small registry, in the spirit of timm's):
   ``path/to/file.py:fn``    fn(**kwargs) from a Python file
   ``package.module:fn``     fn(**kwargs) from an importable module (``fn`` may be dotted: ``Class.from_name``)
   ``model.onnx``            not a PyTorch model: only ONNX-based engines can run it
+  ``model.keras`` / ``.h5`` / SavedModel folder   a Keras model, converted to ONNX (export/keras.py)
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import torchvision
 from torch import nn
 
-from qdeploy.config import ModelSpec
+from qdeploy.config import ModelSpec, source_format
 from qdeploy.errors import ModelError
 from qdeploy.utils.hashing import sha256_file, sha256_json
 
@@ -68,7 +69,12 @@ def _timm(name: str, kwargs: dict) -> nn.Module:
 
 
 def is_onnx_source(source: str) -> bool:
-    return source.lower().endswith(".onnx")
+    return source_format(source) == "onnx"
+
+
+def is_keras_source(source: str) -> bool:
+    """A Keras model (.keras, .h5, SavedModel folder): converted to ONNX by export.keras, never built in PyTorch."""
+    return source_format(source) == "keras"
 
 
 def resolve_factory(source: str) -> Callable[..., Any]:
@@ -316,8 +322,9 @@ def load_state_dict_checked(model: nn.Module, path: str | Path, key: str | None 
 
 def build_torch_model(spec: ModelSpec) -> nn.Module:
     """Build the model in eval mode on CPU in FP32, weights loaded, reduced to a single output tensor."""
-    if is_onnx_source(spec.source):
-        raise ModelError(f"model source {spec.source} is an ONNX file, not a PyTorch model")
+    if source_format(spec.source) != "pytorch":
+        kind = {"onnx": "an ONNX", "keras": "a Keras"}[source_format(spec.source)]
+        raise ModelError(f"model source {spec.source} is {kind} model, not a PyTorch model")
     factory = resolve_factory(spec.source)
     try:
         model = factory(**spec.kwargs)

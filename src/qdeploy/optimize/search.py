@@ -37,7 +37,7 @@ import torch
 
 import qdeploy
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
-from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, check_output_folder, parse_config
+from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, check_output_folder, parse_config, source_format
 from qdeploy.data import ArrayBatches, make_batches, normalize, take
 from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
@@ -45,7 +45,6 @@ from qdeploy.evaluate.compare import reference_chance
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
-from qdeploy.models.loader import is_onnx_source
 from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, Target,
                                          onnx_of, plan, rescore, target_for)
 from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fastest_within, resolution_warning,
@@ -190,8 +189,8 @@ def _prepare(cfg: RunConfig):
         problem = cuda_ep_problem()
         if problem:
             raise ConfigError(f"optimize.target onnxruntime-cuda: {problem}")
-    if o.target.startswith("torch-") and is_onnx_source(cfg.model.source):
-        raise ConfigError(f"optimize.target {o.target} runs the PyTorch model, but model.source is ONNX-only "
+    if o.target.startswith("torch-") and source_format(cfg.model.source) != "pytorch":
+        raise ConfigError(f"optimize.target {o.target} runs the PyTorch model, but model.source is an ONNX or Keras model "
                           f"({cfg.model.source}): use target onnxruntime-cpu or tensorrt, or give the PyTorch model")
     if o.target.startswith("torch-") and o.time_limit is None:
         # compiling is open-ended (max-autotune: minutes per model): the PyTorch targets are bounded by default

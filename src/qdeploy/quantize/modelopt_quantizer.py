@@ -49,7 +49,7 @@ class ModelOptQuantizer(Quantizer):
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
         if not has_torch:
-            raise NotApplicable("quantizer modelopt needs a PyTorch model; this model is ONNX-only (use quantizer: onnx)")
+            raise NotApplicable("quantizer modelopt needs a PyTorch model; the source is an ONNX or Keras model (use quantizer: onnx)")
         if cfg.placement != "tensorrt":
             raise NotApplicable("quantizer modelopt produces the TensorRT placement only (placement: tensorrt)")
         if cfg.calibration_cache:

@@ -1,0 +1,189 @@
+"""Keras sources (issue 24): .keras, legacy .h5 and SavedModel folders converted to one NCHW ONNX, verified against
+Keras' own outputs, run by every ONNX engine and both INT8 placements; presets equal keras.applications'
+preprocess_input; clear one-line errors. Real TensorFlow (in child processes: tests/keras_models.py writes the models).
+
+CI installs the keras extra and sets QDEPLOY_REQUIRE_KERAS=1: there a missing TensorFlow fails these tests instead of
+skipping them."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+
+from qdeploy import api
+from qdeploy.cli import main
+from qdeploy.config import Preprocess
+from qdeploy.data.transforms import normalize
+from qdeploy.export import keras as keras_export
+
+from conftest import write_image_folder
+
+HERE = Path(__file__).parent
+
+
+def _require_keras() -> None:
+    problem = keras_export.keras_problem()
+    if problem:
+        if os.environ.get("QDEPLOY_REQUIRE_KERAS"):
+            pytest.fail(f"QDEPLOY_REQUIRE_KERAS is set but {problem}")
+        pytest.skip(f"Keras sources need the keras extra: {problem}")
+
+
+@pytest.fixture(scope="module")
+def keras_dir(tmp_path_factory) -> Path:
+    _require_keras()
+    out = tmp_path_factory.mktemp("keras")
+    proc = subprocess.run([sys.executable, str(HERE / "keras_models.py"), str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("images")
+    return write_image_folder(root / "eval", size=(8, 8)), write_image_folder(root / "calib", size=(8, 8), seed=1)
+
+
+def _config(source, folders, variants, preset="keras-tf", **model) -> dict:
+    return {"model": {"source": str(source), "preprocess": {"input_size": [8, 8], "preset": preset}, **model},
+            "data": {"eval": {"root": str(folders[0]), "batch_size": 6, "workers": 0},
+                     "calibration": {"root": str(folders[1]), "batch_size": 6, "workers": 0}},
+            "variants": variants, "bench": {"batch_sizes": [2], "warmup": 1, "iterations": 3}}
+
+
+@pytest.mark.slow
+def test_a_keras_file_runs_as_one_nchw_onnx_verified_against_keras_in_every_onnx_engine(tmp_path, keras_dir, folders):
+    variants = [{"engine": "onnxruntime"}, {"engine": "openvino"},
+                {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt"},
+                {"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"}]
+    results = api.run(_config(keras_dir / "convbn.keras", folders, variants), tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert [v["status"] for v in results["variants"]] == ["ok"] * 4, [v.get("reason") for v in results["variants"]]
+    verify = results["model"]["onnx"]["verify"]
+    assert verify["reference"] == "Keras" and verify["passed"] and verify["samples"] == 8
+    assert verify["max_abs_diff"] <= verify["tolerance"]
+    proto = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    dims = [d.dim_value or d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert dims[1:] == [3, 8, 8]  # NCHW: the layout handled once, at conversion
+    ops = [n.op_type for n in proto.graph.node]
+    assert "Transpose" not in ops  # tf2onnx's inputs_as_nchw pushed the layout through the convs
+    assert ops.count("Conv") == 2 and "Mul" not in ops and "Pad" not in ops  # BN of the depthwise conv folded
+    fp32 = results["variants"][0]["metrics"]["top1"]
+    assert results["variants"][1]["metrics"]["top1"] == fp32  # OpenVINO FP32 on the same graph
+
+
+@pytest.mark.slow
+def test_h5_and_savedmodel_convert_to_the_same_outputs_as_the_keras_file(tmp_path, keras_dir, folders):
+    outputs = {}
+    for name in ("convbn.keras", "convbn.h5", "convbn_savedmodel"):
+        cfg = _config(keras_dir / name, folders, [{"engine": "onnxruntime"}])
+        cfg["bench"] = {"enabled": False}
+        results = api.run(cfg, tmp_path / name, cache_dir=tmp_path / "cache")
+        assert results["variants"][0]["status"] == "ok", results["variants"][0].get("reason")
+        assert results["model"]["onnx"]["verify"]["passed"]
+        sess = ort.InferenceSession(str(tmp_path / name / "model.onnx"), providers=["CPUExecutionProvider"])
+        x = np.random.default_rng(0).normal(size=(3, 3, 8, 8)).astype(np.float32)
+        outputs[name] = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(outputs["convbn.h5"], outputs["convbn.keras"], atol=1e-5)
+    np.testing.assert_allclose(outputs["convbn_savedmodel"], outputs["convbn.keras"], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_captured_normalization_constants_become_initializers(tmp_path, keras_dir, folders):
+    cfg = _config(keras_dir / "normalization.keras", folders, [{"engine": "onnxruntime"}], preset="keras-none")
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert results["variants"][0]["status"] == "ok" and results["model"]["onnx"]["verify"]["passed"]
+    proto = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    assert [i.name for i in proto.graph.input] == ["input"]  # the Normalization mean/variance are not inputs
+
+
+@pytest.mark.slow  # the keras_dir fixture starts TensorFlow
+@pytest.mark.parametrize("mode", ["caffe", "tf", "torch"])
+def test_presets_equal_keras_applications_preprocess_input(keras_dir, mode):
+    pixels = np.load(keras_dir / "pixels.npy")  # uint8 NHWC RGB
+    keras_out = np.load(keras_dir / f"{mode}.npy")
+    pre = Preprocess(input_size=[8, 8], preset=f"keras-{mode}")
+    nchw = pixels.transpose(0, 3, 1, 2)
+    if pre.channel_order == "BGR":  # what decoding does (data/transforms.image_to_array)
+        nchw = nchw[:, ::-1]
+    ours = normalize(np.ascontiguousarray(nchw), pre).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(ours, keras_out, atol=1e-4)
+
+
+def test_a_bgr_preset_decodes_blue_first(tmp_path):
+    from PIL import Image
+
+    from qdeploy.data.transforms import load_image
+
+    arr = np.zeros((4, 4, 3), np.uint8)
+    arr[..., 0] = 200  # red
+    Image.fromarray(arr).save(tmp_path / "red.png")
+    rgb = load_image(tmp_path / "red.png", Preprocess(input_size=[4, 4]))
+    bgr = load_image(tmp_path / "red.png", Preprocess(input_size=[4, 4], preset="keras-caffe"))
+    assert rgb[0].max() == 200 and bgr[2].max() == 200 and bgr[0].max() == 0
+
+
+def test_a_preset_with_its_own_values_loads_again_and_contradictions_are_refused():
+    pre = Preprocess(input_size=[8, 8], preset="keras-caffe")
+    assert Preprocess(**pre.model_dump()) == pre  # results.json's config loads again
+    with pytest.raises(ValueError, match="preset keras-tf sets mean, std and channel_order: remove mean"):
+        Preprocess(input_size=[8, 8], preset="keras-tf", mean=[0.1, 0.1, 0.1])
+
+
+def _cli(tmp_path, cfg) -> int:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return main(["--quiet", "run", str(path), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, message", [
+    ({"preprocess": {"input_size": [16, 16], "preset": "keras-tf"}},
+     "input shape [None, 8, 8, 3] does not take 3-channel 16x16 images: set model.preprocess.input_size"),
+    ({"source": "two_outputs.keras"}, "set model.output to an index or one of the names"),
+])
+def test_keras_model_mismatches_are_one_line_errors(tmp_path, keras_dir, folders, capsys, change, message):
+    cfg = _config(keras_dir / "convbn.keras", folders, [{"engine": "onnxruntime"}])
+    if "source" in change:
+        cfg["model"]["source"] = str(keras_dir / change["source"])
+    else:
+        cfg["model"].update(change)
+    assert _cli(tmp_path, cfg) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_two_outputs_are_chosen_by_model_output(tmp_path, keras_dir, folders):
+    cfg = _config(keras_dir / "two_outputs.keras", folders, [{"engine": "onnxruntime"}], output=0)
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert results["variants"][0]["status"] == "ok" and results["model"]["check"]["output_shape"][-1] == 3
+
+
+def test_keras_source_errors_before_any_work(tmp_path, folders, capsys):
+    cfg = _config(tmp_path / "missing.keras", folders, [{"engine": "onnxruntime"}])
+    assert _cli(tmp_path, cfg) == 2
+    err = capsys.readouterr().err
+    assert "missing.keras" in err and "does not exist" in err and "Traceback" not in err
+    cfg["model"]["weights"] = "w.pt"
+    assert _cli(tmp_path, cfg) == 2
+    err = capsys.readouterr().err
+    assert "the Keras model" in err and "remove model.weights" in err
+
+
+def test_a_missing_tensorflow_is_one_line_naming_the_extra(tmp_path, folders, capsys, monkeypatch):
+    (tmp_path / "m.keras").write_bytes(b"PK\x03\x04")
+    monkeypatch.setattr(keras_export, "keras_problem", lambda: "tensorflow, keras, tf2onnx are not installed "
+                                                              f"({keras_export.KERAS_EXTRA})")
+    assert _cli(tmp_path, _config(tmp_path / "m.keras", folders, [{"engine": "onnxruntime"}])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'qdeploy[keras]'" in err[0] and "m.keras is a Keras model" in err[0]
