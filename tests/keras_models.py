@@ -6,6 +6,7 @@ TensorFlow never shares the pytest process with PyTorch). `python keras_models.p
   statistics, so folding them is checked);
 - ``two_outputs.keras``: a model with two outputs (model.output must choose);
 - ``normalization.keras``: a model with a Keras ``Normalization`` layer (the constants tf2onnx leaves as inputs);
+- ``se.keras``: a squeeze-excitation block as keras.applications EfficientNet writes it;
 - ``pixels.npy`` (uint8 NHWC) and ``caffe.npy``/``tf.npy``/``torch.npy``: keras.applications' own preprocess_input of
   those pixels in each mode (the presets are checked against them).
 """
@@ -66,6 +67,19 @@ def main(out: str) -> None:
     x = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     keras.Model(inp, keras.layers.Dense(3)(x)).save(os.path.join(out, "normalization.keras"))
+
+    # keras.applications EfficientNet's squeeze-excitation block: GlobalAveragePooling2D → Reshape → Conv2D(swish) →
+    # Conv2D(sigmoid) → multiply (tf2onnx writes the pooling as GlobalAveragePool → Squeeze → Reshape in NCHW)
+    inp = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="swish", name="stem")(inp)
+    se = keras.layers.GlobalAveragePooling2D(name="se_squeeze")(x)
+    se = keras.layers.Reshape((1, 1, 16), name="se_reshape")(se)
+    se = keras.layers.Conv2D(4, 1, activation="swish", name="se_reduce")(se)
+    se = keras.layers.Conv2D(16, 1, activation="sigmoid", name="se_expand")(se)
+    x = keras.layers.multiply([x, se], name="se_excite")
+    x = keras.layers.Conv2D(16, 1, name="project")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    keras.Model(inp, keras.layers.Dense(3)(x)).save(os.path.join(out, "se.keras"))
 
     pixels = np.random.default_rng(1).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     np.save(os.path.join(out, "pixels.npy"), pixels)

@@ -104,6 +104,24 @@ def test_captured_normalization_constants_become_initializers(tmp_path, keras_di
     assert [i.name for i in proto.graph.input] == ["input"]  # the Normalization mean/variance are not inputs
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["tensorrt", "onnxruntime"])
+def test_a_keras_squeeze_excitation_branch_stays_float_through_its_squeeze_and_reshape(tmp_path, keras_dir, folders,
+                                                                                          placement):
+    """The placement rules read the converted graph: tf2onnx's GlobalAveragePool → Squeeze → Reshape before the SE
+    convs is seen through (quantize/patterns.py), and the TensorRT lint stays clean."""
+    cfg = _config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime", "precision": "int8", "method": "max",
+                                                     "placement": placement, "name": "v"}])
+    info = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")["variants"]["v"]
+    assert info["status"] == "ok", info["reason"]
+    se = info["excluded_squeeze_excitation"]
+    assert any("se_reduce" in n for n in se) and any("se_expand" in n for n in se) and any("se_squeeze" in n for n in se)
+    if placement == "tensorrt":
+        assert info["lint"]["verdict"] == "clean", info["lint"]
+        project = next(o for o in info["structure"]["ops"] if "project" in o["name"])
+        assert project["int8_input"] and project["int8_weights"]  # the block's own convs stay INT8
+
+
 @pytest.mark.slow  # the keras_dir fixture starts TensorFlow
 @pytest.mark.parametrize("mode", ["caffe", "tf", "torch"])
 def test_presets_equal_keras_applications_preprocess_input(keras_dir, mode):

@@ -1,7 +1,8 @@
 """Sub-graphs that post-training quantization keeps in float on purpose: accuracy rules, not speed rules.
 
 Squeeze-excitation branches (``GlobalAveragePool|ReduceMean → Conv → act → Conv → Sigmoid|HardSigmoid → Mul``
-with the pooled tensor): NNCF's ``SE_BLOCK`` ignored pattern (``nncf/onnx/quantization/ignored_patterns.py``)
+with the pooled tensor; data-movement ops such as the Squeeze → Reshape a Keras model's SE block converts to are
+seen through): NNCF's ``SE_BLOCK`` ignored pattern (``nncf/onnx/quantization/ignored_patterns.py``)
 leaves them float by default. Measured on the CIFAR-10 EfficientNet-B0 (issue #8 ablation): with the same
 activation ranges as NNCF's (identical scales on the 33 tensors both quantize), quantizing the branch's two
 convs was what separated qdeploy (76.5 %) from NNCF (80.0 %, FP32 80.5 %). The gate multiplies every channel
@@ -10,7 +11,7 @@ C×1×1 vector, so keeping it float costs next to nothing in ONNX Runtime or Ten
 """
 from __future__ import annotations
 
-from qdeploy.lint.qdq_graph import GATES, QdqGraph
+from qdeploy.lint.qdq_graph import DATA_MOVEMENT_OPS, GATES, QdqGraph
 
 POOLS = ("GlobalAveragePool", "ReduceMean")
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid", "HardSigmoid", "Mul", "Add", "Div")
@@ -40,11 +41,14 @@ def squeeze_excitation_branches(model) -> list[dict]:
             if gate is None or gate.op_type not in GATES or gate.input[0] == x_t:  # x·sigmoid(x) is SiLU, not SE
                 continue
             nodes, convs, t = [], 0, gate.input[0]
-            for _ in range(10):
+            for _ in range(16):
                 node = g.producer.get(t)
                 if node is None:
                     break
-                if node.op_type == "Conv":
+                if node.op_type in DATA_MOVEMENT_OPS:  # Keras/tf2onnx: pool → Squeeze → Reshape → conv (NHWC's SE)
+                    nodes.append(node.name)
+                    t = node.input[0]
+                elif node.op_type == "Conv":
                     convs += 1
                     nodes.append(node.name)
                     t = node.input[0]
