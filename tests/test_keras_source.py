@@ -205,3 +205,26 @@ def test_a_missing_tensorflow_is_one_line_naming_the_extra(tmp_path, folders, ca
     assert _cli(tmp_path, _config(tmp_path / "m.keras", folders, [{"engine": "onnxruntime"}])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'qdeploy[keras]'" in err[0] and "m.keras is a Keras model" in err[0]
+
+
+@pytest.mark.slow
+def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qdq(tmp_path, keras_dir, folders):
+    """Item 3: a Keras model fine-tuned by qdeploy's QAT (onnx2torch module of the verified ONNX, checked equal to
+    ONNX Runtime) gives the same TensorRT-placement Q/DQ ONNX, structure report and lint as a PyTorch model."""
+    train = write_image_folder(tmp_path / "train", size=(8, 8), per_class=8, seed=5)
+    cfg = _config(keras_dir / "convbn.keras", folders,
+                  [{"engine": "onnxruntime"},
+                   {"engine": "onnxruntime", "precision": "int8", "quantizer": "qat", "placement": "tensorrt", "method": "max"}])
+    cfg["data"]["train"] = {"root": str(train), "batch_size": 8, "workers": 0}
+    cfg["qat"] = {"objective": "distill", "epochs": 1, "batch_size": 8, "lr": 1e-4, "method": "max"}
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    v = results["variants"][1]
+    assert v["status"] == "ok", v.get("reason")
+    q = v["quantization"]
+    assert q["quantizer"] == "qat" and q["placement"] == "tensorrt" and q["qat"]["log"]
+    st = q["structure"]
+    assert st["compute_ops_int8"] == st["compute_ops"] >= 3  # two convs and the Dense (as a Linear) in INT8
+    assert st["residual_add_forms"] == {"fusible": 1}
+    assert q["lint"]["verdict"] == "clean", q["lint"]
+    assert v["agreement"] >= 0.8  # fine-tuned from the Keras weights: it still predicts what the Keras model does

@@ -683,10 +683,14 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
         builder = Builder(cfg, cache_dir, calibration,
                           check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
         if not builder.has_torch:
-            raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is ONNX-only")
+            from qdeploy.export.onnx_to_torch import onnx2torch_problem
+
+            if onnx2torch_problem():
+                raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is an ONNX or Keras model and "
+                                  f"{onnx2torch_problem()}")
         fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
         int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
-        inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.torch_model,
+        inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.trainable_model,
                                 check_inputs=builder.check_inputs(), opset=cfg.export.opset,
                                 dynamic_batch=cfg.export.dynamic_batch, cache_dir=builder.cache_dir, memo=builder.memo)
         ignore = cfg.data.eval.ignore_index

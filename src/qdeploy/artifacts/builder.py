@@ -75,6 +75,7 @@ class Builder:
         self._check_inputs = check_inputs
         self._check_cache: Optional[np.ndarray] = None
         self._torch: Optional[nn.Module] = None
+        self._trainable: Optional[nn.Module] = None
         self._built: dict[str, Artifact] = {}
         self.memo: dict = {}  # statistics passes shared by the INT8 artifacts of this run
 
@@ -91,6 +92,18 @@ class Builder:
         if self._torch is None:
             self._torch = build_torch_model(self.spec)
         return self._torch
+
+    def trainable_model(self) -> nn.Module:
+        """What QAT fine-tunes: the PyTorch model, or for an ONNX or Keras source its FP32 ONNX as a PyTorch module
+        (export/onnx_to_torch.py: onnx2torch, checked equal to ONNX Runtime on the run's real images)."""
+        if self.has_torch:
+            return self.torch_model()
+        if self._trainable is None:
+            from qdeploy.export.onnx_to_torch import torch_from_onnx
+
+            fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+            self._trainable = torch_from_onnx(fp32.path, self.check_inputs(), self.cfg.export.verify)
+        return self._trainable
 
     def check_inputs(self) -> Optional[np.ndarray]:
         if self._check_cache is None and self._check_inputs is not None:
@@ -296,7 +309,9 @@ class Builder:
         else:
             inputs = QuantizeInputs(
                 fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,
-                torch_model=self.torch_model if self.has_torch else None, check_inputs=self.check_inputs(),
+                # QAT trains an ONNX or Keras source as its onnx2torch twin; PTQ of one stays on its ONNX (quantizer onnx)
+                torch_model=self.torch_model if self.has_torch else self.trainable_model if int8.quantizer == "qat" else None,
+                check_inputs=self.check_inputs(),
                 opset=self.cfg.export.opset, dynamic_batch=self.cfg.export.dynamic_batch, cache_dir=self.cache_dir,
                 memo=self.memo, qat=qat,
                 calibration_identity=dataset_identity(self.calibration) if self.calibration is not None else None)
