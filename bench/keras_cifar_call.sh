@@ -10,4 +10,4 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 python3 bench/keras_cifar.py train resnet20 --packed .devkeras2/cifar_train.npz --out "$OUT" --minutes "$1" > "$OUT/resnet20.log" 2>&1 &
 python3 bench/keras_cifar.py train efficientnet_b0 --packed .devkeras2/cifar_train.npz --out "$OUT" --minutes "$1" > "$OUT/efficientnet_b0.log" 2>&1 &
 wait
-tail -3 "$OUT"/*.log
+for f in "$OUT"/*.log; do tail -n 3 "$f"; done

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# On the device: EfficientNetB0 alone (bench/keras_cifar.py), MINUTES of training into $OUT.  bash bench/keras_cifar_effnet_call.sh 8.8
+set -eu
+mkdir -p /tmp/kerassite
+for w in .devkeras2/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/kerassite; done
+export PYTHONPATH=/tmp/kerassite KERAS_BACKEND=torch PYTHONUNBUFFERED=1
+python3 bench/keras_cifar.py train efficientnet_b0 --packed .devkeras2/cifar_train.npz --out "$OUT" --minutes "$1" 2>&1 | tail -n 25
+ls -la "$OUT"
