@@ -635,7 +635,7 @@ def parse_config(data: dict, source: str = "<dict>") -> RunConfig:
 
 
 def _looks_like_path(source: str) -> bool:
-    return source.endswith(".onnx") or ".py:" in source or source.endswith(".py")
+    return source.endswith(".onnx") or ".py:" in source or source.endswith(".py") or source.lower().endswith(KERAS_SUFFIXES)
 
 
 def _resolve_paths(data: dict, base: Path) -> dict:
@@ -649,7 +649,7 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     model = data.get("model")
     if isinstance(model, dict):
         src = model.get("source")
-        if isinstance(src, str) and _looks_like_path(src):
+        if isinstance(src, str) and (_looks_like_path(src) or (base / src / "saved_model.pb").is_file()):
             path, sep, factory = src.rpartition(":") if ".py:" in src else (src, "", "")
             model["source"] = str(Path(fix(path)).expanduser()) + (sep + factory if sep else "")
         if isinstance(model.get("weights"), str) and model["weights"] != RANDOM_WEIGHTS:
