@@ -7,6 +7,8 @@
         [--modelopt-onnx fp32[,fp16]] [--modelopt-onnx-method entropy|max]
     python bench/peer_ptq.py deit swin convnext mobilevit --out runs/peer --nncf "" --methods entropy \
         --placements tensorrt-modelopt,tensorrt --modelopt-onnx fp32,fp16
+    python bench/peer_ptq.py keras-resnet20 keras-efficientnet_b0_64 --out runs/peer-keras --methods entropy,mse \
+        --placements tensorrt,onnxruntime --modelopt-onnx ""      # issue #24: Keras models (bench/keras_cifar.py)
 
 Models: the ../shared/models/cifar10-dev checkpoints (torchvision architectures, 10 classes), or the
 ../shared/models/cifar10-modern ones by bench/transformer_int8.py's names (deit, swin, convnext, mobilevit: timm
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -64,7 +67,24 @@ from transformer_int8 import MODELS as MODERN  # noqa: E402
 from transformer_int8 import config as modern_config  # noqa: E402
 
 
+# issue #24: the Keras models of bench/keras_cifar.py (not in the repository: it recreates them into ../keras-models,
+# or QDEPLOY_KERAS_MODELS names the folder), converted by qdeploy's Keras source (tf2onnx) like any Keras user's
+KERAS_DIR = Path(os.environ.get("QDEPLOY_KERAS_MODELS", REPO.parent / "keras-models"))
+KERAS = {"keras-resnet20": ("resnet20_cifar.keras", 32, "keras-caffe"),
+         "keras-efficientnet_b0_64": ("efficientnet_b0_64.keras", 64, "keras-none")}
+
+
 def config(name: str, eval_count: int) -> dict:
+    if name in KERAS:
+        file, size, preset = KERAS[name]
+        if not (KERAS_DIR / file).is_file():
+            sys.exit(f"{KERAS_DIR / file} not present: bench/keras_cifar.py trains it (see docs/benchmarks.md)")
+        return {"model": {"source": str(KERAS_DIR / file), "preprocess": {"input_size": [size, size], "preset": preset}},
+                "data": {"eval": {"root": str(SHARED / "data" / "cifar10" / "test"), "count": eval_count, "seed": 0,
+                                  "batch_size": 500},
+                         "calibration": {"root": str(SHARED / "data" / "cifar10" / "train"), "count": 512, "seed": 0,
+                                         "batch_size": 64}},
+                "bench": {"enabled": False}}
     if name in MODERN:  # ../shared/models/cifar10-modern (timm): bench/transformer_int8.py's table and config
         cfg = modern_config(name, eval_count, 512, "max")
         cfg.pop("variants")
@@ -151,6 +171,8 @@ def main() -> None:
     ap.add_argument("--methods", default="mean-minmax,max,entropy,percentile,mse")
     ap.add_argument("--placements", default="onnxruntime,tensorrt,tensorrt-modelopt")
     ap.add_argument("--accuracy-control", action="store_true")
+    ap.add_argument("--ort-static", action=argparse.BooleanOptionalAction, default=True,
+                    help="a row for ONNX Runtime's quantize_static (issue #24's peer)")
     ap.add_argument("--modelopt-onnx", default="fp32",
                     help="ModelOpt ONNX PTQ rows, comma-separated high_precision_dtype values (fp32: the float part "
                          "stays FP32; fp16: ModelOpt's default); empty: none")
@@ -229,6 +251,31 @@ def main() -> None:
                 print(f"  {tool}: failed: {res['error']} (traceback in {log})", flush=True)
                 continue
             record(tool, path, res["seconds"], {"rss_peak": res["rss_peak_mb"], "rss_delta": res["rss_delta_mb"]}, exact=True)
+
+        if args.ort_static:
+            # ONNX Runtime's own post-training quantization, as its documentation shows it: quant_pre_process, then
+            # quantize_static (QDQ format, MinMax calibration, int8 activations and per-channel int8 weights)
+            from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            class Reader(CalibrationDataReader):
+                def __init__(self):
+                    self.items = iter([{onnx.load(str(fp32)).graph.input[0].name: X_cal[i:i + 64]}
+                                       for i in range(0, len(X_cal), 64)])
+
+                def get_next(self):
+                    return next(self.items, None)
+
+            work = out / name / "ort-quantize-static"
+            work.mkdir(parents=True, exist_ok=True)
+            pre_path, path = work / "fp32.pre.onnx", work / "model.int8.onnx"
+            with MemoryProbe() as m:
+                t0 = time.perf_counter()
+                quant_pre_process(str(fp32), str(pre_path))
+                quantize_static(str(pre_path), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+                seconds = time.perf_counter() - t0
+            record("ONNX Runtime quantize_static (QDQ, MinMax, per-channel)", path, seconds, m.result())
 
         if nncf_missing:
             rows += [{"tool": f"NNCF {v}", "status": "not run", "reason": nncf_missing}
