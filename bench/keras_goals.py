@@ -1,4 +1,4 @@
-"""Issue #24's accuracy goals for the Keras models of bench/keras_cifar.py, on the full CIFAR-10 test set (10,000).
+"""Issue #24's accuracy goals for the Keras models of bench/keras_train.py, on the full CIFAR-10 test set (10,000).
 
     python bench/keras_goals.py resnet20 [efficientnet_b0] --out runs/keras-goals [--models-dir ../keras-models]
 
@@ -63,7 +63,7 @@ def main() -> None:
         file, size, preset, mode = MODELS[name]
         model = Path(args.models_dir) / file
         if not model.is_file():
-            rows[name] = {"status": "not run", "reason": f"{model} not present: bench/keras_cifar.py trains it"}
+            rows[name] = {"status": "not run", "reason": f"{model} not present: bench/keras_train.py trains it"}
             print(f"{name}: {rows[name]['reason']}")
             continue
         cfg = {"model": {"source": str(model), "preprocess": {"input_size": [size, size], "preset": preset}},

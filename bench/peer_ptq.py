@@ -8,7 +8,7 @@
     python bench/peer_ptq.py deit swin convnext mobilevit --out runs/peer --nncf "" --methods entropy \
         --placements tensorrt-modelopt,tensorrt --modelopt-onnx fp32,fp16
     python bench/peer_ptq.py keras-resnet20 keras-efficientnet_b0_64 --out runs/peer-keras --methods entropy,mse \
-        --placements tensorrt,onnxruntime --modelopt-onnx ""      # issue #24: Keras models (bench/keras_cifar.py)
+        --placements tensorrt,onnxruntime --modelopt-onnx ""      # issue #24: Keras models (bench/keras_train.py)
 
 Models: the ../shared/models/cifar10-dev checkpoints (torchvision architectures, 10 classes), or the
 ../shared/models/cifar10-modern ones by bench/transformer_int8.py's names (deit, swin, convnext, mobilevit: timm
@@ -67,7 +67,7 @@ from transformer_int8 import MODELS as MODERN  # noqa: E402
 from transformer_int8 import config as modern_config  # noqa: E402
 
 
-# issue #24: the Keras models of bench/keras_cifar.py (not in the repository: it recreates them into ../keras-models,
+# issue #24: the Keras models of bench/keras_train.py (not in the repository: it recreates them into ../keras-models,
 # or QDEPLOY_KERAS_MODELS names the folder), converted by qdeploy's Keras source (tf2onnx) like any Keras user's
 KERAS_DIR = Path(os.environ.get("QDEPLOY_KERAS_MODELS", REPO.parent / "keras-models"))
 KERAS = {"keras-resnet20": ("resnet20_cifar.keras", 32, "keras-caffe"),
@@ -78,7 +78,7 @@ def config(name: str, eval_count: int) -> dict:
     if name in KERAS:
         file, size, preset = KERAS[name]
         if not (KERAS_DIR / file).is_file():
-            sys.exit(f"{KERAS_DIR / file} not present: bench/keras_cifar.py trains it (see docs/benchmarks.md)")
+            sys.exit(f"{KERAS_DIR / file} not present: bench/keras_train.py trains it (see docs/benchmarks.md)")
         return {"model": {"source": str(KERAS_DIR / file), "preprocess": {"input_size": [size, size], "preset": preset}},
                 "data": {"eval": {"root": str(SHARED / "data" / "cifar10" / "test"), "count": eval_count, "seed": 0,
                                   "batch_size": 500},
