@@ -701,3 +701,30 @@ def test_cpu_target_weighs_both_engines_and_never_answers_with_an_int8_slower_th
     assert prof["engine"] == ("openvino" if ov_chosen else "onnxruntime") and prof["chosen"] == (chosen["variant"] == prof["candidate"])
     assert "Where INT8 time goes" in (tmp_path / "out" / "optimize.html").read_text()
     assert (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+
+
+@pytest.mark.slow
+def test_a_model_file_replaced_in_place_is_never_answered_with_the_old_numbers(tmp_path):
+    """The resume store is keyed by the model's bytes, not its path: an ONNX (or Keras, or weights) file retrained and
+    saved under the same name is measured again (issue 24: a silently replayed search split)."""
+    import torch
+
+    path = tmp_path / "model.onnx"
+
+    def save(seed):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                  torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+        torch.onnx.export(net, torch.randn(2, 3, 16, 16), str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamo=False, dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0})
+    cfg["model"] = {"source": str(path), "preprocess": cfg["model"]["preprocess"]}
+    save(0)
+    first = api.optimize(cfg, tmp_path / "a", cache_dir=tmp_path / "cache")
+    again = api.optimize(cfg, tmp_path / "b", cache_dir=tmp_path / "cache")
+    assert first["evaluations"]["cached"] == 0 and again["evaluations"]["cached"] > 0  # same bytes: replayed
+    save(1)
+    replaced = api.optimize(cfg, tmp_path / "c", cache_dir=tmp_path / "cache")
+    assert replaced["evaluations"]["cached"] == 0
+    assert not any("[replayed from an earlier run]" in d for d in replaced["decisions"])

@@ -37,6 +37,7 @@ import torch
 
 import qdeploy
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.models.loader import model_fingerprint
 from qdeploy.config import OptimizeConfig, RunConfig, VariantSpec, check_output_folder, parse_config, source_format
 from qdeploy.data import ArrayBatches, make_batches, normalize, take
 from qdeploy.engines.base import resolve_variant
@@ -240,6 +241,13 @@ def optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
         return _optimize(config, out_dir, cache_dir)
 
 
+def _model_identity(builder) -> str:
+    """The FP32 model's content fingerprint: weights (and code) of a PyTorch source, the bytes of an ONNX or Keras one."""
+    if builder.has_torch:
+        return model_fingerprint(builder.spec, builder.torch_model())
+    return builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32)).fingerprint
+
+
 def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], cache_dir: Optional[Path] = None) -> dict:
     t_start = time.perf_counter()
     cfg = as_config(config)
@@ -250,15 +258,17 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
     task = cfg.model.task
     key = _metric_key(task)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    # keyed by what decides a candidate's numbers (model, data, split, timing settings), not by the candidate list: a
-    # search resumed with other methods or fallback settings still replays the candidates it shares
-    store = _Store(cache_root / "optimize" / sha256_json({"search": {k: v for k, v in search_cfg.items() if k != "variants"},
-                                                          "optimize": o.model_dump(
-        mode="json", include={"target", "seed", "search_fraction", "subset_size", "sensitivity_images"}),
-        "qdeploy": qdeploy.__version__, "tensorrt": trt})[:20])
     with tempfile.TemporaryDirectory(prefix="qdeploy-optimize-") as scratch:
         ctx = open_run(parse_config(search_cfg), Path(scratch) / "search",
                        stages=("eval", "bench") if target.measured else ("eval",), cache_dir=cache_dir)
+        # keyed by what decides a candidate's numbers (the model's bytes, data, split, timing settings), not by the
+        # candidate list: a search resumed with other methods or fallback settings still replays the candidates it
+        # shares, and a model file retrained in place (same path, new weights) is never answered with old numbers
+        store = _Store(cache_root / "optimize" / sha256_json({
+            "search": {k: v for k, v in search_cfg.items() if k != "variants"}, "model": _model_identity(ctx.builder),
+            "optimize": o.model_dump(mode="json", include={"target", "seed", "search_fraction", "subset_size",
+                                                           "sensitivity_images"}),
+            "qdeploy": qdeploy.__version__, "tensorrt": trt})[:20])
         s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
                     rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [],
                     cache_root=cache_root)
