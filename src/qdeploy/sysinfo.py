@@ -32,6 +32,16 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def dist_version(dist: str) -> Optional[str]:
+    """An installed distribution's version from its metadata (the module is not imported), or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _version(module: str) -> Optional[str]:
     try:
         return getattr(importlib.import_module(module), "__version__", "installed")

@@ -12,7 +12,6 @@ Engines never build: they get the :class:`Artifact` this stage made and only loa
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -35,19 +34,13 @@ from qdeploy.utils.atomic import write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.facts.onnxruntime import u8s8_saturates
 from qdeploy.utils.hashing import sha256_file, sha256_json, source_fingerprint
+from qdeploy.sysinfo import dist_version
 from qdeploy.utils.log import log
 
 # Code that shapes an INT8 artifact: a cached one built by other code is stale.
 # the code an INT8 artifact depends on: the quantizers, and the placement rules and fixes they read (lint/)
 _QUANTIZE_CODE = (Path(qdeploy.__file__).parent / "quantize", Path(qdeploy.__file__).parent / "lint",
                   Path(qdeploy.__file__).parent / "facts")
-
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -290,7 +283,7 @@ class Builder:
             # the ONNX Runtime placement's weights depend on the CPU's kernels (facts/onnxruntime.py)
             "u8s8_saturates": u8s8_saturates() if int8.placement == "onnxruntime" else None,
             "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
-                         "nvidia-modelopt": _version("nvidia-modelopt")},
+                         "nvidia-modelopt": dist_version("nvidia-modelopt")},
         }
         if qat is not None:  # a QAT artifact is also what it was trained on, and how
             payload["qat"] = {"config": qat.config.model_dump(mode="json", exclude={"device"}), "train": qat.identity}

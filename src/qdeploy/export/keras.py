@@ -24,7 +24,6 @@ there it is an ONNX model like any other: every engine, both INT8 placements, th
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -44,23 +43,17 @@ from qdeploy.export.onnx import OnnxArtifact, _safe_name, verify_against
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_file, sha256_json
+from qdeploy.sysinfo import dist_version
 from qdeploy.utils.log import log
 
 KERAS_EXTRA = "pip install 'qdeploy[keras]'"
 _TF_DISTS = ("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-macos")
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def keras_versions() -> dict:
     """Versions of the converter's pieces, read without importing TensorFlow (seconds and a GB of memory)."""
-    tf = next((v for v in map(_version, _TF_DISTS) if v), None)
-    return {"tensorflow": tf, "keras": _version("keras"), "tf2onnx": _version("tf2onnx")}
+    tf = next((v for v in map(dist_version, _TF_DISTS) if v), None)
+    return {"tensorflow": tf, "keras": dist_version("keras"), "tf2onnx": dist_version("tf2onnx")}
 
 
 def keras_problem() -> Optional[str]:
