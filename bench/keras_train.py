@@ -177,12 +177,28 @@ def train(args) -> None:
                                                                           label_smoothing=0.1),
                   metrics=[keras.metrics.CategoricalAccuracy(name="acc")], jit_compile=False)
     eye = np.eye(10, dtype=np.float32)
+    # One schedule may span several device calls (each at most ~9.5 minutes): this call moves the schedule's position
+    # from where the resumed checkpoint left it (0 for a fresh start) to --until, evenly over its own wall-clock budget.
+    log: list[dict] = []
+    state = {"t0": None, "steps": 0, "lr": 0.0, "last_save": None, "p0": 0.0, "pos": 0.0, "seconds_before": 0.0}
+    if args.resume:
+        prev = resume(keras, args, model, opt)
+        log[:] = prev["log"]
+        state.update(p0=prev["position"], pos=prev["position"], steps=prev["steps"],
+                     seconds_before=prev["train_seconds"])
+        for k in ("batch", "peak_lr", "weight_decay", "warmup"):  # one recipe for the whole schedule
+            if prev[k] != {"batch": batch, "peak_lr": peak, "weight_decay": args.wd, "warmup": warm}[k]:
+                sys.exit(f"--resume: {k} was {prev[k]} in {args.resume}; pass the same recipe")
+        print(f"resumed at schedule position {state['p0']:.3f}: {len(log)} epochs, {state['steps']} steps",
+              flush=True)
+    if args.until <= state["p0"]:
+        sys.exit(f"--until {args.until} is not past the resumed position {state['p0']:.3f}")
 
     class Batches(keras.utils.PyDataset):
         def __init__(self):
             super().__init__(workers=args.workers, use_multiprocessing=False, max_queue_size=16)
-            self.epoch = 0
-            self.order = np.random.default_rng((args.seed, 0)).permutation(len(X))
+            self.epoch = len(log)  # a resumed run goes on with the next epoch's order and crops
+            self.order = np.random.default_rng((args.seed, self.epoch)).permutation(len(X))
 
         def __len__(self):
             return len(X) // batch
@@ -196,18 +212,20 @@ def train(args) -> None:
             self.epoch += 1
             self.order = np.random.default_rng((args.seed, self.epoch)).permutation(len(X))
 
-    log: list[dict] = []
-    state = {"t0": None, "steps": 0, "lr": 0.0, "last_save": None}
-
     def save(final: bool) -> None:
         os.makedirs(args.out, exist_ok=True)
         export.set_weights(model.get_weights())  # uncompiled: no optimizer state or compile config in the file
         tmp = os.path.join(args.out, "tmp_" + name)
         export.save(tmp)
         os.replace(tmp, os.path.join(args.out, name))
-        info = {"model": args.model, "file": name, "final": final, "epochs": len(log), "steps": state["steps"],
-                "train_seconds": round(time.time() - state["t0"], 1), "batch": batch, "peak_lr": peak,
-                "weight_decay": args.wd, "warmup": warm, "keras": keras.__version__,
+        if state["pos"] < 1.0:  # the schedule goes on in a later call (--resume): keep SGD's momentum too
+            stem = os.path.join(args.out, name.replace(".keras", ""))
+            np.savez(stem + ".optimizer.tmp.npz", *[np.asarray(v.numpy()) for v in opt.variables])
+            os.replace(stem + ".optimizer.tmp.npz", stem + ".optimizer.npz")
+        info = {"model": args.model, "file": name, "final": final, "position": round(state["pos"], 5),
+                "epochs": len(log), "steps": state["steps"],
+                "train_seconds": round(state["seconds_before"] + time.time() - state["t0"], 1), "batch": batch,
+                "peak_lr": peak, "weight_decay": args.wd, "warmup": warm, "keras": keras.__version__,
                 "backend": keras.config.backend(), "device": dev, "log": log}
         with open(os.path.join(args.out, name.replace(".keras", ".train.json")), "w") as f:
             json.dump(info, f, indent=1)
@@ -220,10 +238,10 @@ def train(args) -> None:
 
         def on_train_batch_begin(self, batch_i, logs=None):
             el = time.time() - state["t0"]
-            frac = el / budget
-            if frac >= 1:
+            if el >= budget:
                 self.model.stop_training = True
                 return
+            frac = state["pos"] = state["p0"] + (args.until - state["p0"]) * el / budget
             if frac < warm:
                 lr = peak / 25 + (peak - peak / 25) * frac / warm
             else:
@@ -237,9 +255,9 @@ def train(args) -> None:
 
         def on_epoch_end(self, epoch, logs=None):
             el = time.time() - state["t0"]
-            log.append({"epoch": epoch + 1, "loss": round(float(logs["loss"]), 4),
+            log.append({"epoch": len(log) + 1, "loss": round(float(logs["loss"]), 4),
                         "train_acc": round(float(logs["acc"]), 4), "elapsed_s": round(el, 1),
-                        "lr": round(state["lr"], 5), "steps": state["steps"]})
+                        "lr": round(state["lr"], 5), "position": round(state["pos"], 4), "steps": state["steps"]})
             print(json.dumps(log[-1]), flush=True)
             if time.time() - state["last_save"] > args.checkpoint_s and el < budget:
                 save(final=False)
@@ -248,9 +266,28 @@ def train(args) -> None:
     print(f"training {args.model}: budget {budget:.0f} s, batch {batch}, peak lr {peak}, wd {args.wd}, "
           f"warmup {warm}", flush=True)
     model.fit(Batches(), epochs=100000, verbose=0, callbacks=[Schedule()])
-    save(final=True)
+    if args.until >= 1.0:
+        state["pos"] = 1.0  # the schedule ended with this call's budget (lr reached 0)
+    save(final=state["pos"] >= 1.0)
     print(f"saved {os.path.join(args.out, name)} after {len(log)} epochs, {state['steps']} steps, "
           f"{time.time() - state['t0']:.0f} s of training", flush=True)
+
+
+def resume(keras, args, model, opt) -> dict:
+    """Weights (the .keras file), SGD state (.optimizer.npz) and schedule position (.train.json) of an earlier call."""
+    name = FILES[args.model]
+    stem = os.path.join(args.resume, name.replace(".keras", ""))
+    with open(stem + ".train.json") as f:
+        prev = json.load(f)
+    model.set_weights(keras.models.load_model(os.path.join(args.resume, name), compile=False).get_weights())
+    opt.build(model.trainable_variables)
+    saved = np.load(stem + ".optimizer.npz")
+    values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    if len(values) != len(opt.variables) or any(v.shape != tuple(o.shape) for v, o in zip(values, opt.variables)):
+        sys.exit(f"--resume: {stem}.optimizer.npz does not match this model's optimizer variables")
+    for o, v in zip(opt.variables, values):
+        o.assign(v)
+    return prev
 
 
 # ---------------------------------------------------------------- evaluation (here: TensorFlow backend, CPU)
@@ -285,6 +322,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock training budget")
     ap.add_argument("--end-by", type=float, default=None, help="unix time by which the file must be saved")
     ap.add_argument("--save-margin", type=float, default=25.0, help="seconds kept before --end-by to save")
+    ap.add_argument("--until", type=float, default=1.0,
+                    help="schedule position (0..1) this call trains to; below 1 the run goes on with --resume")
+    ap.add_argument("--resume", metavar="DIR", help="go on from an earlier call's files (the --out of that call)")
     ap.add_argument("--checkpoint-s", type=float, default=120.0, help="save a checkpoint at this interval")
     ap.add_argument("--batch", type=int, default=None, help="default 256 (ResNet-20) / 512 (EfficientNet-B0)")
     ap.add_argument("--lr", type=float, default=None, help="peak SGD learning rate, default 0.2 / 0.08")
