@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The device command for bench/keras_train.py (Keras 3, torch backend): both models trained at once, one process each
-# (on GPUs 0 and 1 where there are two, else sharing GPU 0: Keras' per-step Python overhead leaves a GPU mostly idle),
+# The device command for bench/keras_train.py (Keras 3, torch backend): the models named trained at once, one process
+# each (on GPUs 0 and 1 where there are two, else sharing GPU 0: Keras' per-step Python overhead leaves a GPU mostly idle),
 # into $OUT: resnet20_cifar.keras, efficientnet_b0_64.keras, their .train.json and .log. Carry .devkeras (filled by
-# bench/keras_stage.sh). Every call is self-contained (a fresh machine each time). A file from $OUT comes back only
+# bench/keras_stage.sh). A call is self-contained unless it resumes (below). A file from $OUT comes back only
 # under 16 MiB: efficientnet_b0_64.keras (17.1 MB) is split into NAME.part_aa, NAME.part_ab; join them here with
 #   cat efficientnet_b0_64.keras.part_* > efficientnet_b0_64.keras
 #   bash bench/keras_train_call.sh [MINUTES] [MODEL[:TAG]...]  (device tool: carry [".devkeras"], timeout_s 590)
