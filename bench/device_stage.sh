@@ -8,5 +8,6 @@ fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160
 mkdir -p /tmp/dd
 [ -d ".devdata/$tag" ] && cp -r ".devdata/$tag/." /tmp/dd/
+for t in /tmp/dd/*.tgz; do [ -e "$t" ] && tar -C /tmp/dd -xzf "$t" && rm "$t"; done  # image folders packed in one file
 [ -d /tmp/dd/site-packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/dd/site-packages
 echo "staged in /tmp/dd: $(ls /tmp/dd | tr '\n' ' ')"
