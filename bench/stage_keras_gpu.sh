@@ -9,7 +9,8 @@
 # device): pass its path, e.g. runs/keras-goals3/efficientnet_b0/model.onnx.
 #   bash bench/stage_keras_gpu.sh MODEL.onnx
 # Wheels: .whl/ must hold what the device lacks (pydantic, pydantic_core, annotated-types, typing-inspection,
-# nvidia-modelopt, pulp<4, onnx2torch; pip download lines in docs/benchmarks.md); packed into .devsite.tar.xz.
+# nvidia-modelopt, pulp<4, omegaconf + antlr4-python3-runtime 4.9.3 (an sdist only: `pip wheel` it here), onnx2torch;
+# ModelOpt imports omegaconf at import); packed into .devsite.tar.xz.
 set -eu
 cd "$(dirname "$0")/.."
 onnx=${1:?the converted ONNX of the Keras model}
