@@ -320,3 +320,24 @@ def test_per_layer_counters_compare_int8_with_fp32_per_op_class(tmp_path):
     assert cmp["engine"] == "openvino" and cmp["batch_size"] == 4
     assert rows["Conv"]["fp32_us"] > 0 and rows["Conv"]["int8_us"] > 0 and rows["Conv"]["int8_ops"] == ["Convolution"]
     assert "OpenVINO per-layer counters" in summary_line(cmp) or "no op class costs more" in summary_line(cmp)
+
+
+def test_missing_openvino_leaves_qdeploy_importable_and_the_engine_unusable():
+    """An image without openvino (the GPU machine has none) still imports qdeploy; doctor and a variant say why."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['openvino'] = None\n"  # `import openvino` raises ImportError, as when it is absent
+        "from qdeploy import api\n"
+        "from qdeploy.engines.openvino_engine import OpenVinoEngine\n"
+        "from qdeploy.errors import VariantUnavailable\n"
+        "row, = OpenVinoEngine.probe()\n"
+        "assert row['usable'] is False and 'openvino is not installed' in row['note'], row\n"
+        "from qdeploy.engines.openvino_engine import core\n"
+        "try:\n"
+        "    core(); raise SystemExit('core() ran without openvino')\n"
+        "except VariantUnavailable as e:\n"
+        "    assert 'openvino is not installed' in str(e)\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

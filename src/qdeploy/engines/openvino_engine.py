@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal, Optional
 
 import numpy as np
-import openvino as ov
 from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
+
+try:
+    import openvino as ov
+except ImportError:  # a base dependency, but an image may lack it (the GPU machine does): the engine reports itself
+    ov = None        # unusable (doctor, a variant asking for it) instead of breaking `import qdeploy` for every engine
 
 # fp16 compiles the FP32 ONNX with an FP16 precision hint: OpenVINO converts the weights and compute internally
 _ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP32, "int8": ArtifactKind.ONNX_INT8}
@@ -49,6 +53,8 @@ class OpenVinoOptions(BaseModel):
 @lru_cache(maxsize=1)
 def core() -> ov.Core:
     """One OpenVINO Core per process (it holds the loaded device plugins)."""
+    if ov is None:
+        raise VariantUnavailable("openvino is not installed (a dependency of qdeploy: pip install 'openvino>=2026.4')")
     return ov.Core()
 
 
@@ -204,6 +210,9 @@ class OpenVinoEngine(Engine):
 
     @classmethod
     def probe(cls) -> list[dict]:
+        if ov is None:
+            return [{"engine": cls.name, "device": "cpu", "precisions": [], "usable": False,
+                     "note": "openvino is not installed (pip install 'openvino>=2026.4')"}]
         try:
             caps = cpu_capabilities()
         except Exception as e:  # a broken install: doctor says so rather than failing
