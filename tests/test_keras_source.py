@@ -6,6 +6,7 @@ CI installs the keras extra and sets QDEPLOY_REQUIRE_KERAS=1: there a missing Te
 skipping them."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,29 @@ def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qd
     assert st["residual_add_forms"] == {"fusible": 1}
     assert q["lint"]["verdict"] == "clean", q["lint"]
     assert v["agreement"] >= 0.8  # fine-tuned from the Keras weights: it still predicts what the Keras model does
+
+
+@pytest.mark.slow
+def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_dir, folders):
+    """One placement for both quantizers: the SE convs (placement rule) and a node named by ``exclude`` (how
+    optimize's fallback keeps a layer float) stay float in QAT of the onnx2torch twin as in the ONNX quantizer's PTQ.
+    onnx2torch names modules after ONNX nodes, not PyTorch scopes; before, QAT quantized them all (82/82 on the Keras
+    EfficientNet while PTQ kept 36 float)."""
+    api.run(_config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime"}]), tmp_path / "fp32",
+                   cache_dir=tmp_path / "cache")
+    graph = onnx.load(str(tmp_path / "fp32" / "model.onnx")).graph
+    stem = next(n.name for n in graph.node if n.op_type == "Conv")  # the first conv: the stem (tf2onnx names it Conv__N)
+    train = write_image_folder(tmp_path / "train", size=(8, 8), per_class=8, seed=5)
+    int8 = {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "method": "max",
+            "exclude": [f"^{re.escape(stem)}$"]}
+    cfg = _config(keras_dir / "se.keras", folders, [{**int8, "quantizer": "onnx"}, {**int8, "quantizer": "qat"}])
+    cfg["data"]["train"] = {"root": str(train), "batch_size": 8, "workers": 0}
+    cfg["qat"] = {"objective": "distill", "epochs": 1, "batch_size": 8, "lr": 1e-4, "method": "max"}
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert [v["status"] for v in results["variants"]] == ["ok", "ok"], [v.get("reason") for v in results["variants"]]
+    ptq, qat = (v["quantization"] for v in results["variants"])
+    assert len(qat["excluded_squeeze_excitation"]) == 2 and qat["excluded_by_user"], qat
+    for q in (ptq, qat):  # stem, 2 SE convs, project, Dense: the stem and the SE convs float
+        st = q["structure"]
+        assert (st["compute_ops"], st["compute_ops_int8"]) == (5, 2), (q["quantizer"], st)

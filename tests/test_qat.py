@@ -36,6 +36,11 @@ def small(num_classes=3):
     with torch.no_grad():  # confident logits, as a trained model's: the INT8 error shows in the KL
         m.fc.weight.mul_(40)
     return m
+
+
+def small_softmax(num_classes=3):
+    """The same model ending in a softmax (keras.applications' default head): it outputs probabilities."""
+    return nn.Sequential(small(num_classes), nn.Softmax(dim=1))
 '''
 
 
@@ -83,6 +88,41 @@ def test_qat_trains_exports_and_reports(tmp_path, objective):
     # the report: the result table, the per-epoch log and the curves (an embedded PNG)
     page = (out / "qat.html").read_text()
     assert "Training log" in page and page.count("data:image/png;base64,") == 1 and "QAT curves" in page
+
+
+@pytest.mark.fast
+def test_losses_of_a_softmax_model_equal_those_of_its_logits():
+    """Probabilities read as logits flatten every loss (softmax of values in [0, 1] is nearly uniform); with
+    ``probabilities`` the losses equal the logits' exactly."""
+    from qdeploy.config import QatConfig
+    from qdeploy.quantize.qat import objective_loss, outputs_are_probabilities
+
+    g = torch.Generator().manual_seed(0)
+    zs, zt = 6 * torch.randn(16, 10, generator=g), 6 * torch.randn(16, 10, generator=g)
+    labels = torch.randint(0, 10, (16,), generator=g)
+    ps, pt = zs.softmax(1), zt.softmax(1)
+    assert outputs_are_probabilities(pt) and not outputs_are_probabilities(zt) and not outputs_are_probabilities(zt.sigmoid())
+    for objective in ("distill", "supervised", "both"):
+        cfg = QatConfig(objective=objective, temperature=2.0)
+        want = objective_loss(cfg, zs, zt, labels, -100)
+        assert torch.allclose(objective_loss(cfg, ps, pt, labels, -100, probabilities=True), want, rtol=1e-4, atol=1e-5)
+    # what QAT did before: the distillation loss of probabilities taken as logits is a small fraction of the real one
+    cfg = QatConfig(objective="distill")
+    assert objective_loss(cfg, ps, pt, None, -100) < 0.1 * objective_loss(cfg, zs, zt, None, -100)
+
+
+@pytest.mark.slow
+def test_qat_of_a_model_ending_in_softmax_distills_its_logits(tmp_path, capsys):
+    cfg = _config(tmp_path, "distill", epochs=2.0, lr=5e-3, augment=False)
+    cfg["model"]["source"] = cfg["model"]["source"].replace(":small", ":small_softmax")
+    summary = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert "the model's outputs are probabilities" in capsys.readouterr().err
+    assert summary["outputs"] == "probabilities"
+    # the same network without its softmax, trained the same way: the same losses (KL of the same distributions)
+    plain = api.qat(_config(tmp_path, "distill", epochs=2.0, lr=5e-3, augment=False), tmp_path / "plain", cache_dir=tmp_path / "cache")
+    assert plain["outputs"] == "logits"
+    for a, b in zip(summary["log"], plain["log"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=0.05), (summary["log"], plain["log"])
 
 
 @pytest.mark.slow

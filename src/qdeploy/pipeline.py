@@ -745,6 +745,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
                    "method": q.method, "device": device, "train_images": setup.identity["count"], "log": train_log,
                    "qat": q.model_dump(mode="json"), "processes": world, "fingerprint": info["qat_fingerprint"],
                    "training_folder": str(work), "learned_ranges": info.get("learned_ranges"),
+                   "outputs": info.get("outputs"),  # logits, or probabilities (a softmax head: losses on their log)
                    "structure": result.info.get("structure"), "lint": result.info.get("lint"),
                    "export_check": result.info.get("export_check"), "time_s": round(time.perf_counter() - t_start, 2)}
         write_json(output.path("qat.json"), summary)

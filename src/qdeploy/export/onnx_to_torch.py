@@ -75,6 +75,15 @@ def dense_matmuls_as_gemm(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+def node_modules(model: onnx.ModelProto) -> dict[str, str]:
+    """{ONNX node name (its first output where unnamed): name of the module onnx2torch converts it to}: onnx2torch
+    names each module after its node (domain prefix, '.' as '/', a counter for repeats); a node it converts to a
+    Sequential (a Conv with explicit padding) has the quantized layer as a child of that name."""
+    from onnx2torch.onnx_graph import OnnxGraph
+
+    return {node.proto.name or node.proto.output[0]: name for name, node in OnnxGraph(model.graph).nodes.items()}
+
+
 def torch_from_onnx(path: Path, check_inputs: Optional[np.ndarray], verify: VerifySpec) -> nn.Module:
     """The FP32 ONNX as an ``nn.Module`` (eval mode, CPU), equal to ONNX Runtime on ``check_inputs`` within
     ``export.verify``'s tolerances, or a ModelError that names the file."""
@@ -90,6 +99,9 @@ def torch_from_onnx(path: Path, check_inputs: Optional[np.ndarray], verify: Veri
     except Exception as e:  # an op onnx2torch has no converter for
         raise ModelError(f"onnx2torch cannot convert {path.name} to PyTorch for training ({type(e).__name__}: "
                          f"{(str(e).splitlines() or [''])[0][:200]})") from None
+    # ONNX node -> the module onnx2torch made of it (its own naming, read from its OnnxGraph so it cannot drift): the
+    # quantizers keep float what a fallback or exclude names by ONNX node, and the SE convs, through this map
+    module.onnx_node_modules = node_modules(model)
     if check_inputs is not None:
         x = np.ascontiguousarray(check_inputs[: verify.samples], dtype=np.float32)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

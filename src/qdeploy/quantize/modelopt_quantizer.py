@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import onnx
 import torch
@@ -17,6 +18,7 @@ import torch
 from qdeploy.config import Int8Config
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
+from qdeploy.models.loader import SelectOutput
 from qdeploy.quantize.exclude import match_nodes, module_of_node
 from qdeploy.quantize.calibrate import calibration_key, check_qdq_export, ranges_from_qdq
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
@@ -30,12 +32,20 @@ from qdeploy.utils.onnx_graph import OnnxGraph
 # SelectOutput (qdeploy.models) wraps the user's module as ``model``: its scope is not part of the user's names.
 
 
-def modules_for_exclude(onnx_path: Path, patterns: list[str]) -> tuple[set[str], list[str], list[str]]:
+def node_to_module(model) -> Callable[[str], str]:
+    """ONNX node name -> the name of the module of ``model`` it came from: an onnx2torch twin of an ONNX or Keras
+    source carries its own map (export/onnx_to_torch.py); a PyTorch model's nodes carry the exporter's scopes."""
+    own = getattr(model.model if isinstance(model, SelectOutput) else model, "onnx_node_modules", None)
+    return (lambda node: own.get(node, "")) if own is not None else module_of_node
+
+
+def modules_for_exclude(onnx_path: Path, patterns: list[str], to_module: Callable[[str], str] = module_of_node
+                        ) -> tuple[set[str], list[str], list[str]]:
     """(module names to keep float, ONNX nodes matched, patterns matching no node); what an entry matches:
     quantize/exclude.py."""
     graph = OnnxGraph.load(onnx_path)
     matched_nodes, hits = match_nodes([node.name or node.output[0] for node in graph.nodes], patterns)
-    modules = {m for m in (module_of_node(n) for n in matched_nodes) if m}
+    modules = {m for m in (to_module(n) for n in matched_nodes) if m}
     unmatched = [p for p, n in hits.items() if n == 0]
     for p in unmatched:
         warn(f"exclude pattern '{p}' matches no node of the ONNX model")
@@ -68,10 +78,13 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
     batches = inputs.calibration
     if batches is None:
         raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
-    user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude)
+    model = inputs.torch_model()
+    to_module = node_to_module(model)
+    user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude, to_module)
     # squeeze-excitation branches stay float (quantize/patterns.py): their convs' modules
-    se_modules = sorted({module_of_node(n) for n in squeeze_excitation_nodes(onnx.load(str(inputs.fp32_onnx)))
-                         if n.endswith("/Conv")} - {""} - set(user_modules))
+    fp32 = onnx.load(str(inputs.fp32_onnx))
+    convs = {n.name for n in fp32.graph.node if n.op_type == "Conv"}
+    se_modules = sorted({to_module(n) for n in squeeze_excitation_nodes(fp32) if n in convs} - {""} - set(user_modules))
     exclude_modules = set(user_modules) | set(se_modules)
     key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
                           ["modelopt", "trt-placement-5", *sorted(exclude_modules)] + ([] if cfg.residual_quantizers else ["no-residual-quantizers"]))  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
@@ -81,7 +94,7 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
     if cached is not None:
         log(f"calibrate: cache hit {cache} ({cfg.method}, ModelOpt)")
     qm, amax, details = quantize_torch_model(
-        inputs.torch_model(), (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
+        model, (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
         cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}),
         residual_quantizers=cfg.residual_quantizers)
     kill_point("calibration")

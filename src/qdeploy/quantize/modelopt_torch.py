@@ -700,7 +700,8 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints "Inserted N quantizers"
         warnings.simplefilter("ignore")
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
-    exclude = set(exclude or ())
+    # a module named is excluded with its children: onnx2torch converts a padded Conv node to Sequential(pad, conv)
+    exclude = {n for n, _ in qm.named_modules() if n and any(n == e or n.startswith(e + ".") for e in (exclude or ()))}
     rule_float = disable_float_by_rule(qm)  # LayerNorm (ModelOpt's QuantLayerNorm has an input quantizer), and any rule added
     missed = unquantized_compute(qm, exclude | set(rule_float))
     if missed:  # never ship float convs silently: quantizer auto falls back to the ONNX quantizer

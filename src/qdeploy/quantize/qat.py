@@ -71,9 +71,23 @@ def _augment(x: torch.Tensor, y: Optional[torch.Tensor], task: str, gen: torch.G
     return out, y
 
 
+def outputs_are_probabilities(out: torch.Tensor) -> bool:
+    """Does the model end in a softmax (keras.applications' default ``classifier_activation="softmax"``)? Its
+    outputs are then non-negative and sum to 1 over the class axis; logits essentially never do."""
+    out = out.detach().float()
+    return bool(out.min() >= 0) and bool(((out.sum(1) - 1).abs() <= 1e-3).all())
+
+
 def objective_loss(cfg: QatConfig, student: torch.Tensor, teacher: Optional[torch.Tensor], labels: Optional[torch.Tensor],
-                   ignore_index: int) -> torch.Tensor:
-    """The training loss of ``cfg.objective`` (classification (N, K) or segmentation (N, K, H, W) logits)."""
+                   ignore_index: int, probabilities: bool = False) -> torch.Tensor:
+    """The training loss of ``cfg.objective`` (classification (N, K) or segmentation (N, K, H, W) logits).
+
+    ``probabilities``: the model's outputs are softmax probabilities, not logits. Read as logits, their softmax is
+    nearly uniform: the distillation loss vanishes (measured 0.0002 on a Keras EfficientNet, no learning) and cross
+    entropy is flattened. Their logarithm is a valid set of logits (softmax(log p) = p), so the losses take that."""
+    if probabilities:
+        student = torch.log(student.float().clamp_min(1e-12))
+        teacher = torch.log(teacher.float().clamp_min(1e-12)) if teacher is not None else None
     loss = student.new_zeros(())
     if cfg.objective in ("supervised", "both"):
         loss = loss + F.cross_entropy(student.float(), labels, ignore_index=ignore_index)
@@ -104,6 +118,7 @@ class QatTrainer:
         # several processes (torchrun): every rank takes its shard of the same seeded epoch order, as
         # DistributedSampler does; batch_size is per rank; only rank 0 writes files and evaluates
         self.rank, self.world = rank, world
+        self.probabilities: Optional[bool] = None  # the model ends in a softmax (outputs_are_probabilities)
         self.net = model
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -213,7 +228,12 @@ class QatTrainer:
                         if self.teacher is not None:
                             with torch.no_grad():
                                 teacher_out = self.teacher(x)
-                    loss = objective_loss(self.cfg, out, teacher_out, y, self.ignore_index)
+                    if self.probabilities is None:  # decided once, on the FP32 teacher's outputs where there is one
+                        self.probabilities = outputs_are_probabilities(teacher_out if teacher_out is not None else out)
+                        if self.probabilities:
+                            log("qat: the model's outputs are probabilities (non-negative, summing to 1 over the classes: "
+                                "it ends in a softmax); the losses take their logarithm as logits")
+                    loss = objective_loss(self.cfg, out, teacher_out, y, self.ignore_index, self.probabilities)
                     finite = bool(torch.isfinite(loss))
                     if self.world > 1:  # every rank stops together (one rank's NaN would leave the others in all-reduce)
                         import torch.distributed as dist

@@ -140,6 +140,8 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
                          work, fingerprint, device, evaluate=setup.evaluate, rank=setup.rank, world=setup.world)
     resume = setup.resume if setup.resume is not None else trainer.checkpoint_path.is_file()
     train_log = trainer.fit(resume=resume)
+    if trainer.probabilities is not None:  # what the losses were computed on (a softmax head: log-probabilities)
+        info["outputs"] = "probabilities" if trainer.probabilities else "logits"
     del teacher
     _finish_ranges(student, q, info)
     return student, info, train_log, work
