@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from qat_gpu import camvid_config, cifar_config  # noqa: E402  (the same staged data and model definitions)
+from qat_gpu import camvid_config, cifar_config, keras_effb0_config  # noqa: E402  (the same staged data and model definitions)
 
 
 def experiments(dd: Path) -> dict:
@@ -61,18 +61,11 @@ def experiments(dd: Path) -> dict:
         "qat": {"epochs": 3, "batch_size": 32, "device": "cuda"},
         "bench": {"batch_sizes": [32]},
         "optimize": {"target": "tensorrt", "budget": {"min_agreement": 0.98}, "qat": "distill", "time_limit": 540}}
-    # issue #24: the Keras EfficientNetB0 at 64x64 (bench/keras_train.py) as the ONNX that qdeploy's Keras source
-    # converted and verified against Keras here (TensorFlow is not on the device; a Keras source's QAT starts from that
-    # ONNX, as its onnx2torch twin, in any case). Staged by bench/stage_keras_gpu.sh (calls k0, k1).
-    ktrain = {"format": "imagefolder", "root": str(dd / "cifar-train")}
-    exps["keras-effb0"] = {
-        "model": {"source": str(dd / "keras_efficientnet_b0_64.onnx"), "task": "classification",
-                  "preprocess": {"input_size": [64, 64], "preset": "keras-none"}},
-        "data": {"eval": {"format": "imagefolder", "root": str(dd / "cifar-test"), "batch_size": 500},
-                 "calibration": {**ktrain, "count": 512, "seed": 0}},
-        "qat": {"data": ktrain, "device": "cuda", "batch_size": 128, "epochs": 4},
-        "bench": {"enabled": False},
-        "optimize": {"target": "tensorrt", "budget": {"max_drop": 0.3}, "qat": "distill", "time_limit": 480}}
+    # issue #24: the Keras EfficientNetB0 at 64x64 as its converted ONNX (qat_gpu.keras_effb0_config)
+    k = keras_effb0_config(dd, "distill", epochs=4)
+    k["qat"].pop("objective")
+    exps["keras-effb0"] = {**k, "optimize": {"target": "tensorrt", "budget": {"max_drop": 0.3}, "qat": "distill",
+                                             "time_limit": 480}}
     # the fallback-then-QAT path on a real model: a user who allows only max ranges (its PTQ misses 0.3 on effb0)
     exps["effb0-max"] = {**exps["effb0"], "optimize": {**exps["effb0"]["optimize"], "methods": ["max"]}}
     return exps

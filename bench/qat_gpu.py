@@ -9,7 +9,8 @@ a compact record into --json (one file: the device returns at most 8).
     python bench/qat_gpu.py --emit-config effb0-sup --data /tmp/dd > /tmp/effb0.yaml   # for torchrun scaling runs
 
 Experiments: r50-train, r50-table, {effb0,mnv3}-{distill,sup}, camvid-{distill,sup}[-lr3],
-camvid-distill-lr3-{e40,learned}, camvid-distill-adamw[-lr1e-4], throughput-{effb0,r50}.
+camvid-distill-lr3-{e40,learned}, camvid-distill-adamw[-lr1e-4], throughput-{effb0,r50},
+keras-effb0-distill[-pct] (issue #24: the Keras EfficientNet's converted ONNX, bench/stage_keras_gpu.sh).
 """
 from __future__ import annotations
 
@@ -51,6 +52,19 @@ def cifar_config(dd: Path, name: str, objective: str, **qat) -> dict:
             "qat": {"objective": objective, "data": train, "device": "cuda", "batch_size": 128, **qat}}
 
 
+def keras_effb0_config(dd: Path, objective: str, **qat) -> dict:
+    """Issue #24: the Keras EfficientNetB0 at 64x64 (bench/keras_train.py) as the ONNX that qdeploy's Keras source
+    converted and verified against Keras on the CPU machine (TensorFlow is not on the device; a Keras source's QAT
+    starts from that ONNX, as its onnx2torch twin, in any case). Staged by bench/stage_keras_gpu.sh (calls k0, k1)."""
+    train = {"format": "imagefolder", "root": str(dd / "cifar-train")}
+    return {"model": {"source": str(dd / "keras_efficientnet_b0_64.onnx"), "task": "classification",
+                      "preprocess": {"input_size": [64, 64], "preset": "keras-none"}},
+            "data": {"eval": {"format": "imagefolder", "root": str(dd / "cifar-test"), "batch_size": 500},
+                     "calibration": {**train, "count": 512, "seed": 0}, "train": train},
+            "bench": {"enabled": False},
+            "qat": {"objective": objective, "data": train, "device": "cuda", "batch_size": 128, **qat}}
+
+
 def camvid_config(dd: Path, objective: str, **qat) -> dict:
     seg = {"format": "segnet", "root": str(dd / "camvid"), "ignore_index": 11, "class_names": CAMVID_CLASSES}
     return {"model": {"source": "torchvision:deeplabv3_mobilenet_v3_large",
@@ -70,6 +84,8 @@ def experiments(dd: Path) -> dict:
     for m in ("effb0", "mnv3"):
         exps[f"{m}-distill"] = cifar_config(dd, m, "distill", epochs=4)
         exps[f"{m}-sup"] = cifar_config(dd, m, "supervised", epochs=4)
+    exps["keras-effb0-distill"] = keras_effb0_config(dd, "distill", epochs=4)  # mean-minmax, as effb0-distill
+    exps["keras-effb0-distill-pct"] = keras_effb0_config(dd, "distill", epochs=4, method="percentile")  # optimize's pick
     for obj, short in (("distill", "distill"), ("supervised", "sup")):
         exps[f"camvid-{short}"] = camvid_config(dd, obj, epochs=20)
         exps[f"camvid-{short}-lr3"] = camvid_config(dd, obj, epochs=20, lr=1e-3)

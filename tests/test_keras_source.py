@@ -255,3 +255,6 @@ def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_d
     for q in (ptq, qat):  # stem, 2 SE convs, project, Dense: the stem and the SE convs float
         st = q["structure"]
         assert (st["compute_ops"], st["compute_ops_int8"]) == (5, 2), (q["quantizer"], st)
+        # ... and the lint knows why (QAT's re-exported nodes carry the twin's module names as scopes)
+        assert q["lint"]["verdict"] == "clean", (q["quantizer"], q["lint"])
+        assert sum("excluded by the config" in f["fix"] for f in q["lint"]["findings"]) == 1, q["lint"]

@@ -168,6 +168,19 @@ def test_calibration_cache_hit_on_rerun(int8_config, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_modelopt_exclude_by_module_name_is_an_explained_finding(int8_config, tmp_path):
+    """ModelOpt names what it kept float by module (``conv1``); its exported nodes carry the module as a scope
+    (``/model/conv1/Conv``): the lint must pair them, or a layer the user excluded reads as a defect (verdict blocks INT8)."""
+    int8_config["variants"] = [{"engine": "onnxruntime", "precision": "int8", "method": "max", "placement": "tensorrt",
+                                "quantizer": "modelopt", "exclude": ["conv1"]}]
+    v = api.run(int8_config, tmp_path / "out", cache_dir=tmp_path / "cache")["variants"][0]
+    q = v["quantization"]
+    assert v["status"] == "ok" and q["excluded_by_user"] == ["conv1"], v.get("reason")
+    assert q["lint"]["verdict"] == "clean", q["lint"]
+    assert [f["nodes"] for f in q["lint"]["findings"] if "excluded by the config" in f["fix"]] == [["/model/conv1/Conv"]]
+
+
+@pytest.mark.slow
 def test_quantize_stage_command_and_trt_cache_as_input(int8_config, tmp_path):
     summary = api.quantize(int8_config, tmp_path / "q", cache_dir=tmp_path / "cache")
     name = "onnxruntime-int8-trt-onnx-percentile-excl-conv2"

@@ -98,7 +98,8 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
         cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}),
         residual_quantizers=cfg.residual_quantizers)
     kill_point("calibration")
-    details["excluded_by_user"] = [m for m in details.get("excluded_by_user", []) if m in user_modules]
+    details["excluded_by_user"] = [m for m in details.get("excluded_by_user", [])  # a module named, or its child
+                                   if any(m == u or m.startswith(u + ".") for u in user_modules)]
     details["excluded_squeeze_excitation"] = se_modules
     if details.get("warnings") is None:
         details["warnings"] = cached_file.get("warnings", [])

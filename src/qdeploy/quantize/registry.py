@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import onnx
 
 from qdeploy.config import Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.lint import lint_model, load_qdq_model, structure_line
+from qdeploy.quantize.exclude import module_of_node
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.trt_cache import write_trt_cache
 from qdeploy.utils.log import log, warn
@@ -120,6 +122,17 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
     return finish(result, cfg, out_path, quantizer.name, t0)
 
 
+def excluded_nodes(qdq_model: onnx.ModelProto, excluded: Optional[list]) -> list[str]:
+    """Nodes of a quantized ONNX that ``excluded_by_user`` names: ONNX node names (quantizer onnx), or module names
+    (ModelOpt quantizers), which the exported nodes carry as scopes (``/model/layer1/layer1.0/conv1/Conv``). An
+    onnx2torch twin's module names are its ONNX node names, '/' and all: compared with '/' read as '.'."""
+    if not excluded:
+        return []
+    names, dotted = set(excluded), {m.replace("/", ".") for m in excluded}
+    return [n.name for n in qdq_model.graph.node
+            if n.name in names or (m := module_of_node(n.name).replace("/", ".")) and m in dotted]
+
+
 def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name: str, t0: float) -> QuantResult:
     """What every INT8 artifact gets, whoever made it (PTQ or QAT): TensorRT cache, structure report, lint."""
     trt_cache = write_trt_cache(out_path.with_suffix(".trtcache"), result.ranges)
@@ -133,7 +146,7 @@ def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name:
         if result.info.get("excluded_squeeze_excitation"):
             reasons.update({n: "squeeze-excitation branch kept float (NNCF's SE_BLOCK rule; accuracy)"
                             for n in squeeze_excitation_nodes(qdq_model)})
-        reasons.update({n: "excluded by the config" for n in result.info.get("excluded_by_user") or []})
+        reasons.update({n: "excluded by the config" for n in excluded_nodes(qdq_model, result.info.get("excluded_by_user"))})
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
     else:
