@@ -258,3 +258,12 @@ def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_d
         # ... and the lint knows why (QAT's re-exported nodes carry the twin's module names as scopes)
         assert q["lint"]["verdict"] == "clean", (q["quantizer"], q["lint"])
         assert sum("excluded by the config" in f["fix"] for f in q["lint"]["findings"]) == 1, q["lint"]
+    # optimize weighs INT8 by the FP32 model's MACs: the QAT export's layers pair with the FP32 ONNX's nodes through
+    # onnx2torch's names (on EfficientNet the graph-order pairing fails); here both pairings exist and must agree
+    from qdeploy.optimize.sensitivity import _paired_through_onnx2torch, compute_layers, layer_names_map
+    from qdeploy.utils.onnx_graph import OnnxGraph
+    fp32_path, qat_path = tmp_path / "fp32" / "model.onnx", tmp_path / "out" / results["variants"][1]["details"]["artifact"]
+    names_f = {n.name for n in compute_layers(OnnxGraph.load(fp32_path))}
+    by_names = _paired_through_onnx2torch(fp32_path, names_f, [n.name for n in compute_layers(OnnxGraph.load(qat_path))])
+    assert by_names is not None and len(by_names) == 5 and set(by_names.values()) <= names_f, by_names
+    assert by_names == layer_names_map(fp32_path, qat_path)
