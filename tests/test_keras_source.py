@@ -264,6 +264,7 @@ def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_d
     from qdeploy.utils.onnx_graph import OnnxGraph
     fp32_path, qat_path = tmp_path / "fp32" / "model.onnx", tmp_path / "out" / results["variants"][1]["details"]["artifact"]
     names_f = {n.name for n in compute_layers(OnnxGraph.load(fp32_path))}
-    by_names = _paired_through_onnx2torch(fp32_path, names_f, [n.name for n in compute_layers(OnnxGraph.load(qat_path))])
+    by_names = _paired_through_onnx2torch(onnx.load(str(fp32_path)), names_f,
+                                          [n.name for n in compute_layers(OnnxGraph.load(qat_path))])
     assert by_names is not None and len(by_names) == 5 and set(by_names.values()) <= names_f, by_names
     assert by_names == layer_names_map(fp32_path, qat_path)

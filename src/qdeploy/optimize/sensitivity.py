@@ -92,7 +92,7 @@ def layer_names_map(fp32_onnx: Path, qdq_onnx: Path) -> Optional[dict[str, str]]
     names_f = {n.name for n in lf}
     if all(n.name in names_f for n in lq):
         return {n.name: n.name for n in lq}
-    twin = _paired_through_onnx2torch(fp32_onnx, names_f, [n.name for n in lq])
+    twin = _paired_through_onnx2torch(gf.model, names_f, [n.name for n in lq])
     if twin is not None:
         return twin
     if len(lf) != len(lq):
@@ -103,21 +103,20 @@ def layer_names_map(fp32_onnx: Path, qdq_onnx: Path) -> Optional[dict[str, str]]
     return {b.name: a.name for a, b in zip(lf, lq)}
 
 
-def _paired_through_onnx2torch(fp32_onnx: Path, names_f: set, names_q: list) -> Optional[dict[str, str]]:
+def _paired_through_onnx2torch(fp32: onnx.ModelProto, names_f: set, names_q: list) -> Optional[dict[str, str]]:
     """QAT of an ONNX or Keras source trains onnx2torch's module of the FP32 ONNX, whose modules are named after its
     nodes; the exported Q/DQ nodes carry those names as scopes (``/model/Conv__668/Conv``, a padded conv's layer one
     level down: ``/model/Conv__648/Conv__648.1/Conv``). None unless every compute op pairs this way."""
     from qdeploy.export.onnx_to_torch import node_modules
-    from qdeploy.quantize.exclude import module_of_node
+    from qdeploy.quantize.exclude import module_of_node, scope_key
 
     try:
-        by_module = {m.replace("/", "."): n for n, m in node_modules(onnx.load(str(fp32_onnx), load_external_data=False)).items()
-                     if n in names_f}
+        by_module = {scope_key(m): n for n, m in node_modules(fp32).items() if n in names_f}
     except Exception:  # onnx2torch cannot read this graph: it was not a twin either
         return None
     out = {}
     for name in names_q:
-        m = module_of_node(name).replace("/", ".")
+        m = scope_key(module_of_node(name))
         while m not in by_module and m.rsplit(".", 1)[-1].isdigit():  # a Sequential child (pad, conv)
             m = m.rsplit(".", 1)[0]
         if m not in by_module:

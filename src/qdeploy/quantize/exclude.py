@@ -35,6 +35,13 @@ def module_of_node(node_name: str) -> str:
     return path
 
 
+def scope_key(module: str) -> str:
+    """A module name as comparable with :func:`module_of_node` of an exported node: an onnx2torch twin's modules are
+    named after ONNX nodes, '/' included (``efficientnetb0_1/block7a_dwconv_1/depthwise``), and export scopes split
+    on '/', so both sides read '/' as '.'."""
+    return module.replace("/", ".")
+
+
 def is_module_name(pattern: str) -> bool:
     return bool(_MODULE_PATH.match(pattern))
 

@@ -22,7 +22,7 @@ import onnx
 from qdeploy.config import Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.lint import lint_model, load_qdq_model, structure_line
-from qdeploy.quantize.exclude import module_of_node
+from qdeploy.quantize.exclude import module_of_node, scope_key
 from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.trt_cache import write_trt_cache
 from qdeploy.utils.log import log, warn
@@ -128,9 +128,9 @@ def excluded_nodes(qdq_model: onnx.ModelProto, excluded: Optional[list]) -> list
     onnx2torch twin's module names are its ONNX node names, '/' and all: compared with '/' read as '.'."""
     if not excluded:
         return []
-    names, dotted = set(excluded), {m.replace("/", ".") for m in excluded}
+    names, keys = set(excluded), {scope_key(m) for m in excluded}
     return [n.name for n in qdq_model.graph.node
-            if n.name in names or (m := module_of_node(n.name).replace("/", ".")) and m in dotted]
+            if n.name in names or (m := scope_key(module_of_node(n.name))) and m in keys]
 
 
 def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name: str, t0: float) -> QuantResult:
