@@ -61,6 +61,32 @@ def test_class_file_with_subset_of_folders_gives_file_indices(tmp_path):
     assert image.shape == (3, 8, 8) and image.dtype == np.uint8 and label == 1
 
 
+def test_classes_as_a_list_gives_list_indices_like_a_file(tmp_path):
+    """data.eval.classes: [...] is the file's content written in the config: the list's order gives the indices, a subset
+    of folders keeps the model's indices, a name may hold spaces (a list entry is a whole folder name)."""
+    for name in ("dog", "traffic light"):
+        write_image(tmp_path / "data" / name / "a.png", 8, 8)
+    cfg = parse_config({"model": {"source": "torchvision:resnet18", "weights": "random", "preprocess": {"input_size": [8, 8]}},
+                        "data": {"eval": {"root": str(tmp_path / "data"), "classes": ["cat", "dog", "traffic light"]}},
+                        "variants": [{"engine": "torch"}]})
+    batches = make_batches(cfg.data.eval, small(), "classification", progress=False)
+    assert batches.num_classes == 3 and batches.class_names == ["cat", "dog", "traffic light"]
+    assert sorted(label for _, label in batches.dataset.samples) == [1, 2]
+    with pytest.raises(DataError, match=r"data\.eval: class folder .*dog is not listed in the classes list"):
+        make_batches(DatasetSpec(root=str(tmp_path / "data"), classes=["cat", "traffic light"]).keyed("data.eval"), small(),
+                     "classification", progress=False)
+
+
+@pytest.mark.parametrize("classes,message", [([], "empty list"), (["a", "b", "a"], "'a' is listed twice"),
+                                             (["a", " "], "entry 1 is empty")])
+def test_classes_list_is_checked_in_the_config(classes, message):
+    from qdeploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"data\\.eval\\.classes.*{message}"):
+        parse_config({"model": {"source": "torchvision:resnet18", "weights": "random", "preprocess": {"input_size": [8, 8]}},
+                      "data": {"eval": {"root": "x", "classes": classes}}, "variants": [{"engine": "torch"}]})
+
+
 def test_sorted_folders_without_class_file(tmp_path):
     for name in ("b", "a", "c"):
         write_image(tmp_path / name / "x.png", 8, 8)

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
              ["qdeploy demo", "qdeploy demo --out runs/demo2"])
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default: runs/demo)")
     p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR", help=_CACHE_HELP)
+    p.add_argument("--prepare", default=None, metavar="DIR",
+                   help="instead of the comparison: write the demo's images (DIR/train, DIR/test) and trained weights "
+                        "(DIR/digits_cnn.pt) as files, for examples/digits_cnn.yaml (which reads runs/digits)")
     return parser
 
 
@@ -322,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             return _cmd_doctor(args)
         if args.command == "demo":
+            if args.prepare:
+                from qdeploy.demo import prepare_files
+
+                print(f"wrote {prepare_files(args.prepare, cache_dir=args.cache_dir)}: train/, test/, digits_cnn.pt")
+                return 0
             from qdeploy.demo import run_demo
 
             results = run_demo(args.out, cache_dir=args.cache_dir)

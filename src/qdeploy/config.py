@@ -191,8 +191,33 @@ class DatasetSpec(_Strict):
     labels: bool = Field(True, description="false: images without labels (every image under root, any layout, for either "
                                            "task): only agreement with a reference can be measured (optimize: "
                                            "budget.min_agreement); calibration and QAT distill need no labels either")
-    classes: Optional[str] = Field(None, description="class-list file: one class per line in index order, first word = folder name")
-    class_names: Optional[list[str]] = Field(None, description="names in label-index order (alternative to a classes file)")
+    classes: Optional[Union[str, list[str]]] = Field(
+        None, description="the model's classes in output-index order: a list of folder names (classification; segmentation: "
+                          "class names, index = label value) or a class-list file with one per line (first word = folder "
+                          "name, the rest its display name). Lists every class the model has, also those without images "
+                          "here (a folder of a subset still gets the model's index)")
+    class_names: Optional[list[str]] = Field(None, description="display names in label-index order (indices still come from the "
+                                                               "folders or classes)")
+
+    @field_validator("classes")
+    @classmethod
+    def _classes_given(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("an empty list: list the model's classes in output-index order, or leave classes out")
+            seen: dict[str, int] = {}
+            for i, name in enumerate(v):
+                if not name.strip():
+                    raise ValueError(f"entry {i} is empty")
+                if name in seen:  # a duplicate would shift every later index by one
+                    raise ValueError(f"'{name}' is listed twice (entries {seen[name]} and {i})")
+                seen[name] = i
+        return v
+
+    @property
+    def classes_file(self) -> Optional[str]:
+        """``classes`` when it names a file (a path to read), else None."""
+        return self.classes if isinstance(self.classes, str) else None
     split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/)")
     ignore_index: int = Field(255, description="segmentation label that is excluded from metrics")
     count: Optional[int] = Field(None, gt=0, description="seeded random subset of this many samples")
@@ -686,8 +711,8 @@ def input_paths(cfg: RunConfig) -> list[tuple[str, Path]]:
     for key, spec in specs:
         if spec is not None:
             out.append((key, Path(spec.root)))
-            if spec.classes:
-                out.append((f"{key}.classes", Path(spec.classes)))
+            if spec.classes_file:
+                out.append((f"{key}.classes", Path(spec.classes_file)))
     for i, v in enumerate(cfg.variants):
         if v.int8 is not None and v.int8.calibration_cache:
             out.append((f"variants[{i}].calibration_cache", Path(v.int8.calibration_cache)))

@@ -34,6 +34,14 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
+def class_subset_hint(outputs: int, folders: Optional[list]) -> str:
+    """How to evaluate on a subset of a classifier's classes: name all of them, in output order, in data.eval.classes."""
+    shown = ", ".join(str(f) for f in (folders or [])[:3])
+    return (f"for a subset of the model's classes, list all {outputs} of them in output order in data.eval.classes: a YAML "
+            f"list of folder names (classes: [{shown}{', ...' if shown else '...'}], {outputs} entries) or a file with one "
+            "name per line; folders it lists that are absent here are fine")
+
+
 def check_qat_data(cfg: RunConfig, eval_batches) -> None:
     """QAT's training images exist (the spec resolves) and none of them is an evaluation image."""
     spec = cfg.qat_training_data()  # ConfigError naming the missing key
@@ -217,7 +225,7 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
         if classes is not None and out.shape[1] != classes:
             raise ModelError(
                 f"the model has {out.shape[1]} outputs but data.eval ({cfg.data.eval.root}) has {classes} classes: "
-                "labels would not match predictions (for a subset of the model's classes, list all of them in data.eval.classes)")
+                "labels would not match predictions (" + class_subset_hint(int(out.shape[1]), eval_batches.class_names) + ")")
         check["outputs"] = int(out.shape[1])
     else:
         if out.ndim != 4:

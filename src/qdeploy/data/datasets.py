@@ -51,8 +51,19 @@ def _existing_dir(path: PathLike, what: str) -> Path:
     return path
 
 
-def _class_file_lines(path: PathLike) -> list[tuple[int, str]]:
-    """``(line number, stripped line)`` for the non-empty lines of a class-list file."""
+ClassList = Union[PathLike, Sequence[str]]  # data.*.classes: a class-list file, or the names themselves
+
+
+def _classes_where(classes: ClassList) -> str:
+    """Where a class list came from, for messages: the file, or the config's list."""
+    return f"the class-list file {Path(classes).expanduser()}" if isinstance(classes, (str, Path)) else "the classes list"
+
+
+def _class_file_lines(path: ClassList) -> list[tuple[int, str]]:
+    """``(line number, stripped line)`` for the non-empty lines of a class-list file; a list given in the config instead
+    of a file reads as the file's lines would (entry i = line i + 1)."""
+    if not isinstance(path, (str, Path)):
+        return [(n, str(name).strip()) for n, name in enumerate(path, 1)]
     path = Path(path).expanduser()
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -66,18 +77,20 @@ def _class_file_lines(path: PathLike) -> list[tuple[int, str]]:
     return out
 
 
-def read_class_file(path: PathLike) -> list[tuple[str, str]]:
+def read_class_file(path: ClassList) -> list[tuple[str, str]]:
     """``(folder name, display name)`` per non-empty line, in index order.
 
     The first whitespace-separated token is the folder name; the display name is the first
     comma-separated entry of the rest (``n01440764 tench, Tinca tinca`` → ``tench``), or the token.
     """
+    if not isinstance(path, (str, Path)):  # a list in the config: each entry is a whole folder name (spaces included)
+        return [(name, name) for _, name in _class_file_lines(path)]
     entries, seen = [], {}
     for lineno, line in _class_file_lines(path):
         parts = line.split(maxsplit=1)
         name = parts[0]
         if name in seen:  # a duplicate would shift every later index by one
-            raise DataError(f"class-list file {Path(path).expanduser()} lists '{name}' twice (lines {seen[name]} and {lineno})")
+            raise DataError(f"{_classes_where(path)} lists '{name}' twice (lines {seen[name]} and {lineno})")
         seen[name] = lineno
         words = parts[1].split(",")[0].strip() if len(parts) > 1 else ""
         entries.append((name, words or name))
@@ -92,7 +105,7 @@ class ImageFolderDataset(Dataset):
     file is an error (its images would otherwise get no or a wrong label).
     """
 
-    def __init__(self, root: PathLike, preprocess: Preprocess, classes_file: Optional[PathLike] = None):
+    def __init__(self, root: PathLike, preprocess: Preprocess, classes_file: Optional[ClassList] = None):
         self.root = _existing_dir(root, "dataset folder")
         self.preprocess = preprocess
         # Hidden folders (.ipynb_checkpoints, .git) are never classes.
@@ -108,7 +121,8 @@ class ImageFolderDataset(Dataset):
             for name in folders:
                 if name not in index:
                     raise DataError(
-                        f"class folder {self.root / name} is not listed in the class-list file {Path(classes_file).expanduser()}"
+                        f"class folder {self.root / name} is not listed in {_classes_where(classes_file)}: list every "
+                        "class of the model, in its output order"
                     )
         self.samples: list[tuple[str, int]] = []
         for name in folders:
@@ -291,6 +305,6 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     else:
         # For segmentation the class-list file only names the classes: line order = label id,
         # the whole line is the name ("Road marking").
-        names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes else spec.class_names
+        names = [line for _, line in _class_file_lines(spec.classes)] if spec.classes is not None else spec.class_names
         ds = SegNetDataset(spec.root, spec.split, preprocess, spec.ignore_index, names)
     return subset(ds, spec.count, spec.seed, spec.complement)

@@ -110,11 +110,12 @@ def demo_config(data_root: Path, weights: Path) -> dict:
     }
 
 
-def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None) -> dict:
-
+def _data_and_weights(cache_dir: Optional[Path]) -> tuple[Path, Path, Path]:
+    """(demo cache folder, digits image folders, trained weights): written or trained on first use, then cached."""
     cache_dir = Path(cache_dir or default_cache_dir()) / "demo"
     cache_dir.mkdir(parents=True, exist_ok=True)
     data_root = prepare_data(cache_dir)
+    # the training recipe lives in this file: weights are keyed by it and by the model's code
     code = (Path(__file__).parent / "model.py").read_bytes() + json.dumps(PREPROCESS).encode() + Path(__file__).read_bytes()
     weights = cache_dir / f"digits_cnn-{hashlib.sha256(code).hexdigest()[:12]}.pt"
     if weights.is_file():
@@ -122,4 +123,46 @@ def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None
     else:
         info = train(data_root, weights)
         log(f"demo: trained on {info['train_samples']} images, train top-1 {100 * info['train_top1']:.2f}%")
+    return cache_dir, data_root, weights
+
+
+def run_demo(out_dir: str | Path = "runs/demo", cache_dir: Optional[Path] = None) -> dict:
+    cache_dir, data_root, weights = _data_and_weights(cache_dir)
     return run(demo_config(data_root, weights), out_dir, cache_dir=cache_dir.parent)  # the run writes its config.yaml
+
+
+# Written into a --prepare folder: a later --prepare recognises its own folder (and refreshes it), never a user's.
+PREPARED_MARKER = ".qdeploy-demo-files"
+
+
+def prepare_files(dest: str | Path, cache_dir: Optional[Path] = None) -> Path:
+    """Write the demo's inputs as ordinary files for the example configs (examples/digits_cnn*.yaml read them from
+    runs/digits): ``dest/train/<digit>/*.png``, ``dest/test/<digit>/*.png`` and the trained ``dest/digits_cnn.pt``.
+
+    ``dest`` must be new, empty or an earlier ``--prepare`` folder (replaced); a folder holding anything else is refused
+    before any work, naming one such entry, and nothing of it is deleted."""
+    import shutil
+
+    from qdeploy.errors import QDeployError
+
+    dest = Path(dest).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise QDeployError(f"demo --prepare {dest}: a file, not a folder; choose a new folder")
+    if dest.is_dir() and not (dest / PREPARED_MARKER).is_file():
+        other = next(iter(sorted(dest.iterdir())), None)
+        if other is not None:
+            raise QDeployError(f"demo --prepare {dest}: the folder holds files qdeploy did not write (e.g. {other.name}); "
+                               "choose a new or empty folder")
+    _, data_root, weights = _data_and_weights(cache_dir)
+    staging = dest.with_name(f".{dest.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)  # a --prepare cut short: only this function writes there
+    staging.mkdir(parents=True)
+    for split in ("train", "test"):
+        shutil.copytree(data_root / split, staging / split)
+    shutil.copy2(weights, staging / "digits_cnn.pt")
+    (staging / PREPARED_MARKER).write_text(json.dumps({"demo_version": DEMO_VERSION, "weights": weights.name}) + "\n")
+    if dest.is_dir():
+        shutil.rmtree(dest)  # empty, or an earlier --prepare folder (checked above)
+    staging.rename(dest)
+    return dest
