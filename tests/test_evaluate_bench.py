@@ -135,21 +135,25 @@ def test_best_repeat_keeps_the_lowest_median():
         best_repeat([])
 
 
+@pytest.mark.slow
 def test_benchmark_repeats_keep_the_fastest_repeat():
-    warmup, iterations = 1, 6
+    # warm-up until stable: windows of 5 calls and 50 ms; with 10 warm-up calls of >= 11 ms at a constant speed
+    # the two windows inside the minimum already agree, so each repeat makes exactly warmup + iterations calls
+    warmup, iterations = 10, 6
     per_repeat = warmup + iterations
-    # repeat 0 is slow (busy machine), repeat 1 fast, repeat 2 in between; batch size 2 then runs at 3 ms
-    delays = [12.0] * per_repeat + [2.0] * per_repeat + [6.0] * per_repeat + [3.0]
+    # repeat 0 is slow (busy machine), repeat 1 fast, repeat 2 in between; batch size 2 then runs at 13 ms
+    delays = [24.0] * per_repeat + [11.0] * per_repeat + [16.0] * per_repeat + [13.0]
     engine = ScheduledEngine(delays)
     images = np.random.default_rng(0).random((3, 3, 4, 4), dtype=np.float32)
     out = benchmark(engine, images, [1, 2], warmup=warmup, iterations=iterations, repeats=3)
     assert engine.calls == 2 * 3 * per_repeat  # warm-up repeated with every repeat, for every batch size
     lat = out["latency_ms"]["1"]
+    assert lat["warmup_calls"] == [warmup] * 3
     assert lat["repeats"] == 3 and len(lat["repeat_p50s"]) == 3
     p50s = lat["repeat_p50s"]
     assert p50s.index(min(p50s)) == 1 and p50s[0] > p50s[2] > p50s[1]
     assert lat["p50"] == min(p50s)  # the kept repeat is the best one
-    assert 2.0 <= lat["p50"] < 6.0
+    assert 11.0 <= lat["p50"] < 16.0
     assert len(out["latency_samples_ms"]["1"]) == iterations
     assert out["throughput_ips"]["1"] == pytest.approx(1000.0 / lat["mean"])
     assert out["throughput_ips"]["2"] == pytest.approx(2000.0 / out["latency_ms"]["2"]["mean"])
@@ -157,7 +161,8 @@ def test_benchmark_repeats_keep_the_fastest_repeat():
 
 
 def test_benchmark_flags_noisy_timings():
-    engine = ScheduledEngine([1.0] + [1.0, 8.0] * 10)  # warm-up, then alternating fast/slow iterations
+    # alternating fast/slow iterations from the first call on: however many calls the warm-up makes until stable
+    engine = ScheduledEngine([1.0, 8.0] * 60)
     out = benchmark(engine, np.zeros((1, 3, 2, 2), np.float32), [1], warmup=1, iterations=10)
     lat = out["latency_ms"]["1"]
     assert lat["repeats"] == 1 and len(lat["repeat_p50s"]) == 1

@@ -15,10 +15,13 @@ from test_qat import _config
 
 
 def test_budget_check_in_points_relative_and_agreement():
-    assert budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9150, None).within          # 0.23 points
-    assert not budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9140, None).within      # 0.33 points
-    assert budget_check(BudgetSpec(relative=0.01), 0.80, 0.7925, None).within           # 0.75 of 0.80 allowed
-    assert not budget_check(BudgetSpec(relative=0.01), 0.80, 0.7900, None).within
+    # agreement 0.99: clear of the agreement floor every budget includes (issue 33), so the drop decides
+    assert budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9150, 0.99).within          # 0.23 points
+    assert not budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9140, 0.99).within      # 0.33 points
+    assert budget_check(BudgetSpec(relative=0.01), 0.80, 0.7925, 0.99).within           # 0.75 of 0.80 allowed
+    assert not budget_check(BudgetSpec(relative=0.01), 0.80, 0.7900, 0.99).within
+    # no agreement measured: the floor cannot be checked, so not within (it was within before issue 33)
+    assert not budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9150, None).within
     assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.981).within
     v = budget_check(BudgetSpec(max_drop=0.3), None, None, 0.99)
     assert not v.within and "use budget.min_agreement" in v.why
@@ -38,10 +41,10 @@ def test_decisions_on_the_confidence_bound_of_a_paired_drop():
     z = z_of(0.9)
     assert abs(z - 1.2816) < 1e-3 and z_of(0.5) == 0.0
     # 0.10-point drop with a 0.20-point standard error: inside on the point estimate, outside on the 90 % bound
-    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None).within
-    v = budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.2, z=z)
+    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, 0.99).within
+    v = budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, 0.99, se=0.2, z=z)
     assert not v.within and "upper bound 0.36" in v.why
-    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, None, se=0.1, z=z).within
+    assert budget_check(BudgetSpec(max_drop=0.3), 0.9, 0.899, 0.99, se=0.1, z=z).within
     a = agreement_se(np.r_[np.ones(983), np.zeros(17)])
     assert not budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=z).within
     assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.983, se=a, z=0.0).within
@@ -89,11 +92,13 @@ def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
     assert _int8_slower_than_fp32(fp32, fast, measured=True) is None
 
 
-def test_exactly_one_budget_kind():
-    with pytest.raises(ValueError, match="exactly one of max_drop, relative, min_agreement"):
-        BudgetSpec(max_drop=0.3, min_agreement=0.98)
+def test_one_budget_kind_and_min_agreement_as_its_floor():
+    with pytest.raises(ValueError, match="give one of max_drop, relative"):
+        BudgetSpec(max_drop=0.3, relative=0.01)
     with pytest.raises(ValueError, match="got none"):
         BudgetSpec()
+    # issue 33: min_agreement goes with max_drop (a floor); it was refused ("exactly one") before
+    assert BudgetSpec(max_drop=0.3, min_agreement=0.98).floor == 0.98
 
 
 def test_standard_error_and_the_resolution_warning():
@@ -544,7 +549,8 @@ def test_every_int8_candidate_failing_is_said_first_listed_with_stage_and_reason
     # the first line of the answer says it; the table lists the failed candidates with their stage; one verdict only
     assert out.lstrip().startswith("⚠") and out.index("⚠ Every INT8 candidate failed") < out.index("Chosen: ")
     assert "failed at build" in out and "within reach" not in out
-    assert out.count("chosen: fp32") == 1 and "top-1 search" in out and " %" in out
+    # the summary line names the engine (issue 33: it said "chosen: fp32 (...)")
+    assert out.count("chosen: onnxruntime fp32") == 1 and "top-1 search" in out and " %" in out
     page = (tmp_path / "out" / "optimize.html").read_text()
     assert page.index("Every INT8 candidate failed") < page.index("Chosen: ")
 

@@ -1,7 +1,10 @@
 """``qdeploy`` command line: a thin layer over :mod:`qdeploy.api`.
 
 Stage modules are imported inside the commands on purpose: they pull in torch and ONNX Runtime
-(seconds), which ``qdeploy --help`` and argument errors should not wait for.
+(seconds), which ``qdeploy --help``, argument errors and user errors should not wait for. Before importing them,
+``main`` loads the config, applies the command line's overrides and checks --out, the data folders, the first image
+and the model files (:func:`_checked_config`, with qdeploy.config and qdeploy.utils.inputs: pydantic, PyYAML, numpy
+and PIL), with the messages the stages give for the same problems.
 
 User errors (bad config, missing files, corrupt images...) print one line and exit with code 2;
 ``--debug`` shows the traceback as well.
@@ -23,6 +26,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _EXIT_RUN = ("exit codes: 0 the run completed (read the report for degraded variants); 1 every variant failed or was "
              "skipped; 2 user error (one line on stderr, nothing written); 4 the config had INT8 variants and none ran; "
              "130 interrupted")
+_EXIT_OPTIMIZE = ("exit codes: 0 the budget was met on the confirm split; 2 user error (one line on stderr; --out "
+                  "untouched); 3 the budget was missed on the confirm split; 4 the search had INT8 "
+                  "candidates and none of them ran (the answer is a float candidate; the first line says why); 130 "
+                  "interrupted. A traceback (exit 1) is a bug in qdeploy, not a result")
 _CACHE_HELP = "cache folder for exported/quantized artifacts (default: $QDEPLOY_CACHE or ~/.cache/qdeploy); must not overlap --out"
 
 
@@ -89,9 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
              "Searches FP32/FP16/INT8 candidates (and per-layer fallback, optionally QAT) on a seeded search split of "
              "data.eval, confirms the choice once on the rest and writes optimize.json, optimize.html and the chosen "
              "artifact.",
-             ["qdeploy optimize config.yaml --out runs/opt"],
-             "exit codes: 0 the budget was met on the confirm split; 3 it was missed; 2 user error")
+             ["qdeploy optimize config.yaml --out runs/opt",
+              "qdeploy optimize config.yaml --out runs/opt-cpu --target cpu --max-drop 0.5 --time-limit 600"],
+             _EXIT_OPTIMIZE)
     _add_config_out(p)
+    # each flag sets one field of the config's optimize: section (its other settings stay) and is validated like it:
+    # values are checked by the config model, not here, so a bad one gets the config's own message, naming the flag
+    p.add_argument("--target", default=None, metavar="TARGET",
+                   help="override optimize.target: onnxruntime-cpu, cpu (ONNX Runtime or OpenVINO, whichever is faster), "
+                        "tensorrt, torch-cuda, torch-cpu, onnxruntime-cuda")
+    p.add_argument("--max-drop", default=None, metavar="POINTS",
+                   help="override optimize.budget.max_drop: at most this many points of top-1/mIoU lost against FP32 "
+                        "(replaces budget.relative; budget.min_agreement stays, as a floor)")
+    p.add_argument("--min-agreement", default=None, metavar="SHARE",
+                   help="override optimize.budget.min_agreement: the share of FP32's predictions kept, in (0, 1]; a floor "
+                        "beside max_drop/relative (the config's or --max-drop), else the budget alone")
+    p.add_argument("--time-limit", default=None, metavar="SECONDS",
+                   help="override optimize.time_limit: seconds for the whole search (the best candidate so far is kept)")
     p = _sub(sub, "build", "build every variant's artifact without measuring",
              "Writes each variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine + sidecar) and build.json; TensorRT "
              "variants also record their trtexec command lines.",
@@ -130,17 +151,170 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_run(args, stages) -> int:
+# ---------------------------------------------------------------------------------------------
+# Before the stages are imported: the config, the command line's overrides and the input files, checked with
+# qdeploy.config, PIL and the standard library only. torch, ONNX, ONNX Runtime, OpenVINO and ModelOpt take seconds to
+# import; a typo or a missing file is named in about a second instead, with the message the full run gives (the
+# checks and their messages live once, in config.py and utils/inputs.py, and the stages call the same functions).
+
+# commands that read data.eval and the model and write --out through the pipeline's open_run (or optimize's own
+# validation, which makes the same checks first); qat checks its own sections in its own order: config only
+_CHECKED_EARLY = ("run", "eval", "bench", "build", "quantize", "export", "optimize")
+# optimize flag → (field path in the optimize: section, fields of the same budget it replaces)
+_OPTIMIZE_FLAGS = {"--target": (("target",), ()), "--time-limit": (("time_limit",), ()),
+                   "--max-drop": (("budget", "max_drop"), ("relative",)),
+                   "--min-agreement": (("budget", "min_agreement"), ())}
+
+
+def _flag_error(flag_values: dict, err) -> QDeployError:
+    """A ValidationError of a config field set from the command line, as one line: the flags, then the config's own
+    message ('--max-drop -1: optimize.budget.max_drop: Input should be greater than or equal to 0')."""
+    from qdeploy.config import RunConfig, format_validation_error
+
+    flags = " ".join(f"{f} {v}" for f, v in flag_values.items())
+    return QDeployError(f"{flags}: " + format_validation_error(err, "", RunConfig).removeprefix("invalid config : "))
+
+
+def _apply_overrides(cfg, args):
+    """The command line's overrides of config fields, assigned to the parsed config: the models validate them."""
+    from pydantic import ValidationError
+
+    if args.command == "bench" and (args.batch_sizes or args.iterations is not None):
+        section, given = cfg.bench.model_dump(exclude_unset=True), {}
+        if args.batch_sizes:
+            try:
+                section["batch_sizes"] = [int(b) for b in args.batch_sizes.split(",")]
+            except ValueError:
+                raise QDeployError(f"--batch-sizes '{args.batch_sizes}': expected integers separated by commas") from None
+            given["--batch-sizes"] = args.batch_sizes
+        if args.iterations is not None:
+            section["iterations"] = given["--iterations"] = args.iterations
+        try:
+            cfg.bench = section  # the bench: section with the flags' fields, validated whole by BenchSpec
+        except ValidationError as e:
+            raise _flag_error(given, e) from None
+    if args.command == "optimize":
+        given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in _OPTIMIZE_FLAGS}
+        given = {flag: value for flag, value in given.items() if value is not None}
+        if given:
+            # the optimize: section as written (unset keys keep their defaults), the flags' fields set in it, then
+            # assigned whole: OptimizeConfig and BudgetSpec validate the result together (the budget's rules included)
+            section = cfg.optimize.model_dump(exclude_unset=True) if cfg.optimize is not None else {}
+            for flag, value in given.items():
+                path, replaces = _OPTIMIZE_FLAGS[flag]
+                holder = section
+                for key in path[:-1]:
+                    holder = holder.setdefault(key, {})
+                holder[path[-1]] = value
+                for key in replaces:
+                    holder.pop(key, None)
+            try:
+                cfg.optimize = section
+            except ValidationError as e:
+                raise _flag_error(given, e) from None
+    return cfg
+
+
+def _check_data_root(spec) -> None:
+    """A data section's folder: present and a folder (what building its data set checks first, same message)."""
+    from qdeploy.errors import DataError
+    from qdeploy.utils.inputs import existing_dir, keyed_data_error
+
+    if spec.format != "imagefolder":  # SegNet layouts: checked by the data stage
+        return
+    try:
+        existing_dir(spec.root, "dataset folder")
+    except DataError as e:
+        raise keyed_data_error(e, spec.key) from None
+
+
+def _first_image(spec, task: str):
+    """The first image the data stage decodes from ``spec`` when that is certain (the whole image folder is read and an
+    unreadable image stops the run), else None (the data stage checks it, in its own order)."""
+    from qdeploy.utils.inputs import class_folders, folder_images, has_loose_images, unlabelled_images
+
+    if spec.format != "imagefolder" or spec.on_error != "error" or spec.count is not None or spec.subsplit is not None:
+        return None
+    root = Path(spec.root).expanduser()
+    if not spec.labels or (spec.labels_optional and has_loose_images(root)):  # data.datasets.UnlabelledImages
+        return next(iter(unlabelled_images(root)), None)
+    if task != "classification":
+        return None
+    for name in class_folders(root):  # data.datasets.ImageFolderDataset: class folders in order, images sorted
+        files = folder_images(root / name)
+        if files:
+            return files[0]
+    return None
+
+
+def _check_first_image(spec, task: str) -> None:
+    from qdeploy.errors import UnreadableImage
+    from qdeploy.utils.inputs import open_image, unreadable_image_message
+
+    path = _first_image(spec, task)
+    if path is not None:
+        try:
+            open_image(str(path))
+        except UnreadableImage as e:
+            raise UnreadableImage(unreadable_image_message(str(e), spec.key)) from None
+
+
+def _check_model_files(cfg) -> None:
+    """model.source's file and model.weights (the model stage's own checks and messages)."""
+    from qdeploy.config import source_format
+    from qdeploy.utils.inputs import check_model_file, check_onnx_file, check_weights_file
+
+    source, kind = cfg.model.source, source_format(cfg.model.source)
+    if kind == "onnx":
+        check_onnx_file(Path(source).expanduser())
+    if kind != "pytorch":
+        return
+    module_part, sep, attr = source.rpartition(":")
+    if sep and attr and module_part.endswith(".py"):
+        check_model_file(Path(module_part).expanduser())
+    weights = cfg.model.weights_file
+    if weights and not weights.startswith("pkg:"):
+        check_weights_file(Path(weights).expanduser())
+
+
+def _check_inputs(cfg, args) -> None:
+    """What the command's first stage would refuse, in the order it checks: --out, data.eval's folder, the calibration
+    data (when every variant runs and an INT8 one needs it), data.eval's first image, the model's files."""
+    from qdeploy.config import check_output_folder
+    from qdeploy.utils.atomic import OutputDir
+    from qdeploy.utils.inputs import check_calibration_cache
+
+    check_output_folder(cfg, args.out, args.cache_dir)
+    OutputDir(args.out).abort()  # a folder holding the user's files is refused now (it is opened again later)
+    task = cfg.model.task
+    _check_data_root(cfg.data.eval)
+    int8 = [v for v in cfg.variants if v.int8 is not None]
+    if args.command in ("run", "eval", "bench", "build", "quantize") and not args.variant \
+            and not any(v.int8.quantizer == "qat" for v in int8):
+        for i, v in enumerate(cfg.variants):
+            if v.int8 is not None and v.int8.calibration_cache:
+                check_calibration_cache(i, v.int8.calibration_cache)
+        if cfg.data.calibration is not None and any(not v.int8.calibration_cache for v in int8):
+            _check_data_root(cfg.data.calibration)
+            _check_first_image(cfg.data.calibration, task)
+    _check_first_image(cfg.data.eval, task)
+    _check_model_files(cfg)
+
+
+def _checked_config(args):
+    """The config, loaded and validated, with the command line's overrides, and (for the commands that read data and
+    write --out) the input files checked: all before torch or ONNX is imported."""
+    from qdeploy.config import load_config
+
+    cfg = _apply_overrides(load_config(args.config), args)
+    if args.command in _CHECKED_EARLY:
+        _check_inputs(cfg, args)
+    return cfg
+
+
+def _cmd_run(args, cfg, stages) -> int:
     from qdeploy import api
 
-    cfg = api.load_config(args.config)
-    if getattr(args, "batch_sizes", None):
-        try:
-            cfg.bench.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-        except ValueError:
-            raise QDeployError(f"--batch-sizes '{args.batch_sizes}': expected integers separated by commas") from None
-    if getattr(args, "iterations", None):
-        cfg.bench.iterations = args.iterations
     results = api.run(cfg, args.out, stages=stages, only=args.variant, cache_dir=args.cache_dir)
     return run_exit_code(results)
 
@@ -259,22 +433,24 @@ def main(argv: list[str] | None = None) -> int:
     set_quiet(args.quiet)
     set_debug(args.debug)
     try:
+        # the config and the input files first, before any stage (and torch, ONNX...) is imported
+        cfg = _checked_config(args) if getattr(args, "config", None) is not None else None
         if args.command == "run":
-            return _cmd_run(args, ("eval", "bench"))
+            return _cmd_run(args, cfg, ("eval", "bench"))
         if args.command == "eval":
-            return _cmd_run(args, ("eval",))
+            return _cmd_run(args, cfg, ("eval",))
         if args.command == "bench":
-            return _cmd_run(args, ("bench",))
+            return _cmd_run(args, cfg, ("bench",))
         if args.command == "export":
             from qdeploy import api
 
-            summary = api.export(args.config, args.out, cache_dir=args.cache_dir)
+            summary = api.export(cfg, args.out, cache_dir=args.cache_dir)
             print(f"wrote {summary['copied_to']} ({summary['produced_by']}, {summary['size_mb']:.2f} MB)")
             return 0
         if args.command == "optimize":
             from qdeploy import api
 
-            summary = api.optimize(args.config, args.out, cache_dir=args.cache_dir)
+            summary = api.optimize(cfg, args.out, cache_dir=args.cache_dir)
             if not args.quiet:
                 from qdeploy.report.console import print_optimize
 
@@ -287,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             from qdeploy import api
 
-            summary = api.build(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
+            summary = api.build(cfg, args.out, only=args.variant, cache_dir=args.cache_dir)
             for name, info in summary["variants"].items():
                 state = "built" if info["status"] == "ok" else f"{info['status']}: {info['reason']}"
                 print(f"{name}: {state}; files: {', '.join(info['files']) or 'none'}")
@@ -298,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "quantize":
             from qdeploy import api
 
-            summary = api.quantize(args.config, args.out, only=args.variant, cache_dir=args.cache_dir)
+            summary = api.quantize(cfg, args.out, only=args.variant, cache_dir=args.cache_dir)
             failed = 0
             for name, info in summary["variants"].items():
                 if info["status"] != "ok":
@@ -314,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "qat":
             from qdeploy import api
 
-            summary = api.qat(args.config, args.out, resume=args.resume, cache_dir=args.cache_dir)
+            summary = api.qat(cfg, args.out, resume=args.resume, cache_dir=args.cache_dir)
             if "metric" not in summary:  # a torchrun rank other than 0: rank 0 reports
                 return 0
             print(f"{summary['metric']}: FP32 {summary['fp32']:.4f}, PTQ {summary['before']:.4f}, QAT {summary['after']:.4f}; "

@@ -436,7 +436,8 @@ class BenchSpec(_Strict):
 class EvalSpec(_Strict):
     enabled: bool = True
     reference: Optional[str] = Field(None, description="variant name that agreement is measured against (default: first FP32 variant)")
-    min_agreement: float = Field(0.9, ge=0, le=1, description="an INT8 variant agreeing less than this with the reference is marked degraded")
+    min_agreement: float = Field(0.9, ge=0, le=1, description="an INT8 variant agreeing less than this with the reference is marked degraded, with "
+                                                              "labels too (whatever its accuracy change)")
 
 
 class ReportSpec(_Strict):
@@ -492,20 +493,62 @@ class QatConfig(_Strict):
         return self
 
 
+# The agreement floor of every optimize budget when budget.min_agreement is not given: a candidate whose predictions
+# match FP32's on fewer than this share of the images (classification) or pixels (segmentation) is never within budget,
+# whatever its accuracy (a random-weight or near-chance FP32 lets a collapsed INT8 model "keep" its accuracy). The same
+# 0.9 for segmentation: a healthy INT8 segmentation model disagrees with FP32 only along object boundaries (typically
+# 97-99 % of pixels agree), so 0.9 never rejects one, while a model collapsed onto one class agrees only on that class's
+# share of the pixels. Where one class covers more than 90 % of the pixels the floor cannot see that collapse; the
+# mIoU budget, which weighs every class equally, does. Also eval.min_agreement's default (qdeploy run's degraded mark).
+DEFAULT_MIN_AGREEMENT = 0.9
+
+
 class BudgetSpec(_Strict):
-    """How much accuracy the chosen artifact may lose against FP32, measured on the split that decides."""
+    """How much accuracy the chosen artifact may lose against FP32, measured on the split that decides, and the
+    agreement with FP32 below which no candidate is within budget (see ``min_agreement``)."""
 
     max_drop: Optional[float] = Field(None, ge=0, description="points of the task metric (top-1 % / mIoU %): 0.3 = 0.3 points")
     relative: Optional[float] = Field(None, ge=0, lt=1, description="fraction of the FP32 metric, e.g. 0.01 = 1 % of it")
-    min_agreement: Optional[float] = Field(None, gt=0, le=1, description="without labels: share of FP32's predictions "
-                                                                         "(classes or pixels) kept")
+    min_agreement: Optional[float] = Field(
+        None, gt=0, le=1,
+        description="share of FP32's predictions (classes, or pixels for segmentation) a candidate keeps on the same "
+                    "images. With max_drop or relative: a floor, checked too (default 0.9 for both tasks: healthy INT8 "
+                    "agrees far above it, a collapsed model far below; segmentation's disagreements are boundary "
+                    "pixels). Alone: the budget (the only one without labels). Either way a candidate more than 10 "
+                    "points below the median agreement of two or more INT8 siblings is not within budget")
 
     @model_validator(mode="after")
-    def _exactly_one(self):
-        given = [k for k in ("max_drop", "relative", "min_agreement") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of max_drop, relative, min_agreement (got {', '.join(given) or 'none'})")
+    def _one_kind(self):
+        if self.max_drop is not None and self.relative is not None:
+            raise ValueError("give one of max_drop, relative (min_agreement may go with either, as a floor)")
+        if self.max_drop is None and self.relative is None and self.min_agreement is None:
+            raise ValueError("give max_drop or relative (min_agreement may go with either, as a floor), or "
+                             "min_agreement alone (got none)")
         return self
+
+    @property
+    def agreement_only(self) -> bool:
+        """The budget is agreement with FP32 alone (min_agreement without max_drop or relative)."""
+        return self.max_drop is None and self.relative is None
+
+    @property
+    def floor(self) -> float:
+        """The agreement with FP32 every candidate needs: min_agreement, else DEFAULT_MIN_AGREEMENT."""
+        return self.min_agreement if self.min_agreement is not None else DEFAULT_MIN_AGREEMENT
+
+    def describe(self, task: str = "classification", default: bool = False) -> str:
+        """The budget in words: "at most 1.00 point of top-1 below FP32 (default), agreement with FP32 ≥ 90 % (default)".
+        ``default``: this budget is OptimizeConfig's default (no optimize.budget given)."""
+        metric = "mIoU" if task == "segmentation" else "top-1"
+        dflt = " (default)" if default else ""
+        agree = f"agreement with FP32 ≥ {100 * self.floor:g} %"
+        if self.agreement_only:
+            return agree + dflt
+        if self.max_drop is not None:
+            kind = f"at most {self.max_drop:.2f} point{'' if self.max_drop == 1 else 's'} of {metric} below FP32"
+        else:
+            kind = f"at most {100 * self.relative:g} % of FP32's {metric} lost"
+        return f"{kind}{dflt}, {agree}" + (" (default)" if self.min_agreement is None else "")
 
 
 class OptimizeConfig(_Strict):
@@ -517,7 +560,9 @@ class OptimizeConfig(_Strict):
                                        "torch-cpu, onnxruntime-cuda")
     threads: Optional[int] = Field(None, gt=0, description="CPU targets: intra-op threads every candidate runs and is timed "
                                                            "with (default: every core); stated in the report")
-    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0))
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(max_drop=1.0),
+                               description="max_drop or relative, with min_agreement as a floor (default 0.9); or "
+                                           "min_agreement alone (without labels). Default: max_drop 1.0, floor 0.9")
     time_limit: Optional[float] = Field(None, gt=0, description="seconds for the whole search; the best candidate so far is "
                                                                 "written when it runs out (default: none; 300 for the "
                                                                 "PyTorch targets, compile time included)")
@@ -556,6 +601,10 @@ class OptimizeConfig(_Strict):
         "off", description="QAT on the partially quantized model when fallback alone misses the budget or would leave "
                            "more than max_float_fraction in float: the objective (the qat: section sets the rest); off: "
                            "never train")
+
+    def budget_text(self, task: str = "classification") -> str:
+        """The budget in words, "(default)" on what was not given (BudgetSpec.describe)."""
+        return self.budget.describe(task, default="budget" not in self.model_fields_set)
 
 
 class RunConfig(_Strict):

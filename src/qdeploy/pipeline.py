@@ -261,6 +261,9 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
     cuda = torch.cuda.is_available()
     engine = create_engine(variant, record.artifact)
     log(f"[bold]{variant.label}[/bold]: run")
+    # the previous variant's freed memory back to the OS first: else this one's "model adds" (peak over the
+    # process before it loaded) reuses that heap and reads near 0 (qdeploy raises glibc's trim threshold)
+    release_build_memory()
     try:
         with MemoryProbe(cuda=cuda) as mem:
             with _stage(record, "load"):
@@ -402,8 +405,8 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
     ref_pred = next((r.predictions for r in records if r.label == reference), None)
     onnx = next((a for a in ctx.builder.built() if a.kind == ArtifactKind.ONNX_FP32), None)
     artifact_path = {(e["variant"], e["kind"]): e["path"] for e in artifacts}
-    # paired statistics against the reference on the same images (evaluate.compare): they, not agreement, decide
-    # whether an INT8 variant is degraded where there are labels; and is the reference itself above chance?
+    # paired statistics against the reference on the same images (evaluate.compare): with the agreement rules, they
+    # decide whether an INT8 variant is degraded where there are labels; and is the reference itself above chance?
     from qdeploy.evaluate.compare import paired_changes, reference_chance
 
     task = cfg.model.task

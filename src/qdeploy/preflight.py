@@ -22,6 +22,7 @@ from qdeploy.config import RunConfig
 from qdeploy.data import make_batches, normalize
 from qdeploy.errors import DataError, ModelError, QDeployError
 from qdeploy.models import is_onnx_source
+from qdeploy.utils.inputs import check_calibration_cache
 from qdeploy.utils.log import log
 from qdeploy.utils.onnx_graph import OnnxGraph
 
@@ -63,8 +64,7 @@ def check_calibration(cfg: RunConfig, variants, eval_batches):
     needs = [v for v in variants if v.int8 is not None and not v.int8.calibration_cache]
     for v in variants:
         if v.int8 is not None and v.int8.calibration_cache:
-            if not Path(v.int8.calibration_cache).is_file():
-                raise QDeployError(f"variants[{v.index}].calibration_cache: file {v.int8.calibration_cache} does not exist")
+            check_calibration_cache(v.index, v.int8.calibration_cache)
     if not needs:
         # TensorRT 11's FP16 ONNX keeps FP32 where calibration activations overflow: decode them when given
         trt_fp16 = any(v.engine.name == "tensorrt" and v.precision == "fp16" for v in variants)

@@ -32,8 +32,12 @@ import torch
 
 MANIFEST = "qdeploy-program.json"
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# timing: the same statistics as qdeploy's benchmark (a copy: this file imports nothing of qdeploy)
+# timing: the same statistics as qdeploy's benchmark (a copy: this file imports nothing of qdeploy; the reasons for
+# these bars are given in qdeploy/benchmark/latency.py)
 NOISY_CV = 0.10
+NOISY_DRIFT = 0.10
+DRIFT_SIGMAS = 3.0
+DRIFT_MIN_PER_THIRD = 5
 SOURCES = ("qdeploy", "timm", "torchvision")
 
 
@@ -158,14 +162,34 @@ def load(folder=None, device: str | None = None) -> Program:
 
 
 # ---------------------------------------------------------------------------- timing (CUDA events / perf_counter)
+def _ms(x: float) -> str:
+    digits = max(1, 2 - int(np.floor(np.log10(x)))) if x > 0 else 1
+    return f"{x:.{digits}f}"
+
+
+def noise_reasons(a: np.ndarray, cv: float) -> list:
+    """"scatter: CV 14.0 %" and/or "drift: first third median 88.0 ms, last third 40.1 ms" (see qdeploy's benchmark)."""
+    reasons = [f"scatter: CV {100 * cv:.1f} %"] if cv > NOISY_CV else []
+    third = len(a) // 3
+    if third >= DRIFT_MIN_PER_THIRD:
+        first, last = a[:third], a[-third:]
+        m1, m3 = float(np.median(first)), float(np.median(last))
+        sigma = 1.4826 * 0.5 * (np.median(np.abs(first - m1)) + np.median(np.abs(last - m3)))
+        shift = abs(m3 - m1)
+        if shift > NOISY_DRIFT * min(m1, m3) and shift > DRIFT_SIGMAS * 1.2533 * sigma * np.sqrt(2.0 / third):
+            reasons.append(f"drift: first third median {_ms(m1)} ms, last third {_ms(m3)} ms")
+    return reasons
+
+
 def latency_stats(samples_ms) -> dict:
     a = np.asarray(samples_ms, dtype=np.float64)
     mean = float(a.mean())
     std = float(a.std(ddof=1)) if len(a) > 1 else 0.0
     cv = std / mean if mean > 0 else 0.0
+    reasons = noise_reasons(a, cv)
     return {"mean": mean, "std": std, "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
             "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99)), "min": float(a.min()),
-            "max": float(a.max()), "cv": cv, "noisy": cv > NOISY_CV}
+            "max": float(a.max()), "cv": cv, "noisy": bool(reasons), "noisy_reason": "; ".join(reasons) or None}
 
 
 def _time_once(step, cuda: bool) -> float:
@@ -277,7 +301,8 @@ def main(argv=None) -> int:
           + ("imports torch and numpy only (" + ", ".join(SOURCES) + " not imported)" if not imported
              else "imported " + ", ".join(imported)))
     for bs, st in res["latency_ms"].items():
-        print(f"load_model: batch {bs}: p50 {st['p50']:.4f} ms (CV {st['cv']:.3f}{', NOISY' if st['noisy'] else ''}), "
+        print(f"load_model: batch {bs}: p50 {st['p50']:.4f} ms (CV {st['cv']:.3f}"
+              f"{', NOISY: ' + st['noisy_reason'] if st['noisy'] else ''}), "
               f"first call {st['first_call_s']:.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

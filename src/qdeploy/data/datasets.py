@@ -16,15 +16,15 @@ from torch.utils.data import Dataset
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.transforms import _open, image_to_array, load_image, load_label
 from qdeploy.errors import DataError
+# the checks that need no torch (folders, which files are images, their order, decoding) live in utils.inputs: the
+# command line makes the same ones before it imports this module
+from qdeploy.utils.inputs import IMAGE_EXTENSIONS, class_folders, folder_images, has_loose_images, keyed_data_error
+from qdeploy.utils.inputs import existing_dir as _existing_dir
+from qdeploy.utils.inputs import is_image as _is_image
+from qdeploy.utils.inputs import unlabelled_images
 
 PathLike = Union[str, Path]
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff"})
 SEGNET_IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png"})
-
-
-def _is_image(p: Path, extensions=IMAGE_EXTENSIONS) -> bool:
-    # Dot-files are skipped: macOS writes "._x.jpg" resource forks next to real images.
-    return p.suffix.lower() in extensions and not p.name.startswith(".") and p.is_file()
 
 
 def _other_files_hint(root: Path, limit: int = 10000) -> str:
@@ -40,15 +40,6 @@ def _other_files_hint(root: Path, limit: int = 10000) -> str:
         return ""
     return (f" ({n} files, none of them an image: {', '.join(sorted(suffixes)[:5])}; images are "
             f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
-
-
-def _existing_dir(path: PathLike, what: str) -> Path:
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"{what} {path} does not exist")
-    if not path.is_dir():
-        raise DataError(f"{what} {path} is not a folder")
-    return path
 
 
 ClassList = Union[PathLike, Sequence[str]]  # data.*.classes: a class-list file, or the names themselves
@@ -108,8 +99,7 @@ class ImageFolderDataset(Dataset):
     def __init__(self, root: PathLike, preprocess: Preprocess, classes_file: Optional[ClassList] = None):
         self.root = _existing_dir(root, "dataset folder")
         self.preprocess = preprocess
-        # Hidden folders (.ipynb_checkpoints, .git) are never classes.
-        folders = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = class_folders(self.root)
         if classes_file is None:
             # Empty folders still get an index so that indices do not depend on which are empty.
             index = {name: i for i, name in enumerate(folders)}
@@ -126,10 +116,10 @@ class ImageFolderDataset(Dataset):
                     )
         self.samples: list[tuple[str, int]] = []
         for name in folders:
-            files = sorted(p for p in (self.root / name).rglob("*") if _is_image(p))
+            files = folder_images(self.root / name)
             self.samples.extend((str(p), index[name]) for p in files)
         if not self.samples:
-            loose = any(_is_image(p) for p in self.root.iterdir())
+            loose = has_loose_images(self.root)
             hint = " (the images there have no class folders: for images without labels set labels: false)" if loose else \
                 _other_files_hint(self.root)
             raise DataError(f"no images found under {self.root} (expected {self.root}/<class>/<image>){hint}")
@@ -193,8 +183,7 @@ class UnlabelledImages(Dataset):
     def __init__(self, root: PathLike, preprocess: Preprocess, task: Task, ignore_index: int = 255):
         self.root = _existing_dir(root, "dataset folder")
         self.preprocess, self.task, self.ignore_index = preprocess, task, ignore_index
-        self.samples = [(str(p), UNLABELLED) for p in sorted(self.root.rglob("*")) if _is_image(p)
-                        and not any(part.startswith(".") for part in p.relative_to(self.root).parts)]
+        self.samples = [(str(p), UNLABELLED) for p in unlabelled_images(self.root)]
         if not self.samples:
             raise DataError(f"no images found under {self.root}{_other_files_hint(self.root)}")
         self.class_names, self.num_classes = None, None
@@ -262,9 +251,7 @@ def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Data
     try:
         ds = _selected(spec, preprocess, task)
     except DataError as e:
-        if spec.key and not str(e).startswith(spec.key):
-            raise type(e)(f"{spec.key}: {e}") from None
-        raise
+        raise keyed_data_error(e, spec.key) from None
     if spec.subsplit is not None:
         ds = subset(ds, spec.subsplit.count, spec.subsplit.seed, spec.subsplit.complement)
     return ds
@@ -282,7 +269,7 @@ def _without_labels(spec: DatasetSpec) -> Optional[Path]:
         images = root / spec.split
         return images if images.is_dir() and not (root / f"{spec.split}annot").is_dir() else None
     # images directly under root: a flat folder (class folders beside them would leave them out)
-    return root if any(_is_image(p) for p in root.iterdir()) else None
+    return root if has_loose_images(root) else None
 
 
 def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.datasets import build_dataset
 from qdeploy.errors import QDeployError, UnreadableImage
+from qdeploy.utils.inputs import unreadable_image_message
 from qdeploy.utils.log import is_quiet
 
 # Below this many samples, starting worker processes costs more than decoding in-process.
@@ -45,8 +46,7 @@ class _Failure:
         """Raise it again; an unreadable image's message names the data set's ``on_error: skip`` option."""
         message = self.message
         if issubclass(self.exc_type, UnreadableImage):
-            option = f"{key}.on_error: skip" if key else "on_error: skip in its data section"
-            message += f"; to leave unreadable images out (they are listed in results.json), set {option}"
+            message = unreadable_image_message(message, key)
         raise self.exc_type(message)
 
 

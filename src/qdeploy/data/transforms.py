@@ -14,29 +14,12 @@ import numpy as np
 from PIL import Image
 
 from qdeploy.config import Preprocess
-from qdeploy.errors import DataError, UnreadableImage
+from qdeploy.errors import DataError
+from qdeploy.utils.inputs import open_image as _open  # decoding and its messages: utils.inputs (the CLI checks with it)
 
 PathLike = Union[str, Path]
 
 _RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
-# What PIL raises for unreadable files varies by plugin: OSError (UnidentifiedImageError,
-# "image file is truncated"), SyntaxError (broken PNG chunks), ValueError, EOFError.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
-
-
-def _open(path: PathLike, what: str = "image") -> Image.Image:
-    """Open and fully decode ``path``; any decoding problem becomes a one-line DataError."""
-    try:
-        with Image.open(path) as img:
-            img.load()  # PIL decodes lazily: load() now so truncated files fail here, naming the file
-            return img  # pixel data is in memory now; closing the file is fine
-    except FileNotFoundError:
-        raise DataError(f"{what} {path} does not exist") from None
-    except Image.UnidentifiedImageError:
-        raise UnreadableImage(f"{what} {path} is corrupt or not an image (PIL cannot identify it)") from None
-    except _DECODE_ERRORS as e:
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
-        raise UnreadableImage(f"{what} {path} cannot be decoded: {reason}") from None
 
 
 def _resized_hw(size_hw: tuple[int, int], resize: Union[int, tuple[int, int]]) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.compare import compare_outputs
 from qdeploy.utils.faults import kill_point
+from qdeploy.utils.inputs import check_onnx_file
 from qdeploy.utils.log import log
 
 INPUT_NAME = "input"
@@ -183,8 +184,7 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
     protobuf's 2 GB (every tool downstream, and the copy in --out, then loads it alone), else with its data files beside
     it; every derived file (ONNX Runtime's pre-processed copy, FP16, INT8) is written next to that copy, in the cache."""
     path = Path(source).expanduser()
-    if not path.is_file():
-        raise ModelError(f"ONNX model file {path} does not exist")
+    check_onnx_file(path)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:

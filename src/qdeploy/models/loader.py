@@ -26,6 +26,7 @@ from torch import nn
 from qdeploy.config import ModelSpec, source_format
 from qdeploy.errors import ModelError
 from qdeploy.utils.hashing import sha256_file, sha256_json
+from qdeploy.utils.inputs import check_model_file, check_weights_file
 
 _FACTORY_SOURCES: dict[str, Callable[[str, dict], nn.Module]] = {}
 
@@ -107,8 +108,7 @@ def resolve_factory(source: str) -> Callable[..., Any]:
 
 
 def _import_file(path: Path):
-    if not path.is_file():
-        raise ModelError(f"model file {path} does not exist")
+    check_model_file(path)
     name = f"qdeploy_user_model_{abs(hash(str(path.resolve())))}"
     if name in sys.modules:
         return sys.modules[name]
@@ -260,10 +260,7 @@ def _torch_load(path: Path):
 
 
 def _read_checkpoint(path: Path, key: str | None) -> dict[str, torch.Tensor]:
-    if path.is_dir():
-        raise ModelError(f"weights {path} is a folder: give the state_dict file in it (model.weights)")
-    if not path.is_file():
-        raise ModelError(f"weights file {path} does not exist")
+    check_weights_file(path)
     if _sniff_weights(path) == "safetensors":
         try:
             from safetensors.torch import load_file

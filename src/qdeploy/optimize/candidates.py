@@ -158,6 +158,8 @@ class Candidate:
     within_budget: bool = False
     margin: Optional[float] = None
     budget: str = ""
+    agreement_se: Optional[float] = None  # per-image standard error of the agreement (the floor's bound)
+    rejected_by: Optional[str] = None     # the rule that put it outside the budget: decide.Verdict.rule
     subset_agreement: Optional[float] = None
     replayed: bool = False
     predictions: Optional[np.ndarray] = field(default=None, repr=False)
@@ -218,11 +220,14 @@ class Candidate:
         self.time_s = round(seconds, 2)
         self.predictions = record.predictions
 
-    def score(self, budget_verdict, agreement: Optional[float], se: Optional[float]) -> None:
-        """The budget verdict against the reference (decide.budget_check's), kept with the candidate."""
-        self.agreement, self.se = agreement, se
+    def score(self, budget_verdict, agreement: Optional[float], se: Optional[float],
+              agreement_se: Optional[float] = None) -> None:
+        """The budget verdict against the reference (decide.budget_check's, the agreement floor included), kept with
+        the candidate; ``rejected_by`` names the rule that put it outside the budget (None: within, or not run)."""
+        self.agreement, self.se, self.agreement_se = agreement, se, agreement_se
         self.within_budget = self.ok and budget_verdict.within
         self.margin = budget_verdict.margin if self.ok else None
+        self.rejected_by = budget_verdict.rule if self.ok and not budget_verdict.within else None
         self.budget = budget_verdict.why if self.ok else T.status_text(self.to_json())
 
     # ---- how it is shown and stored
@@ -246,7 +251,8 @@ class Candidate:
         return {"variant": self.variant, "kind": self.kind, "stage": self.stage, "reference": self.reference,
                 "precision": self.precision, "method": self.method, "quantizer": self.quantizer,
                 **{k: getattr(self, k) for k in self._MEASURED},
-                "agreement": self.agreement, "se": self.se, "within_budget": self.within_budget, "margin": self.margin,
+                "agreement": self.agreement, "se": self.se, "agreement_se": self.agreement_se,
+                "within_budget": self.within_budget, "margin": self.margin, "rejected_by": self.rejected_by,
                 "budget": self.budget, **({"subset_agreement": self.subset_agreement}
                                           if self.subset_agreement is not None else {}),
                 "description": self.describe()}
@@ -594,22 +600,49 @@ class QatCandidate(Candidate):
 
 
 # ---------------------------------------------------------------------------- scoring against the reference
-def rescore(cand: Candidate, ref: Candidate, labels: Optional[np.ndarray], o: OptimizeConfig, z: float) -> Candidate:
+def sibling_agreements(cand: Candidate, candidates: list) -> list[float]:
+    """The agreements of ``cand``'s siblings for the agreement floor's siblings rule: the other INT8 candidates that
+    ran and have an agreement on the whole search split (as qdeploy run compares an INT8 variant with the other INT8
+    variants). A float candidate has none: the rule is about one INT8 calibration going wrong where others did not."""
+    if cand.precision != "int8":
+        return []
+    return [c.agreement for c in candidates if c is not cand and c.precision == "int8" and c.ok and not c.reference
+            and c.agreement is not None]
+
+
+def rescore(cand: Candidate, ref: Candidate, labels: Optional[np.ndarray], o: OptimizeConfig, z: float,
+            siblings=()) -> Candidate:
     """Budget verdict against the reference (replayed candidates and the reference itself included), on the one-sided
-    confidence bound: the standard error is paired over the search split's samples (the same images for both)."""
+    confidence bound: the standard errors are paired over the search split's samples (the same images for both). The
+    agreement floor (decide.agreement_floor) is part of it, with ``siblings`` (:func:`sibling_agreements`)."""
     from qdeploy.evaluate.metrics import agreement
     from qdeploy.optimize.decide import agreement_se, paired_drop_se
 
     p, ref_p = cand.predictions, ref.predictions
     agree = agreement(p, ref_p) if p is not None and ref_p is not None else None
-    se = None
+    se = a_se = None
     if agree is not None and p.shape == ref_p.shape:
-        if o.budget.min_agreement is not None:
-            se = agreement_se((p == ref_p).reshape(len(p), -1).mean(axis=1))
+        # per image (segmentation: the share of its pixels), for the agreement budget and the floor alike
+        a_se = agreement_se((p == ref_p).reshape(len(p), -1).mean(axis=1))
+        if o.budget.agreement_only:
+            se = a_se
         elif labels is not None and p.ndim == 1 and len(labels) == len(p):
             valid = labels >= 0
             se = paired_drop_se(ref_p[valid] == labels[valid], p[valid] == labels[valid])
-    cand.score(budget_check(o.budget, ref.search_metric, cand.search_metric, agree, se, z), agree, se)
+    verdict = budget_check(o.budget, ref.search_metric, cand.search_metric, agree, se, z, agreement_se=a_se,
+                           siblings=siblings)
+    cand.score(verdict, agree, se, a_se)
+    return cand
+
+
+def rejudge(cand: Candidate, ref: Candidate, o: OptimizeConfig, z: float, siblings=()) -> Candidate:
+    """The budget verdict again from the numbers :func:`rescore` kept (agreement and standard errors), with new
+    ``siblings``: the siblings rule's median moves as INT8 candidates are measured, the candidate's numbers do not
+    (no predictions compared again: segmentation masks are large)."""
+    if cand.ok:
+        verdict = budget_check(o.budget, ref.search_metric, cand.search_metric, cand.agreement, cand.se, z,
+                               agreement_se=cand.agreement_se, siblings=siblings)
+        cand.score(verdict, cand.agreement, cand.se, cand.agreement_se)
     return cand
 
 
@@ -639,4 +672,4 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
            "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
-           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rescore", "target_for"]
+           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rejudge", "rescore", "sibling_agreements", "target_for"]

@@ -6,6 +6,7 @@ failure (a "within budget" artifact that is not).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Optional
@@ -13,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from qdeploy.config import BudgetSpec
+from qdeploy.report.verdict import RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
 
 
 @dataclass
@@ -20,30 +22,89 @@ class Verdict:
     within: bool
     margin: float        # how far inside (+) or outside (-) the budget, in the budget's own unit
     why: str
+    # what rejected it (None: within): the budget's own kind (max_drop, relative, min_agreement), the agreement floor
+    # (verdict.RULE_MIN_AGREEMENT: below budget.min_agreement; verdict.RULE_SIBLINGS: far below its INT8 siblings), or
+    # "unmeasured" (no metric or no agreement to decide on)
+    rule: Optional[str] = None
+
+
+def agreement_floor(agreement: Optional[float], min_agreement: float, siblings=(), se: Optional[float] = None,
+                    z: float = 0.0, default: bool = False) -> Verdict:
+    """The agreement floor every budget decision includes: is ``agreement`` (share of predictions identical to FP32's on
+    the same images, a fraction) high enough, whatever the accuracy? The rules are qdeploy run's degraded rules
+    (report.verdict.agreement_rule): below ``min_agreement``, or more than verdict.SIBLING_GAP below the median of
+    ``siblings`` (the other INT8 candidates' agreements, when there are verdict.SIBLINGS_NEEDED of them).
+
+    As in :func:`budget_check`, ``se`` (a fraction) and ``z`` put the decision on the one-sided lower bound
+    ``agreement - z*se`` (both rules test it), so a candidate is only called clear of the floor when it is, with that
+    confidence. ``margin``: the bound minus the floor (or the sibling gap left), a fraction; ``default``: the floor is
+    the default (budget.min_agreement not given), said in ``why``."""
+    if agreement is None:
+        return Verdict(False, -1.0, "no agreement with FP32 measured: the agreement floor cannot be checked", "unmeasured")
+    k = z * se if se is not None and z > 0 else 0.0
+    bound = agreement - k
+    shown = f"agreement with FP32 {100 * agreement:.2f} %" + (f" (lower bound {100 * bound:.2f} %)" if k else "")
+    floor = f"{100 * min_agreement:.2f} %" + (" (default)" if default else "")
+    siblings = [float(x) for x in siblings]
+    margin = bound - min_agreement
+    if len(siblings) >= SIBLINGS_NEEDED:
+        margin = min(margin, SIBLING_GAP - (statistics.median(siblings) - bound))
+    rule = agreement_rule(bound, min_agreement, siblings)
+    if rule is None:
+        return Verdict(True, margin, f"{shown} ≥ {floor} floor")
+    if rule[0] == RULE_MIN_AGREEMENT:
+        why = (f"{shown} below the {floor} agreement floor (budget.min_agreement): not within budget, whatever its "
+               "accuracy")
+    else:
+        why = (f"{shown} is {100 * (rule[1] - bound):.2f} points below the median {100 * rule[1]:.2f} % of its "
+               f"{len(siblings)} INT8 siblings (more than the {100 * SIBLING_GAP:g}-point sibling gap): not within "
+               "budget, whatever its accuracy")
+    return Verdict(False, margin, why, rule[0])
 
 
 def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optional[float], agreement: Optional[float],
-                 se: Optional[float] = None, z: float = 0.0) -> Verdict:
+                 se: Optional[float] = None, z: float = 0.0, *, agreement_se: Optional[float] = None,
+                 siblings=()) -> Verdict:
     """Is a candidate within ``budget`` of the FP32 reference? Metrics are fractions (0.9173), drops in points.
 
     ``se`` (points for a drop, a fraction for agreement) and ``z``: decide on the one-sided confidence bound
     (drop + z*se, agreement - z*se) instead of the point estimate, so that a candidate at the edge of the budget on the
-    search split is not taken for one that is inside it (on held-out images it lands on either side)."""
+    search split is not taken for one that is inside it (on held-out images it lands on either side).
+
+    Every budget includes the agreement floor (:func:`agreement_floor`, budget.floor: min_agreement or its default,
+    and the siblings rule over ``siblings``), decided on the bound of ``agreement`` with ``agreement_se`` (a fraction;
+    for an agreement budget ``se`` is that already). A candidate below the floor is never within budget, whatever its
+    accuracy: a drop budget alone lets a collapsed model through when FP32 is poor or the labels are few. ``margin``
+    stays in the budget's unit; a floor shortfall counts in percentage points of images for a drop budget."""
     k = z * se if se is not None and z > 0 else 0.0
-    if budget.min_agreement is not None:
+    default_floor = budget.min_agreement is None
+    if budget.agreement_only:
         if agreement is None:
-            return Verdict(False, -1.0, "no agreement with FP32 measured")
+            return Verdict(False, -1.0, "no agreement with FP32 measured", "unmeasured")
         margin = agreement - k - budget.min_agreement
         bound = f" (lower bound {100 * (agreement - k):.2f} %)" if k else ""
-        return Verdict(margin >= -1e-12, margin,
-                       f"agreement {100 * agreement:.2f} %{bound} vs minimum {100 * budget.min_agreement:.2f} %")
+        own = Verdict(margin >= -1e-12, margin,
+                      f"agreement {100 * agreement:.2f} %{bound} vs minimum {100 * budget.min_agreement:.2f} %")
+        if not own.within:
+            own.rule = "min_agreement"
+            return own
+        # the threshold is the budget itself: what the floor adds is the siblings rule
+        floor = agreement_floor(agreement, budget.min_agreement, siblings, se, z)
+        return own if floor.within else Verdict(False, min(own.margin, floor.margin), floor.why, floor.rule)
     if reference is None or metric is None:
-        return Verdict(False, -1.0, "no task metric (labels) measured; use budget.min_agreement without labels")
+        return Verdict(False, -1.0, "no task metric (labels) measured; use budget.min_agreement without labels",
+                       "unmeasured")
     drop_points = 100.0 * (reference - metric)
+    kind = "max_drop" if budget.max_drop is not None else "relative"
     allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
     margin = allowed - drop_points - k
     bound = f" (upper bound {drop_points + k:.2f})" if k else ""
-    return Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points{bound} vs allowed {allowed:.2f}")
+    own = Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points{bound} vs allowed {allowed:.2f}",
+                  None if margin >= -1e-9 else kind)
+    floor = agreement_floor(agreement, budget.floor, siblings, agreement_se, z, default=default_floor)
+    if not floor.within:
+        return Verdict(False, min(own.margin, 100.0 * floor.margin), f"{floor.why}; {own.why}", floor.rule)
+    return Verdict(own.within, own.margin, f"{own.why}; {floor.why}", own.rule)
 
 
 def paired_drop_se(reference_correct: np.ndarray, candidate_correct: np.ndarray) -> float:
@@ -76,7 +137,7 @@ def metric_standard_error(metric: float, n: int) -> float:
 
 def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task: str) -> Optional[str]:
     """A sentence when the search split is too small to resolve the budget (max_drop/relative on classification)."""
-    if task != "classification" or budget.min_agreement is not None:
+    if task != "classification" or budget.agreement_only:
         return None
     allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
     se = metric_standard_error(reference, n_search)

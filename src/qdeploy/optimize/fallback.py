@@ -13,7 +13,8 @@ The algorithm of NNCF's ``quantize_with_accuracy_control``, with a cheap first c
 
 Agreement with FP32, not the task metric, ranks layers: recovering FP32's accuracy means recovering its predictions,
 and on a few hundred samples agreement counts every changed prediction where accuracy counts only the net label hits
-(lower variance, and it works without labels). Budget decisions still use the task metric on the whole search split.
+(lower variance, and it works without labels). Budget decisions still use the task metric on the whole search split,
+with the agreement floor (decide.agreement_floor) as in every budget decision.
 
 Everything that builds or evaluates is passed in, so this file is the decision logic alone and is tested on numbers.
 """

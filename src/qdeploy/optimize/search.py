@@ -15,6 +15,10 @@ Candidates, cheapest first:
 Ranked by p50 latency measured on the target at ``batch_size``; for ``tensorrt`` without TensorRT, by the share of
 compute ops in INT8 (the Q/DQ structure TensorRT will fuse), and the result says that TensorRT latency was not measured.
 
+Within budget: the budget (max_drop or relative on the task metric, or min_agreement alone) and, in every decision, the
+agreement floor (decide.agreement_floor: budget.min_agreement, default 0.9, and the siblings rule qdeploy run's degraded
+mark uses), so a candidate that no longer makes FP32's predictions is never "within budget" because FP32 is poor.
+
 Shape: ``optimize()`` plans (candidates.plan: one typed candidate per kind, by target), evaluates them on the search
 split (``_Search``: reference and floats, PTQ methods, fallback, QAT), decides (decide.choose, plain functions on the
 candidates' numbers) and confirms. Every decision line is logged once, when it is made.
@@ -47,7 +51,7 @@ from qdeploy.evaluate.metrics import agreement
 from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, Target,
-                                         onnx_of, plan, rescore, target_for)
+                                         onnx_of, plan, rejudge, rescore, sibling_agreements, target_for)
 from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fastest_within, resolution_warning,
                                      z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
@@ -56,7 +60,7 @@ from qdeploy.optimize.torch_search import confirm_program, evaluate_torch
 from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
-from qdeploy.report.verdict import int8_failure_warning, near_chance_warning
+from qdeploy.report.verdict import SIBLING_GAP, SIBLINGS_NEEDED, int8_failure_warning, near_chance_warning
 from qdeploy.sysinfo import environment
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
@@ -159,7 +163,7 @@ class _Search:
             self.evaluations["full"] += 1
             cand.measure(r, self.key, self.batch_size, self.target.measured, time.perf_counter() - t0, self.macs,
                          self.fp32_onnx, self.rank_batches)
-            if cand.reference and (not cand.ok or (cand.search_metric is None and self.o.budget.min_agreement is None)):
+            if cand.reference and (not cand.ok or (cand.search_metric is None and not self.o.budget.agreement_only)):
                 raise ConfigError(f"the FP32 reference could not be evaluated on the search split: {cand.reason}")
             self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
         if cand.reference and self.reference is None:
@@ -167,11 +171,26 @@ class _Search:
             if self.ctx.cfg.model.task == "classification" and self.ctx.cfg.data.eval.labels:
                 # for the paired standard error of each drop
                 self.labels = np.concatenate([np.asarray(y) for _, y in self.ctx.eval_batches])
-        rescore(cand, self.reference, self.labels, self.o, self.z)
+        rescore(cand, self.reference, self.labels, self.o, self.z, sibling_agreements(cand, self.candidates))
         self.candidates.append(cand)
         self.note(f"{cand.variant}: {cand.budget}" + (f", p50 {cand.latency_p50_ms:.3f} ms" if cand.latency_p50_ms is not None else "")
                   + (" [replayed from an earlier run]" if cand.replayed else ""))
+        if cand.precision == "int8" and cand.ok:
+            self.rescore_siblings(cand)
         return cand
+
+    def rescore_siblings(self, newcomer: Candidate) -> None:
+        """The agreement floor's siblings rule compares each INT8 candidate with the others: a new one moves their
+        median, so the earlier ones are judged again from their kept numbers (nothing is re-run), and a verdict
+        that changes is logged with its reason."""
+        for c in self.int8():
+            if c is newcomer or not c.ok:
+                continue
+            before = c.within_budget
+            rejudge(c, self.reference, self.o, self.z, sibling_agreements(c, self.candidates))
+            if c.within_budget != before:
+                self.note(f"{c.variant}: {'now within budget' if c.within_budget else 'no longer within budget'} "
+                          f"after {newcomer.variant}: {c.budget}")
 
     def subset_context(self, idx: np.ndarray):
         return _subset_context(self.ctx, idx, self.reference.predictions)
@@ -197,10 +216,11 @@ def _prepare(cfg: RunConfig):
         # compiling is open-ended (max-autotune: minutes per model): the PyTorch targets are bounded by default
         o = o.model_copy(update={"time_limit": TORCH_TIME_LIMIT})
     ev = cfg.data.eval
-    if not ev.labels and o.budget.min_agreement is None:
+    if not ev.labels and not o.budget.agreement_only:
         kind = "max_drop" if o.budget.max_drop is not None else "relative"
         raise ConfigError(f"optimize.budget.{kind} compares the task metric, which needs labels, but data.eval has labels: "
-                          "false; without labels use optimize.budget.min_agreement (the share of FP32's predictions kept)")
+                          "false; without labels use optimize.budget.min_agreement (the share of FP32's predictions kept)"
+                          + (f" alone: remove {kind}" if o.budget.min_agreement is not None else ""))
     if ev.subsplit is not None:
         raise ConfigError("optimize splits data.eval into search and confirm itself (data.eval.subsplit): remove subsplit "
                           "from data.eval (count/complement, to keep calibration images out, stay as they are)")
@@ -274,13 +294,16 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
                     cache_root=cache_root)
         s.note(f"target {o.target}: candidates {', '.join(c.variant for c in planned)} on engine {target.engine_name}; "
                f"search split {n_search} of {n} data.eval images (seed {o.seed}), the other {n - n_search} confirm")
+        s.note(f"budget: {o.budget_text(task)}; a candidate below the agreement floor, or more than "
+               f"{100 * SIBLING_GAP:g} points below the median agreement of {SIBLINGS_NEEDED} or more INT8 siblings, is "
+               "never within budget, whatever its accuracy")
         if target.note:
             s.note(target.note)
         if s.z > 0:
             s.note(f"decisions on the one-sided {100 * o.confidence:g} % bound (z {s.z:.2f}) of each candidate's drop or "
                    "agreement, with its standard error paired over the search split"
                    + ("; mIoU has no per-sample standard error, so mIoU budgets use the point estimate"
-                      if task == "segmentation" and o.budget.min_agreement is None else ""))
+                      if task == "segmentation" and not o.budget.agreement_only else ""))
         try:
             if target.torch_program:
                 evaluate_torch(s, planned)
@@ -687,7 +710,12 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
                + ("within budget" if confirm.within else "OUTSIDE the budget"))
         c = chosen
         summary = {
-            "target": o.target, "budget": o.budget.model_dump(exclude_none=True), "batch_size": s.batch_size,
+            "target": o.target, "budget": o.budget.model_dump(exclude_none=True),
+            "budget_text": o.budget_text(cfg.model.task),
+            # the agreement every candidate needed (budget.min_agreement or its default) and the siblings rule's numbers
+            "agreement_floor": {"min_agreement": o.budget.floor, "default": o.budget.min_agreement is None,
+                                "sibling_gap": SIBLING_GAP, "siblings_needed": SIBLINGS_NEEDED},
+            "batch_size": s.batch_size,
             # the CPU threads every candidate ran and was timed with (GPU targets: None)
             "threads": (s.target.threads or os.cpu_count()) if o.target in CPU_TARGETS else None,
             "latency_measured": s.target.measured, "timed_out": s.timed_out,
@@ -696,6 +724,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
                        "reference_confirm_metric": ref_metric, "confirm_agreement": agree,
                        "latency_p50_ms": c.latency_p50_ms if c else None,
                        "reference_latency_p50_ms": ref.latency_p50_ms if ref else None,
+                       "reference_engine": ref.spec.get("engine") if ref else None,
                        "float_layers": c.float_layers if c else None,
                        "int8_share": c.int8_share if c else None, "int8_ops_share": c.int8_ops_share if c else None,
                        "int8_share_basis": c.int8_share_basis if c else None,

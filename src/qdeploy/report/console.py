@@ -37,9 +37,10 @@ def print_verdict(results: Mapping, console: Console) -> None:
 
 def print_table(results: Mapping, console: Console | None = None) -> Table:
     """Print the recommendation, then variant, status, accuracy, agreement, p50/p95 latency and throughput
-    per batch size and peak memory; skipped/failed rows are dim, degraded ones yellow. Reasons and notes
-    follow the table, one line per variant: inside it, a long reason would squeeze the numbers into
-    slivers. Latencies flagged noisy carry ⚠, variants timed outside their deployment engine †.
+    per batch size, the process's peak RSS and what the model adds to it; skipped/failed rows are dim,
+    degraded ones yellow. Reasons and notes follow the table, one line per variant: inside it, a long
+    reason would squeeze the numbers into slivers. Latencies flagged noisy carry ⚠ (why: under the table),
+    variants timed outside their deployment engine †.
     Returns the ``rich`` table printed."""
     console = console or _stdout_console()
     key, metric = T.METRICS[T.task(results)][0]
@@ -47,7 +48,7 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
     vs = T.variants(results)
     gpu = any(T.num(T.section(v, "memory_mb").get("gpu_allocated_peak")) is not None for v in vs)
 
-    rows, notes = [], []
+    rows, notes, noise = [], [], []
     any_noisy = any_elsewhere = False
     for v in vs:
         mem = T.section(v, "memory_mb")
@@ -55,14 +56,19 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
         any_elsewhere |= not T.deploys_speed(v)
         cells = [name, str(v.get("status") or "?"), T.pct(T.section(v, "metrics").get(key)),
                  "ref" if v.get("name") == results.get("reference") else T.pct(v.get("agreement"))]
-        per_batch = []
+        per_batch, why_noisy = [], []
         for bs in sizes:
             lat = T.latency_stats(v, bs)
             flag = f" {T.NOISY_MARK}" if T.noisy(lat) else ""
             any_noisy |= bool(flag)
+            if flag:  # why, under the table: a speed-up from this timing is withheld, the reader should see the cause
+                why_noisy.append(f"bs {bs}: {T.noise_text(lat)}")
             per_batch.append((f"{T.fmt(lat.get('p50'))}/{T.fmt(lat.get('p95'))}{flag}" if lat else T.DASH,
                               T.fmt(T.at_batch(T.section(v, "throughput_ips"), bs), 1, sep=True)))
-        tail = [T.fmt(mem.get("rss_peak"), 1, sep=True)] + ([T.fmt(mem.get("gpu_allocated_peak"), 1, sep=True)] if gpu else [])
+        if why_noisy:
+            noise.append(Text(f"  {T.NOISY_MARK} {v.get('name')}: {'; '.join(why_noisy)}", style="yellow"))
+        tail = [T.fmt(mem.get("rss_peak"), 1, sep=True), T.fmt(mem.get("rss_delta"), 1, sep=True)] \
+            + ([T.fmt(mem.get("gpu_allocated_peak"), 1, sep=True)] if gpu else [])
         rows.append((cells, per_batch, tail, T.row_style(v)))
         text = v.get("note") if T.is_ok(v) else T.status_text(v)
         if text:
@@ -70,7 +76,7 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
     if any_elsewhere:
         notes.append(Text("  " + T.NOT_DEPLOYMENT_NOTE))
     if any_noisy:
-        notes.append(Text("  " + T.NOISY_HINT, style="yellow"))
+        notes += noise + [Text("  " + T.NOISY_HINT, style="yellow")]
 
     def joined(pb: tuple[str, str]) -> str:
         return T.DASH if pb == (T.DASH, T.DASH) else "\n".join(pb)
@@ -81,7 +87,9 @@ def print_table(results: Mapping, console: Console | None = None) -> Table:
         headers = ["Variant", "Status", metric.replace(" ", "\n"), "Agree\n%"]
         for bs in sizes:
             headers += [f"bs {bs}\np50/p95 ms\nimg/s"] if stacked else [f"bs {bs}\np50/p95\nms", f"bs {bs}\nimg/s"]
-        headers += ["RSS\npeak\nMB"] + (["GPU\npeak\nMB"] if gpu else [])
+        # the process's peak is mostly Python and the libraries (the same for every variant): what the model itself
+        # adds over the process before it loaded stands beside it
+        headers += ["RSS peak\n(process)\nMB", "model\nadds\nMB"] + (["GPU\npeak\nMB"] if gpu else [])
         body = [cells + [x for pb in per_batch for x in ([joined(pb)] if stacked else pb)] + tail
                 for cells, per_batch, tail, _ in rows]
         table = Table(title=T.title(results), header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,

@@ -103,6 +103,7 @@ def render_html(results: Mapping) -> str:
         if t.key == last_latency:
             body.append(_figure(plots.latency_distribution(results), "Latency distribution",
                                 "Per-iteration latency of every timed batch (box = quartiles, whiskers = 1.5 IQR); "
+                                "orange box = noisy timing (no speed-up stated from it); "
                                 "† = latency not measured in the deployment engine."))
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

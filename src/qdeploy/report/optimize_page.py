@@ -60,12 +60,32 @@ def optimize_warnings(summary: Mapping) -> list[str]:
     return [str(w.get("message")) for w in summary.get("warnings") or [] if w.get("message")]
 
 
+def chosen_engine(chosen: Mapping) -> str | None:
+    """The engine that runs the chosen artifact (its variant setting's ``engine``: onnxruntime, openvino, torch, ...)."""
+    return (chosen.get("setting") or {}).get("engine") if isinstance(chosen.get("setting"), Mapping) else None
+
+
+def chosen_name(chosen: Mapping) -> str:
+    """The chosen candidate with its engine: "onnxruntime fp32"; a variant already named after its engine
+    ("openvino-int8-max") as it is."""
+    variant, engine = str(chosen.get("variant")), chosen_engine(chosen)
+    return variant if not engine or variant.startswith(f"{engine}-") else f"{engine} {variant}"
+
+
+def budget_text(summary: Mapping) -> str:
+    """The budget in words (optimize.json's ``budget_text``; an older file's budget dict as key: value pairs)."""
+    if summary.get("budget_text"):
+        return str(summary["budget_text"])
+    budget = summary.get("budget")
+    return ", ".join(f"{k}: {v}" for k, v in budget.items()) if isinstance(budget, Mapping) else str(budget or "–")
+
+
 def chosen_line(summary: Mapping) -> str:
-    """The answer in one line, metrics in percent like every table."""
+    """The answer in one line, metrics in percent like every table, naming the engine that runs the artifact."""
     c = T.section(summary, "chosen")
     metric = "top-1" if summary.get("metric") == "top1" else str(summary.get("metric") or "metric")
     met = "met" if summary.get("budget_met") else "MISSED"
-    return (f"chosen: {c.get('variant')} ({c.get('artifact') or 'no file'}); {metric} search {T.pct(c.get('search_metric'))} %, "
+    return (f"chosen: {chosen_name(c)} ({c.get('artifact') or 'no file'}); {metric} search {T.pct(c.get('search_metric'))} %, "
             f"confirm {T.pct(c.get('confirm_metric'))} % vs FP32 {T.pct(c.get('reference_confirm_metric'))} %; "
             f"budget {met} on the confirm split")
 
@@ -75,12 +95,13 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
     met = "met" if summary.get("budget_met") else "MISSED"
     head = T.Table("chosen", f"Chosen: {c.get('variant')} (budget {met} on the confirm split)",
                    ["", "Chosen", "FP32 reference"], [False, True, True],
-                   caption=f"Budget {summary.get('budget')}; {T.section(summary, 'confirm').get('why')}. The confirm split "
+                   caption=f"Budget: {budget_text(summary)}; {T.section(summary, 'confirm').get('why')}. The confirm split "
                            "was never used by the search." + (" The time limit stopped the search: best candidate so far."
                                                              if summary.get("timed_out") else ""))
     head.add(["confirm split metric", T.pct(c.get("confirm_metric")), T.pct(c.get("reference_confirm_metric"))])
     head.add(["search split metric", T.pct(c.get("search_metric")), "–"])
     head.add(["p50 latency (ms)", T.fmt(c.get("latency_p50_ms"), 3), T.fmt(c.get("reference_latency_p50_ms"), 3)])
+    head.add(["engine", str(chosen_engine(c) or "–"), str(c.get("reference_engine") or "–")])
     head.add(["found by", str(c.get("stage") or "–"), "–"])
     basis = c.get("int8_share_basis") or "macs"
     head.add(["INT8 share of compute (MACs)" if basis == "macs" else f"INT8 share of {basis}", T.pct(c.get("int8_share")), "–"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -105,27 +106,54 @@ def _label_points(ax, pts: list[tuple[str, float, float, str]]) -> None:
         placed.append(box)
 
 
+# matplotlib 3.10 replaced boxplot's vert=False by orientation= (vert deprecated in 3.11); pyproject allows >= 3.7
+_HORIZONTAL = {"orientation": "horizontal"} if matplotlib.__version_info__ >= (3, 10) else {"vert": False}
+NOISY_COLOUR = "#f5b041"  # boxes of timings flagged noisy (tables.noisy): the reports withhold their speed-ups
+
+
 def latency_distribution(results: Mapping) -> bytes | None:
-    """Box plot of the raw per-iteration latencies, one panel per batch size; None without samples."""
+    """Horizontal box plots of the raw per-iteration latencies, one panel per batch size, one row per variant; None
+    without samples. Horizontal: variant names are read along the y axis, so they never overlap however many
+    variants or batch sizes there are (rotated x labels did at 5 variants). Noisy timings are filled orange."""
     panels = []
     for bs in T.batch_sizes(results):
-        series = []
+        series = {}
         for v in T.variants(results):
             raw = T.at_batch(T.section(v, "latency_samples_ms"), bs)
             values = [f for f in map(T.num, raw if isinstance(raw, list) else []) if f is not None]
             if values:
-                series.append((_point_name(v), values))
+                series[_point_name(v)] = (values, T.noisy(T.latency_stats(v, bs)))
         if series:
             panels.append((bs, series))
     if not panels:
         return None
-    fig, axes = _grid(len(panels))
+    names = list(dict.fromkeys(n for _, series in panels for n in series))  # every panel: the same rows, same order
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    width = max(len(n) for n in names)
+    # a row of 0.3 inch per variant fits 8-point names; the name column grows with the longest name
+    fig = Figure(figsize=(0.07 * width + 3.6 * cols, (1.1 + 0.3 * len(names)) * rows), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     for ax, (bs, series) in zip(axes, panels):
-        ax.boxplot([s for _, s in series], showfliers=True, flierprops={"markersize": 2, "alpha": 0.5})
-        ax.set_xticks(range(1, len(series) + 1), [n for n, _ in series], rotation=30, ha="right", fontsize=8)
-        _log_if_wide([x for _, s in series for x in s], ax.set_yscale)
-        ax.set(title=f"batch size {bs}", ylabel="latency per batch (ms)")
-        ax.grid(True, axis="y", alpha=0.3)
+        rows_here = [(i, *series[n]) for i, n in enumerate(names) if n in series]
+        boxes = ax.boxplot([s for _, s, _ in rows_here], positions=[i for i, _, _ in rows_here], **_HORIZONTAL,
+                           widths=0.6, patch_artist=True, showfliers=True,
+                           flierprops={"markersize": 2, "alpha": 0.5}, medianprops={"color": "black"})
+        for patch, (_, _, noisy) in zip(boxes["boxes"], rows_here):
+            patch.set_facecolor(NOISY_COLOUR if noisy else "#d6e4f0")
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_ylim(len(names) - 0.5, -0.5)  # the first variant on top, as in the tables
+        _log_if_wide([x for _, s, _ in rows_here for x in s], ax.set_xscale)
+        ax.set(title=f"batch size {bs}", xlabel="latency per batch (ms)")
+        ax.grid(True, axis="x", alpha=0.3)
+    if any(noisy for _, series in panels for _, noisy in series.values()):
+        from matplotlib.patches import Patch
+
+        fig.legend(handles=[Patch(facecolor=NOISY_COLOUR, label="noisy timing (no speed-up stated)")], fontsize=8,
+                   loc="outside lower right")  # outside the panels: it hides no box
     return _png(fig)
 
 

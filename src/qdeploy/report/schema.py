@@ -40,7 +40,8 @@ def validate_results(results: Any) -> dict:
 
     The keys added in results/2 are optional (absent = not measured) but checked when present:
     per variant ``failed_stage``, ``stages``, ``speed_is_deployment``, ``latency_ms[bs]``'s ``cv``,
-    ``noisy``, ``repeats``, ``repeat_p50s`` and ``accuracy_change`` (the paired test against the reference:
+    ``noisy``, ``noisy_reason`` (why, "kind: detail" clauses joined by "; ", kinds scatter, drift, batch),
+    ``repeats``, ``repeat_p50s``, ``warmup_calls`` and ``accuracy_change`` (the paired test against the reference:
     ``verdict`` one of :data:`CHANGE_VERDICTS`, ``p_value`` in [0, 1], ``n``, points); top-level ``recommendation``
     (names only ok variants; optional ``speedup``), ``warnings`` (``[{code, message, ...}]``, codes such as
     ``reference-near-chance`` and ``every-int8-variant-failed``) and ``artifacts`` (paths relative to the output
@@ -185,6 +186,13 @@ def _check_latency(stats: dict, where: str) -> None:
     _opt_num(stats, "cv", where)
     if "noisy" in stats and not isinstance(stats["noisy"], bool):
         raise ValueError(f"{where}.noisy must be true or false, got {stats['noisy']!r}")
+    _opt_str(stats, "noisy_reason", where)
+    if stats.get("noisy") is True and "noisy_reason" in stats and not stats["noisy_reason"]:
+        raise ValueError(f"{where}: a noisy timing must say why (noisy_reason)")
+    warm = stats.get("warmup_calls")
+    if warm is not None and not (isinstance(warm, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                and x >= 0 for x in warm)):
+        raise ValueError(f"{where}.warmup_calls must be a list of call counts, got {warm!r}")
     repeats = stats.get("repeats")
     if repeats is not None and (not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1):
         raise ValueError(f"{where}.repeats must be an integer >= 1, got {repeats!r}")
@@ -225,6 +233,7 @@ def _check_recommendation(rec: Any, statuses: dict[str, str]) -> None:
             _opt_num(gain, key, f"{where}.speedup")
         if not isinstance(gain.get("noisy", []), list):
             raise ValueError(f"{where}.speedup.noisy must be a list of variant names, got {gain.get('noisy')!r}")
+        _opt_str(gain, "withheld", f"{where}.speedup")  # why the ratio is not stated (report.tables.ratio_withheld)
     excluded = rec.get("excluded", {})
     if not isinstance(excluded, dict):
         raise ValueError(f"{where}.excluded must be a dict variant -> why, got {type(excluded).__name__}")

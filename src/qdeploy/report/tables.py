@@ -15,14 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qdeploy.benchmark.latency import NOISY_CV
+from qdeploy.benchmark.latency import NOISY_CV, NOISY_DRIFT
 
 DASH = "–"
 NOISY_MARK = "⚠"
 WARNING_MARK = "⚠"  # before each results["warnings"] line that opens the reports
 NOT_DEPLOYMENT_MARK = "†"
-NOISY_HINT = (f"{NOISY_MARK} CV above {100 * NOISY_CV:.0f} %: the timing is noisy (busy machine?); "
-              "re-run with more bench.iterations or bench.repeats.")
+NOISY_HINT = (f"{NOISY_MARK} noisy timing (scatter: CV above {100 * NOISY_CV:.0f} %; drift: first and last third of the "
+              f"iterations over {100 * NOISY_DRIFT:.0f} % apart; batch: slower than a larger batch): no speed-up stated; "
+              "re-run with more bench.repeats.")
 NOT_DEPLOYMENT_NOTE = (f"{NOT_DEPLOYMENT_MARK} timed in ONNX Runtime, not in the engine it is built for (e.g. a "
                        "TensorRT-placement Q/DQ model): its latency says nothing about its deployment speed, so it "
                        "is listed apart, gets no speed-up and is left out of the recommendation.")
@@ -121,6 +122,28 @@ def noisy(stats: Mapping) -> bool:
         return flag
     cv = num(stats.get("cv"))
     return cv is not None and cv > NOISY_CV
+
+
+def noise_text(stats: Mapping) -> str:
+    """Why a timing is noisy, to read after a variant's name: the benchmark's ``noisy_reason`` clauses ("CV 23.4 % and
+    drift: first third median 88.0 ms, last third 40.1 ms", a scatter clause as its CV); for records without a
+    reason, the CV."""
+    reason = stats.get("noisy_reason")
+    if isinstance(reason, str) and reason:  # " and ": "; " separates variants or batch sizes where this is quoted
+        return " and ".join(c.removeprefix("scatter: ") for c in reason.split("; "))
+    cv = num(stats.get("cv"))
+    return f"CV {100 * cv:.1f} %" if cv is not None else "flagged noisy"
+
+
+def ratio_withheld(timings) -> str | None:
+    """The one rule for stating a ratio of two latencies (a speed-up: the latency tables, the recommendation): None
+    when it may be stated, else why not, "timing too noisy (torch-fp32 drift: first third median 88.0 ms, last third
+    40.1 ms)". ``timings``: (variant name, latency stats at one batch size) pairs. A ratio of a noisy timing is not a
+    number to act on (a 1030× from a reference timed before its warm-up ended), so it is never shown as one."""
+    flagged = {str(name): stats for name, stats in timings if noisy(stats)}
+    if not flagged:
+        return None
+    return "timing too noisy (" + "; ".join(f"{name} {noise_text(st)}" for name, st in flagged.items()) + ")"
 
 
 def cv_cell(stats: Mapping) -> str:
@@ -228,8 +251,9 @@ def accuracy_table(results: Mapping) -> Table:
 
 CHANGE_CAPTION = ("Change vs reference: a paired test on the same images (top-1: exact McNemar test on the images only "
                   "one of the two gets right, with an Agresti–Min interval; mIoU: bootstrap over images): \"no "
-                  "detectable change\" unless p < 0.05. It, not agreement, decides whether an INT8 variant is degraded "
-                  "(with a drop beyond the tolerance).")
+                  "detectable change\" unless p < 0.05. An INT8 variant is degraded by a detectable drop beyond the "
+                  "tolerance, or by agreement with the reference below eval.min_agreement (or far below its INT8 "
+                  "siblings'), whatever this change says.")
 
 
 def change_cell(change: Mapping) -> str:
@@ -257,8 +281,9 @@ def latency_tables(results: Mapping) -> list[Table]:
                   [False] + [True] * 7 + ([True] if multi else []),
                   caption=f"Time for one batch of {bs}. p50 (median) is the headline latency; speed-up is the "
                           "reference's p50 over the variant's, with its 95 % bootstrap interval (ratio of medians of "
-                          "the timed iterations); CV = std/mean of the timed iterations; throughput is "
-                          "sustained throughput (batch size / mean latency of back-to-back batches)."
+                          "the timed iterations), not stated when either timing is noisy; CV = std/mean of the timed "
+                          "iterations; throughput is sustained throughput (batch size / mean latency of "
+                          "back-to-back batches)."
                           + (" With several repeats, the repeat with the lowest median is kept; the last column "
                              "lists every repeat's median." if multi else ""))
         ref_p50 = p50(ref, bs) if ref_deploys else None
@@ -268,7 +293,10 @@ def latency_tables(results: Mapping) -> list[Table]:
             lat = latency_stats(v, bs)
             mean, std, median = num(lat.get("mean")), num(lat.get("std")), num(lat.get("p50"))
             mean_std = DASH if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
+            withheld = ratio_withheld([(ref.get("name"), latency_stats(ref, bs)), (v.get("name"), lat)]) \
+                if ref_p50 else None
             speedup = DASH if not (median and ref_p50 and deploys_speed(v)) else \
+                f"not stated: {withheld}" if withheld else \
                 speedup_cell(ref_p50 / median, at_batch(section(ref, "latency_samples_ms"), bs),
                              at_batch(section(v, "latency_samples_ms"), bs), v is ref)
             name = label(v) + ("" if deploys_speed(v) else f" {NOT_DEPLOYMENT_MARK}")
@@ -281,7 +309,9 @@ def latency_tables(results: Mapping) -> list[Table]:
             t.notes.append(NOT_DEPLOYMENT_NOTE)
         if ref is not None and not ref_deploys:
             t.notes.append(f"No speed-ups: the reference {ref.get('name')}'s latency is not its deployment engine's.")
-        if any(noisy(latency_stats(v, bs)) for v in shown):
+        flagged = [v for v in shown if noisy(latency_stats(v, bs))]
+        t.notes += [f"{NOISY_MARK} {v.get('name')}: {noise_text(latency_stats(v, bs))}" for v in flagged]
+        if flagged:
             t.notes.append(NOISY_HINT)
         tables.append(t)
     return tables
@@ -313,11 +343,15 @@ def latency_stats(v: Mapping, bs: str) -> Mapping:
 
 
 def memory_table(results: Mapping) -> Table:
-    keys = [("rss_peak", "RSS peak MB"), ("rss_delta", "RSS Δ MB"), ("gpu_allocated_peak", "GPU allocated peak MB"),
+    keys = [("rss_peak", "RSS peak (process) MB"), ("rss_delta", "Model adds MB"),
+            ("gpu_allocated_peak", "GPU allocated peak MB"),
             ("gpu_reserved_peak", "GPU reserved peak MB"), ("artifact", "Artifact MB")]
     t = Table("memory", "Memory", ["Variant", *[k[1] for k in keys]], [False] + [True] * len(keys),
-              caption="The deployed model's memory while loading, evaluating and benchmarking it; building its "
-                      "artifacts (export, calibration) is measured apart, in the details table.")
+              caption="The deployed model's memory while loading, evaluating and benchmarking it. RSS peak is the "
+                      "whole process's (Python, the libraries, the decoded images: about the same for every variant); "
+                      "model adds is that peak minus the process's RSS just before the variant loaded (weights, "
+                      "runtime, activations, timing buffers). Building its artifacts (export, calibration) is "
+                      "measured apart, in the details table.")
     shown = _shown(results, lambda v: any(num(x) is not None for x in section(v, "memory_mb").values()))
     for v in shown:
         mem = section(v, "memory_mb")

@@ -3,7 +3,7 @@
 Pure functions on variant records and the results dict (no I/O, no engines), so the pipeline calls
 them once the measurements are in, and the reports only show what they decided:
 
-    mark_degraded(results["variants"], task, tolerance=0.5)  # INT8 variants whose accuracy really dropped
+    mark_degraded(results["variants"], task, tolerance=0.5)  # INT8 variants that dropped or agree too little
     results["recommendation"] = recommend(results)          # fastest variant within tolerance
     results["warnings"] = run_warnings(results, chance)     # reference near chance, every INT8 variant failed
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
+from qdeploy.config import DEFAULT_MIN_AGREEMENT
 from qdeploy.evaluate.stats import ratio_of_medians
 from qdeploy.report import tables as T
 
@@ -74,29 +75,54 @@ def _evidence(change: Mapping) -> str:
             + (f" on {n:,.0f} images" if n is not None else ""))
 
 
+# ---------------------------------------------------------------------------- the agreement rules
+# Which agreement rule rejected a variant or candidate: read by mark_degraded here and by optimize's agreement floor
+# (optimize/decide.agreement_floor), so that `qdeploy run` and `qdeploy optimize` judge agreement the same way.
+RULE_MIN_AGREEMENT = "min_agreement"
+RULE_SIBLINGS = "siblings"
+
+
+def agreement_rule(agreement: float, min_agreement: float, siblings=()) -> tuple[str, float] | None:
+    """The two agreement rules on numbers (agreement with the reference as a fraction): ``(RULE_MIN_AGREEMENT,
+    min_agreement)`` when ``agreement`` is below ``min_agreement``; else ``(RULE_SIBLINGS, median)`` when it is more than
+    ``SIBLING_GAP`` below the ``median`` agreement of ``siblings`` (the other INT8 variants' agreements) and there are
+    at least ``SIBLINGS_NEEDED`` of them; else None. A difference of exactly a threshold is not beyond it."""
+    if agreement < min_agreement - _EPS:
+        return RULE_MIN_AGREEMENT, min_agreement
+    siblings = list(siblings)
+    if len(siblings) >= SIBLINGS_NEEDED:
+        median = statistics.median(siblings)
+        if median - agreement > SIBLING_GAP + _EPS:
+            return RULE_SIBLINGS, median
+    return None
+
+
 # ---------------------------------------------------------------------------- degraded INT8 variants
-def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9, tolerance: float = 0.5) -> None:
-    """Set ``status = "degraded"`` (with a ``reason`` naming the numbers) on INT8 variants whose accuracy
-    dropped. In place; only variants with ``precision == "int8"`` and status ``ok`` are considered.
+def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAULT_MIN_AGREEMENT,
+                  tolerance: float = 0.5) -> None:
+    """Set ``status = "degraded"`` (with a ``reason`` naming the rule and its numbers) on INT8 variants whose
+    accuracy dropped or whose predictions are not the reference's. In place; only variants with
+    ``precision == "int8"`` and status ``ok`` are considered. Three rules, each enough on its own:
 
-    With labels (the variant carries an ``accuracy_change`` against the reference, see
-    :mod:`qdeploy.evaluate.stats`), the verdict comes from a statistic with a stated uncertainty:
+    A. change (with labels: the variant carries an ``accuracy_change`` against the reference, see
+       :mod:`qdeploy.evaluate.stats`): degraded when the change is a detectable drop (``verdict == "worse"``: exact
+       McNemar test on the images only one of the two models gets right, p < 0.05, McNemar 1947 / Dietterich 1998, for
+       classification; a 95 % paired bootstrap interval over images that excludes 0 for segmentation mIoU, Efron &
+       Tibshirani 1993) **and** the measured drop exceeds ``tolerance`` points (``report.tolerance``, the
+       recommendation's own bar). A significant drop smaller than the tolerance is reported ("worse") without
+       marking the variant.
+    1. threshold (``eval.min_agreement``): ``agreement < min_agreement`` (agreement: share of predictions, or
+       pixels, identical to the reference's on the same images);
+    2. siblings: ``agreement`` more than ``SIBLING_GAP`` (0.10) below the median agreement of the other INT8
+       variants, when there are at least ``SIBLINGS_NEEDED`` (2) of them. It catches one broken calibration method
+       among several healthy ones even when it clears the threshold.
 
-    A. degraded when the change is a detectable drop (``verdict == "worse"``: exact McNemar test on the images
-       only one of the two models gets right, p < 0.05, McNemar 1947 / Dietterich 1998, for classification; a
-       95 % paired bootstrap interval over images that excludes 0 for segmentation mIoU, Efron & Tibshirani 1993)
-       **and** the measured drop exceeds ``tolerance`` points (``report.tolerance``, the recommendation's own bar).
-       A 0.05-point difference on 2,000 images is "no detectable change" however low the agreement; a
-       significant drop smaller than the tolerance is reported ("worse") without marking the variant.
-
-    Agreement (share of predictions identical to the reference's) stays a reported figure then: on a model that
-    is unsure of itself it falls without any change in accuracy. Without labels (``labels: false``) or without
-    an ``accuracy_change`` (e.g. segmentation too large to bootstrap), two agreement rules remain:
-
-    1. threshold: ``agreement < min_agreement``;
-    2. siblings: ``agreement`` more than ``SIBLING_GAP`` (0.10) below the median agreement of the other
-       such INT8 variants, when there are at least ``SIBLINGS_NEEDED`` (2) of them. It catches one broken
-       calibration method among several healthy ones even when it clears the threshold.
+    The agreement rules (1, 2: :func:`agreement_rule`, shared with ``qdeploy optimize``'s agreement floor) apply with
+    and without labels: a variant that agrees with the reference on less than ``min_agreement`` of the images is
+    degraded even when McNemar sees "no detectable change" in top-1. A near-chance or random-weight reference makes
+    accuracy blind (a collapsed model that answers the most frequent class scores what the reference scores), while
+    agreement still says the variant is not the reference's model. The reason then names the rule, the agreement
+    and, with labels, the accuracy change that did not catch it.
 
     The rules read the records as they were on entry, so the result does not depend on the order of
     ``variants``. Degraded variants keep all their measurements; they are never recommended.
@@ -105,41 +131,46 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = 0.9, t
     what = "predictions" if task == "classification" else "pixel predictions"
     tolerance = float(tolerance)
     candidates = [v for v in variants if v.get("precision") == "int8" and v.get("status") == "ok"]
-    reasons = {}
-    by_change = [v for v in candidates if T.section(v, "accuracy_change").get("verdict")]
-    judged = {id(v) for v in by_change}
-    for v in by_change:
+    reasons: dict[int, list[str]] = {}
+    for v in candidates:
         change = T.section(v, "accuracy_change")
         drop = T.num(change.get("drop_points"))
         if change.get("verdict") == "worse" and drop is not None and drop > tolerance + _EPS:
             name = METRIC_NAMES.get(str(change.get("metric")), metric)
             a = T.num(v.get("agreement"))
-            reasons[id(v)] = (f"INT8 {name} dropped beyond the {tolerance:g}-point tolerance: "
-                              f"{_pct(T.num(change.get('reference')) or 0)} → {_pct(T.num(change.get('variant')) or 0)}, "
-                              + change_text(change)
-                              + (f"; agreement with the reference {_pct(a)}" if a is not None else ""))
-    int8 = [v for v in candidates if id(v) not in judged and T.num(v.get("agreement")) is not None]
+            reasons.setdefault(id(v), []).append(
+                f"INT8 {name} dropped beyond the {tolerance:g}-point tolerance: "
+                f"{_pct(T.num(change.get('reference')) or 0)} → {_pct(T.num(change.get('variant')) or 0)}, "
+                + change_text(change) + (f"; agreement with the reference {_pct(a)}" if a is not None else ""))
+    int8 = [v for v in candidates if T.num(v.get("agreement")) is not None]
     agreement = {id(v): T.num(v["agreement"]) for v in int8}
     for v in int8:
         a = agreement[id(v)]
+        siblings = [(str(o.get("name")), agreement[id(o)]) for o in int8 if o is not v]
+        rule = agreement_rule(a, min_agreement, [x for _, x in siblings])
+        if rule is None:
+            continue
         value = T.num(T.section(v, "metrics").get(key))
         own = f" (its {metric} {_pct(value)})" if value is not None else ""
-        if a < min_agreement - _EPS:
-            reasons[id(v)] = (f"INT8 accuracy collapsed: {_pct(a)} of its {what} agree with the reference's, "
-                              f"below the {_pct(min_agreement)} minimum{own}")
-            continue
-        siblings = [(str(o.get("name")), agreement[id(o)]) for o in int8 if o is not v]
-        if len(siblings) < SIBLINGS_NEEDED:
-            continue
-        median = statistics.median(x for _, x in siblings)
-        if median - a > SIBLING_GAP + _EPS:
-            reasons[id(v)] = (f"INT8 accuracy collapsed against its sibling INT8 variants: {_pct(a)} of its {what} "
-                              f"agree with the reference's, {100 * (median - a):.2f} points below their median "
-                              f"{_pct(median)} ({', '.join(n for n, _ in siblings)}){own}")
+        change = T.section(v, "accuracy_change")
+        if change.get("verdict") and not reasons.get(id(v)):
+            # labelled: say what the accuracy test saw, and why agreement overrules it
+            own += (f"; the paired test of its {metric} ({change_text(change)}) cannot see this: a model that "
+                    "agrees this little is not the reference's, whatever its accuracy")
+        if rule[0] == RULE_MIN_AGREEMENT:
+            text = (f"INT8 accuracy collapsed: {_pct(a)} of its {what} agree with the reference's, "
+                    f"below the {_pct(min_agreement)} minimum (eval.min_agreement){own}")
+        else:
+            median = rule[1]
+            text = (f"INT8 accuracy collapsed against its sibling INT8 variants: {_pct(a)} of its {what} "
+                    f"agree with the reference's, {100 * (median - a):.2f} points below their median "
+                    f"{_pct(median)} ({', '.join(n for n, _ in siblings)}; more than the "
+                    f"{100 * SIBLING_GAP:g}-point sibling gap){own}")
+        reasons.setdefault(id(v), []).append(text)
     for v in candidates:
         if id(v) in reasons:
             v["status"] = "degraded"
-            v["reason"] = reasons[id(v)]
+            v["reason"] = "; ".join(reasons[id(v)])
     # no silent precision (TensorRT): an engine that asked for FP16/INT8 and runs mostly FP32 is not what was asked for
     for v in variants:
         shortfall = T.section(v, "tensorrt_engine").get("precision_shortfall")
@@ -304,8 +335,9 @@ def _nothing_qualifies(results: Mapping, metric: str, ref_value: float | None, t
 def speedup(results: Mapping, v: Mapping, bs: str | None) -> dict | None:
     """The reference's p50 over ``v``'s at batch ``bs``, with a 95 % percentile-bootstrap interval of the ratio of
     medians from both latency samples (``latency_samples_ms``; :func:`qdeploy.evaluate.stats.ratio_of_medians`), and
-    whether either timing is noisy (``tables.noisy``: CV above the benchmark's bar), in which case the ratio is not
-    headlined. None without a reference whose speed is its deployment engine's, or without both p50s."""
+    whether either timing is noisy (``tables.noisy``: scatter, drift or a batch inversion), in which case the ratio is
+    not headlined: ``withheld`` says why (``tables.ratio_withheld``, the rule every report applies to a speed-up).
+    None without a reference whose speed is its deployment engine's, or without both p50s."""
     ref = T.reference(results)
     if bs is None or ref is None or not T.is_ok(ref) or not T.deploys_speed(ref) or not T.deploys_speed(v):
         return None
@@ -313,7 +345,8 @@ def speedup(results: Mapping, v: Mapping, bs: str | None) -> dict | None:
     if not rp or not vp:
         return None
     out = {"reference": str(ref.get("name")), "batch_size": bs, "ratio": rp / vp, "ci_low": None, "ci_high": None,
-           "confidence": None, "noisy": [str(x.get("name")) for x in (ref, v) if T.noisy(T.latency_stats(x, bs))]}
+           "confidence": None, "noisy": [str(x.get("name")) for x in (ref, v) if T.noisy(T.latency_stats(x, bs))],
+           "withheld": T.ratio_withheld([(x.get("name"), T.latency_stats(x, bs)) for x in (ref, v)])}
     samples = [T.at_batch(T.section(x, "latency_samples_ms"), bs) for x in (ref, v)]
     if all(isinstance(s, list) and s for s in samples):
         boot = ratio_of_medians(*samples)
@@ -322,14 +355,12 @@ def speedup(results: Mapping, v: Mapping, bs: str | None) -> dict | None:
     return out
 
 
-def speedup_text(s: Mapping, cvs: Mapping[str, float] | None = None) -> str:
-    """``3.3× torch-fp32 (95 % CI 3.2–3.4×)``; for a noisy timing, that no ratio is given and why (with ``cvs``,
-    variant → CV, the CVs)."""
+def speedup_text(s: Mapping) -> str:
+    """``3.3× torch-fp32 (95 % CI 3.2–3.4×)``; for a noisy timing, that no ratio is given and why (``withheld``)."""
     ref = s.get("reference")
-    if s.get("noisy"):
-        cvs = cvs or {}
-        noisy = [f"{n} CV {100 * cvs[n]:.1f} %" if cvs.get(n) is not None else n for n in s["noisy"]]
-        return f"speed-up over {ref} not stated: timing too noisy ({', '.join(noisy)})"
+    if s.get("withheld") or s.get("noisy"):
+        why = s.get("withheld") or f"timing too noisy ({', '.join(map(str, s['noisy']))})"
+        return f"speed-up over {ref} not stated: {why}"
     text = f"{s['ratio']:.1f}× {ref}"
     lo, hi = T.num(s.get("ci_low")), T.num(s.get("ci_high"))
     if lo is not None and hi is not None:
@@ -343,8 +374,7 @@ def _winner_reason(winner, runner, candidates, bs, key, metric, ref, ref_value, 
     if winner is ref:
         speed = "; it is the reference"
     elif gain is not None:
-        cvs = {str(x.get("name")): T.num(T.latency_stats(x, bs).get("cv")) for x in (winner, ref)}
-        speed = ", " + speedup_text(gain, cvs)
+        speed = ", " + speedup_text(gain)
     else:
         speed = ""
     n = len(candidates)
@@ -362,13 +392,12 @@ def _winner_reason(winner, runner, candidates, bs, key, metric, ref, ref_value, 
     rp = T.p50(runner, bs)
     text += f" Runner-up {runner.get('name')} ({_ms(rp)})."
     noise = []
-    said = set(gain["noisy"]) if gain is not None else set()  # CVs the speed-up clause already gave
+    said = set(gain["noisy"]) if gain is not None else set()  # reasons the speed-up clause already gave
     for v in (winner, runner):
         stats = T.latency_stats(v, bs)
         if T.noisy(stats):
-            cv = T.num(stats.get("cv"))
             noise.append(f"{v.get('name')}'s timing is noisy"
-                         + (f", CV {100 * cv:.1f} %" if cv is not None and str(v.get("name")) not in said else ""))
+                         + (f", {T.noise_text(stats)}" if str(v.get("name")) not in said else ""))
     gap = (rp - wp) / rp if rp else 0.0
     if gap < CLOSE_P50:
         noise.append(f"their p50s differ by only {100 * gap:.1f} %")

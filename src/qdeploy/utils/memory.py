@@ -3,6 +3,10 @@
 The RSS peak (VmHWM) is process-wide and only grows, so before each variant we reset it by writing
 ``5`` to /proc/self/clear_refs (Linux ≥ 4.0). Where that is not allowed, a sampling thread records
 the peak instead (coarser: it can miss short spikes).
+
+``rss_peak`` is the whole process (Python, torch, ONNX Runtime, the decoded data: ~1.2 GB before any model);
+``rss_delta`` is what the probed work added over ``rss_baseline``, the process's RSS when the probe began: for a
+variant, what loading, evaluating and benchmarking the model adds.
 """
 from __future__ import annotations
 
@@ -75,8 +79,9 @@ class MemoryProbe:
 
     def result(self) -> dict:
         return {
-            "rss_peak": round(self.peak, 2),
-            "rss_delta": round(max(0.0, self.peak - self.baseline), 2),
+            "rss_peak": round(self.peak, 2),  # the whole process (interpreter, libraries, data) at its peak
+            "rss_baseline": round(self.baseline, 2),  # the process before the probed work began
+            "rss_delta": round(max(0.0, self.peak - self.baseline), 2),  # what the probed work added: "model adds"
             "rss_method": "VmHWM" if self._hwm else "sampled",
             "gpu_allocated_peak": round(self.gpu_allocated_peak, 2) if self.cuda else None,
             "gpu_reserved_peak": round(self.gpu_reserved_peak, 2) if self.cuda else None,
