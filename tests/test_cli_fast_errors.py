@@ -24,6 +24,8 @@ from PIL import Image
 
 from qdeploy.errors import QDeployError
 
+pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
+
 HEAVY = ("torch", "onnx", "onnxruntime", "openvino", "modelopt", "torchvision")
 
 MODEL_PY = '''

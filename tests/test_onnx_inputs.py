@@ -163,6 +163,7 @@ def test_a_large_model_keeps_its_external_data_and_out_gets_the_data_file(tmp_pa
 
 
 # ---------------------------------------------------------------------------- item 2: static batch
+@pytest.mark.slow  # a subprocess or a whole pipeline
 def test_a_static_batch_of_one_runs_at_batch_one_and_says_why_once(tmp_path, images, capsys):
     model = _export(tmp_path / "hub" / "static.onnx", dynamic=False)
     cfg = _config(model, *images, int8=("onnxruntime", "tensorrt"))
@@ -187,6 +188,7 @@ def test_a_static_batch_of_one_runs_at_batch_one_and_says_why_once(tmp_path, ima
         _runs_alone(f)
 
 
+@pytest.mark.slow  # a subprocess or a whole pipeline
 def test_a_static_batch_above_one_runs_in_batches_of_it_or_names_the_count_to_set(tmp_path, images, capsys):
     """A static batch N > 1: the same (batches of N, timing N only) when every image fits a batch; else one line naming
     the count to set (a last partial batch would need padding images or dropping some)."""

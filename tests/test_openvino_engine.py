@@ -322,6 +322,7 @@ def test_per_layer_counters_compare_int8_with_fp32_per_op_class(tmp_path):
     assert "OpenVINO per-layer counters" in summary_line(cmp) or "no op class costs more" in summary_line(cmp)
 
 
+@pytest.mark.slow  # a subprocess or a whole pipeline
 def test_missing_openvino_leaves_qdeploy_importable_and_the_engine_unusable():
     """An image without openvino (the GPU machine has none) still imports qdeploy; doctor and a variant say why."""
     import subprocess

@@ -54,6 +54,7 @@ def test_the_loaders_timing_statistics_are_the_benchmarks():
     assert loader.NOISY_CV == pytest.approx(__import__("qdeploy.benchmark.latency", fromlist=["x"]).NOISY_CV)
 
 
+@pytest.mark.slow  # a subprocess or a whole pipeline
 def test_an_eager_program_reloads_in_a_fresh_process_with_the_models_outputs(tmp_path):
     model = small_cnn()
     images = _images(37)
@@ -145,6 +146,7 @@ def test_the_loader_runs_as_a_script_from_the_folder_with_no_arguments(tmp_path)
     assert "batch 2: p50" in p.stdout and "imports torch and numpy only" in p.stdout
 
 
+@pytest.mark.slow  # a subprocess or a whole pipeline
 def test_a_torchao_program_says_it_needs_torchao_and_reloads_with_close_outputs(tmp_path):
     pytest.importorskip("torchao", reason="torchao is a dependency; this environment lacks it")
     torch.manual_seed(0)

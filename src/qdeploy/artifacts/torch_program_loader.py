@@ -35,6 +35,7 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # timing: the same statistics as qdeploy's benchmark (a copy: this file imports nothing of qdeploy; the reasons for
 # these bars are given in qdeploy/benchmark/latency.py)
 NOISY_CV = 0.10
+NOISY_P50 = 0.05
 NOISY_DRIFT = 0.10
 DRIFT_SIGMAS = 3.0
 DRIFT_MIN_PER_THIRD = 5
@@ -167,9 +168,19 @@ def _ms(x: float) -> str:
     return f"{x:.{digits}f}"
 
 
-def noise_reasons(a: np.ndarray, cv: float) -> list:
-    """"scatter: CV 14.0 %" and/or "drift: first third median 88.0 ms, last third 40.1 ms" (see qdeploy's benchmark)."""
-    reasons = [f"scatter: CV {100 * cv:.1f} %"] if cv > NOISY_CV else []
+def noise_reasons(a: np.ndarray) -> list:
+    """"scatter: p50 … ± 5.5 % (95 % interval of the median …)" and/or "drift: first third median 88.0 ms, last third
+    40.1 ms" (see qdeploy's benchmark)."""
+    reasons = []
+    if len(a) > 1:
+        s, median = np.sort(a), float(np.median(a))
+        half_rank = 1.96 * np.sqrt(len(a)) / 2
+        lo = s[max(0, int(np.floor(len(a) / 2 - half_rank)))]
+        hi = s[min(len(a) - 1, int(np.ceil(len(a) / 2 + half_rank)))]
+        half = (hi - lo) / 2 / median if median > 0 else 0.0
+        if half > NOISY_P50:
+            reasons.append(f"scatter: p50 {_ms(median)} ms ± {100 * half:.1f} % (95 % interval of the median "
+                           f"{_ms(lo)}-{_ms(hi)} ms)")
     third = len(a) // 3
     if third >= DRIFT_MIN_PER_THIRD:
         first, last = a[:third], a[-third:]
@@ -186,7 +197,7 @@ def latency_stats(samples_ms) -> dict:
     mean = float(a.mean())
     std = float(a.std(ddof=1)) if len(a) > 1 else 0.0
     cv = std / mean if mean > 0 else 0.0
-    reasons = noise_reasons(a, cv)
+    reasons = noise_reasons(a)
     return {"mean": mean, "std": std, "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
             "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99)), "min": float(a.min()),
             "max": float(a.max()), "cv": cv, "noisy": bool(reasons), "noisy_reason": "; ".join(reasons) or None}

@@ -146,7 +146,7 @@ class Candidate:
     search_metric: Optional[float] = None
     latency_p50_ms: Optional[float] = None
     latency_p50_by_batch: Optional[dict] = None  # batch size → p50 (ms), every batch size ranked on
-    noisy: Optional[bool] = None          # a timed batch size's CV above benchmark.latency.NOISY_CV
+    noisy: Optional[bool] = None          # a timed batch size flagged noisy by benchmark.latency (scatter, drift, batch)
     rank_key: Optional[float] = None      # lower is better: p50, or -INT8 share where latency is not measured
     int8_share: Optional[float] = None    # of the MACs, in layers with INT8 input and weights
     int8_ops_share: Optional[float] = None

@@ -125,7 +125,8 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
                     caption=("p50 at the largest ranked batch size (ranked on the geometric mean over all); brief: a few "
                              "dozen calls per batch size, every candidate; compile: loading plus first calls (Inductor "
                              "compiles per shape; a second candidate of the same graph hits Inductor's cache). NOISY: "
-                             "a timed batch size with CV above 10 %." if torch_target else ""))
+                             "a timed batch size flagged noisy (its p50 not pinned to ±5 %, a drift, or a batch slower than a larger "
+                             "one)." if torch_target else ""))
     for x in summary.get("candidates") or []:
         agree = T.pct(x.get("agreement")) if x.get("agreement") is not None else \
             (f"{T.pct(x.get('subset_agreement'))} (subset)" if x.get("subset_agreement") is not None else "–")

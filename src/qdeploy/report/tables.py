@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qdeploy.benchmark.latency import NOISY_CV, NOISY_DRIFT
+from qdeploy.benchmark.latency import NOISY_CV, NOISY_DRIFT, NOISY_P50
 
 DASH = "–"
 NOISY_MARK = "⚠"
 WARNING_MARK = "⚠"  # before each results["warnings"] line that opens the reports
 NOT_DEPLOYMENT_MARK = "†"
-NOISY_HINT = (f"{NOISY_MARK} noisy timing (scatter: CV above {100 * NOISY_CV:.0f} %; drift: first and last third of the "
+NOISY_HINT = (f"{NOISY_MARK} noisy timing (scatter: p50 not pinned to ±{100 * NOISY_P50:.0f} % by its samples; drift: first and last third of the "
               f"iterations over {100 * NOISY_DRIFT:.0f} % apart; batch: slower than a larger batch): no speed-up stated; "
               "re-run with more bench.repeats.")
 NOT_DEPLOYMENT_NOTE = (f"{NOT_DEPLOYMENT_MARK} timed in ONNX Runtime, not in the engine it is built for (e.g. a "
@@ -125,9 +125,9 @@ def noisy(stats: Mapping) -> bool:
 
 
 def noise_text(stats: Mapping) -> str:
-    """Why a timing is noisy, to read after a variant's name: the benchmark's ``noisy_reason`` clauses ("CV 23.4 % and
-    drift: first third median 88.0 ms, last third 40.1 ms", a scatter clause as its CV); for records without a
-    reason, the CV."""
+    """Why a timing is noisy, to read after a variant's name: the benchmark's ``noisy_reason`` clauses ("p50 0.254 ms
+    ± 5.5 % (…) and drift: first third median 88.0 ms, last third 40.1 ms", a scatter clause without its kind); for
+    records without a reason, the CV."""
     reason = stats.get("noisy_reason")
     if isinstance(reason, str) and reason:  # " and ": "; " separates variants or batch sizes where this is quoted
         return " and ".join(c.removeprefix("scatter: ") for c in reason.split("; "))
@@ -281,8 +281,10 @@ def latency_tables(results: Mapping) -> list[Table]:
                   [False] + [True] * 7 + ([True] if multi else []),
                   caption=f"Time for one batch of {bs}. p50 (median) is the headline latency; speed-up is the "
                           "reference's p50 over the variant's, with its 95 % bootstrap interval (ratio of medians of "
-                          "the timed iterations), not stated when either timing is noisy; CV = std/mean of the timed "
-                          "iterations; throughput is sustained throughput (batch size / mean latency of "
+                          "the timed iterations), not stated when either timing is noisy (⚠: its p50 not pinned to ±5 % by "
+                          "the 95 % interval of the median, a drift between the first and last third, or slower than a "
+                          "larger batch); CV = std/mean of the timed iterations, reported, not the noise test (a few "
+                          "preempted calls raise it without moving the p50); throughput is sustained throughput (batch size / mean latency of "
                           "back-to-back batches)."
                           + (" With several repeats, the repeat with the lowest median is kept; the last column "
                              "lists every repeat's median." if multi else ""))

@@ -252,7 +252,7 @@ def recommend(results: Mapping, tolerance: float = 0.5, batch_size: str | int | 
     is None (and ``reason`` says why) when nothing qualifies; ``excluded`` maps every variant other than
     the winner and the runner-up to why it is not recommended. A winner other than the reference also gets
     ``speedup`` (:func:`speedup`: the ratio of p50s with its 95 % bootstrap interval); the reason states the ratio
-    with that interval, and none at all when either timing is noisy (CV above the benchmark's bar): a 34.7× from a
+    with that interval, and none at all when either timing is noisy (benchmark.latency: scatter around the p50, drift, batch inversion): a 34.7× from a
     timing with a CV of 143 % is not a headline.
     """
     task = T.task(results)
