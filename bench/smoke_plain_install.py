@@ -1,4 +1,5 @@
-"""INT8 smoke test for a plain ``pip install .`` (no extras): all four range methods on a tiny model, both placements.
+"""INT8 smoke test for a plain ``pip install .`` (no extras): every range method (config.METHODS, the default
+mean-minmax included) on a tiny model, both placements.
 
 .ci/run runs this from a fresh virtualenv before the test suite, so a dependency that only an extra
 brings in (as ``huggingface_hub``, which ModelOpt's init imports, once did through timm) fails CI.
@@ -42,6 +43,7 @@ def net():
 def main() -> int:
     import qdeploy
     from qdeploy import api
+    from qdeploy.config import METHODS
 
     if Path(qdeploy.__file__).resolve().is_relative_to(Path(__file__).resolve().parents[1] / "src"):
         print("smoke: qdeploy is imported from the source tree, not from the installed package", file=sys.stderr)
@@ -56,7 +58,7 @@ def main() -> int:
                 for i in range(n):
                     Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(tmp / split / cls / f"{i}.png")
         variants = [{"engine": "onnxruntime"}]
-        for method in ("max", "entropy", "percentile", "mse"):
+        for method in METHODS:
             variants.append({"engine": "onnxruntime", "precision": "int8", "method": method})
             variants.append({"engine": "onnxruntime", "precision": "int8", "method": method, "placement": "tensorrt"})
         config = {

@@ -95,7 +95,10 @@ def test_residual_add_quantizes_only_the_skip_input(downsample, tmp_path):
     assert info["rule"] == "lca"  # both inputs have a backbone (stem or downsample conv); conv2 is the longer path
     assert info["skip"] == ("lhs", "rhs")[1 - conv_side] and info["conv_path"] == ("lhs", "rhs")[conv_side]
     if downsample:  # the skip input is the downsample conv's output
-        assert "down" in g.producer[g.dq_of(add.input[1 - conv_side]).input[0]].input[0] or True
+        q = g.producer[g.dq_of(add.input[1 - conv_side]).input[0]]  # DQ ← Q ← the quantized tensor
+        assert q.op_type == "QuantizeLinear"
+        source = g.producer[q.input[0]]
+        assert source.op_type == "Conv" and "down" in source.name, (source.op_type, source.name)
     assert not details["excluded_small_channel_convs"]
 
 
