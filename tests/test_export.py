@@ -94,3 +94,15 @@ def test_random_init_models_do_not_share_a_cached_export(tmp_path):
     torch.manual_seed(2)
     b = export_onnx(build_torch_model(spec), spec, ExportSpec(), x, cache_dir=tmp_path)
     assert a.path != b.path and not b.cached and b.verify["passed"]
+
+
+def test_cosine_of_tiny_equal_outputs_is_one_and_of_opposite_ones_minus_one():
+    """A random-weight model can output logits of 1e-31: their cosine is a direction like any other (an absolute epsilon
+    in the denominator made two equal such outputs 'cosine 0' and failed the export check)."""
+    from qdeploy.utils.compare import compare_outputs
+
+    ref = np.array([[1e-31, -3e-31, 2e-31], [4e-42, 1e-42, -2e-42]])
+    assert compare_outputs(ref, ref)["min_cosine"] == pytest.approx(1.0)
+    assert compare_outputs(-ref, ref)["min_cosine"] == pytest.approx(-1.0)
+    zero = np.zeros((1, 3))
+    assert compare_outputs(zero, zero)["min_cosine"] == 1.0 and compare_outputs(zero, ref[:1])["min_cosine"] == 0.0

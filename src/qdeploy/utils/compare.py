@@ -17,7 +17,10 @@ def compare_outputs(got: np.ndarray, ref: np.ndarray) -> dict:
     a = got.reshape(n, -1).astype(np.float64)
     b = ref.reshape(n, -1).astype(np.float64)
     na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
-    cos = np.sum(a * b, 1) / (na * nb + 1e-30)
+    # divided only where both norms are non-zero: an absolute epsilon in the denominator (it was 1e-30) turned the
+    # cosine of two equal outputs of magnitude 1e-31 (a random-weight model's logits) into ~0
+    both = (na > 0) & (nb > 0)
+    cos = np.divide(np.sum(a * b, 1), na * nb, out=np.zeros(n), where=both)
     cos[(na == 0) & (nb == 0)] = 1.0  # two all-zero outputs agree (a zero vector has no direction to compare)
     return {
         "samples": int(n),
