@@ -154,9 +154,10 @@ def prepare_files(dest: str | Path, cache_dir: Optional[Path] = None) -> Path:
             raise QDeployError(f"demo --prepare {dest}: the folder holds files qdeploy did not write (e.g. {other.name}); "
                                "choose a new or empty folder")
     _, data_root, weights = _data_and_weights(cache_dir)
-    staging = dest.with_name(f".{dest.name}.partial")
+    # a name of qdeploy's own beside dest: only a --prepare cut short leaves a folder of that name, never a user
+    staging = dest.with_name(f".{dest.name}.qdeploy-demo-prepare-partial")
     if staging.exists():
-        shutil.rmtree(staging)  # a --prepare cut short: only this function writes there
+        shutil.rmtree(staging)
     staging.mkdir(parents=True)
     for split in ("train", "test"):
         shutil.copytree(data_root / split, staging / split)
