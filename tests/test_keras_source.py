@@ -110,7 +110,7 @@ def test_captured_normalization_constants_become_initializers(tmp_path, keras_di
 def test_a_keras_squeeze_excitation_branch_stays_float_through_its_squeeze_and_reshape(tmp_path, keras_dir, folders,
                                                                                           placement):
     """The placement rules read the converted graph: tf2onnx's GlobalAveragePool → Squeeze → Reshape before the SE
-    convs is seen through (quantize/patterns.py), and the TensorRT lint stays clean."""
+    convs is seen through (lint/patterns.py), and the TensorRT lint stays clean."""
     cfg = _config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime", "precision": "int8", "method": "max",
                                                      "placement": placement, "name": "v"}])
     info = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")["variants"]["v"]
@@ -268,3 +268,123 @@ def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_d
                                           [n.name for n in compute_layers(OnnxGraph.load(qat_path))])
     assert by_names is not None and len(by_names) == 5 and set(by_names.values()) <= names_f, by_names
     assert by_names == layer_names_map(fp32_path, qat_path)
+
+
+# ------------------------------------------------------------------------------- second route: Keras under torch
+# Keras 3 compiles a grouped convolution (ConvNeXt's depthwise convs) with XLA on CPU under TensorFlow: tf2onnx leaves
+# that nested function as an unconverted StatefulPartitionedCall (and has no Erfc for the exact GELU), an invalid ONNX.
+# A ConvNeXt block at 8x8 has both, as keras.applications.ConvNeXtTiny does (issue 34).
+CONVNEXT_BLOCK = """
+import os, sys
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+import keras
+keras.utils.set_random_seed(0)
+inp = keras.Input((8, 8, 3))
+x = keras.layers.Conv2D(8, 2, strides=2, name="stem")(inp)
+y = keras.layers.Conv2D(8, 3, padding="same", groups=8, name="depthwise")(x)
+y = keras.layers.LayerNormalization(epsilon=1e-6)(y)
+y = keras.layers.Dense(16, activation="gelu", name="pw1")(y)
+y = keras.layers.Dense(8, name="pw2")(y)
+x = keras.layers.Add()([x, y])
+x = keras.layers.GlobalAveragePooling2D()(x)
+model = keras.Model(inp, keras.layers.Dense(3, name="logits")(x))
+model.save(os.path.join(sys.argv[1], "convnext_block.keras"))
+model.export(os.path.join(sys.argv[1], "convnext_block_savedmodel"), format="tf_saved_model")
+"""
+
+
+@pytest.fixture(scope="module")
+def convnext_block(tmp_path_factory) -> Path:
+    _require_keras()
+    out = tmp_path_factory.mktemp("keras_torch")
+    (out / "write.py").write_text(CONVNEXT_BLOCK)
+    proc = subprocess.run([sys.executable, str(out / "write.py"), str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_route_run(tmp_path_factory, convnext_block, folders) -> tuple[Path, dict]:
+    """One real run of the ConvNeXt block (FP32 and the TensorRT INT8 placement), shared by the tests below."""
+    out = tmp_path_factory.mktemp("torch_route")
+    cfg = _config(convnext_block / "convnext_block.keras", folders,
+                  [{"engine": "onnxruntime"},
+                   {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "method": "max"}])
+    cfg["bench"] = {"enabled": False}
+    return out, api.run(cfg, out / "out", cache_dir=out / "cache")
+
+
+@pytest.mark.slow
+def test_a_model_tf2onnx_cannot_convert_is_exported_by_keras_under_torch_and_verified(torch_route_run):
+    out, results = torch_route_run
+    assert [v["status"] for v in results["variants"]] == ["ok", "ok"], [v.get("reason") for v in results["variants"]]
+    verify = results["model"]["onnx"]["verify"]
+    assert verify["passed"] and verify["reference"] == "Keras" and verify["samples"] == 8  # Keras under TensorFlow
+    assert verify["max_abs_diff"] <= verify["tolerance"]
+    proto = onnx.load(str(out / "out" / "model.onnx"))
+    onnx.checker.check_model(proto)
+    dims = [d.dim_value or d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert dims[1:] == [3, 8, 8] and isinstance(dims[0], str)  # NCHW as the first route gives, dynamic batch
+    ops = [n.op_type for n in proto.graph.node]
+    assert "StatefulPartitionedCall" not in ops and ops.count("Conv") == 2
+    assert not any(n.op_type == "Add" and any("depthwise" in i or "stem" in i for i in n.input) for n in proto.graph.node)
+    sess = ort.InferenceSession(str(out / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {sess.get_inputs()[0].name: np.zeros((3, 3, 8, 8), np.float32)})[0].shape == (3, 3)
+
+
+@pytest.mark.slow
+def test_the_route_and_why_the_first_failed_are_recorded(torch_route_run, convnext_block):
+    out, results = torch_route_run
+    verify = results["model"]["onnx"]["verify"]
+    assert verify["route"] == "keras-torch" and verify["exporter"] in ("keras-torch/torchscript", "keras-torch/dynamo")
+    first = verify["first_route_failed"]
+    assert "StatefulPartitionedCall" in first and "\n" not in first, first  # one line, naming what tf2onnx left
+    meta = json.loads(next((out / "cache" / "exports").glob("convnext_block*.json")).read_text())
+    assert meta["route"] == "keras-torch" and meta["first_route_failed"] == first
+    # a cache hit keeps the route: no TensorFlow or torch process, the same record
+    from qdeploy.config import ExportSpec, ModelSpec
+
+    spec = ModelSpec(source=str(convnext_block / "convnext_block.keras"),
+                     preprocess={"input_size": [8, 8], "preset": "keras-tf"})
+    art = keras_export.export_keras(spec, ExportSpec(), None, out / "cache")
+    assert art.cached and art.exporter == verify["exporter"]
+
+
+@pytest.mark.slow
+def test_where_neither_route_can_one_error_names_both_reasons(tmp_path, convnext_block, folders, capsys):
+    """A SavedModel folder is a TensorFlow graph: Keras under torch cannot load it, so both reasons are given."""
+    cfg = _config(convnext_block / "convnext_block_savedmodel", folders, [{"engine": "onnxruntime"}])
+    assert _cli(tmp_path, cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "converts by neither route: tf2onnx: left" in err[0] and "StatefulPartitionedCall" in err[0]
+    assert "Keras under the torch backend → torch.onnx: a SavedModel folder" in err[0]
+
+
+def test_a_keras_conv_bias_after_the_nhwc_transpose_folds_into_the_conv_exactly():
+    from onnx import helper, numpy_helper
+
+    from qdeploy.export.keras_torch import _fold_conv_bias
+
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(4, 3, 3, 3)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+         helper.make_node("Add", ["t", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 5, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5, 5, 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b.reshape(1, 1, 1, 4), "b")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(2, 3, 5, 5)).astype(np.float32)
+
+    def run(p):
+        return ort.InferenceSession(p.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    before = run(proto)
+    assert _fold_conv_bias(proto) == 1
+    onnx.checker.check_model(proto)
+    assert [n.op_type for n in proto.graph.node] == ["Conv", "Transpose"] and len(proto.graph.node[0].input) == 3
+    np.testing.assert_allclose(run(proto), before, atol=1e-5)

@@ -437,11 +437,19 @@ def test_tensorrt_facts_have_one_home():
     assert eb.TRT_NAMES_USED is facts.NAMES_USED["engine_build"] and tc.TRT_NAMES_USED is facts.NAMES_USED["lint_confirm"]
     assert te.TRT_NAMES_USED is facts.NAMES_USED["runner"]["common"]
     assert rules.conv_int8_supported is facts.conv_int8_supported and te.plan_build is facts.plan_build
-    assert qdq_graph.COMPUTE_OPS is facts.COMPUTE_OPS and sensitivity.COMPUTE_OPS is facts.COMPUTE_OPS
+    # the compute ops are the op types of the placement rules marked compute (lint/placement.py: one list, derived)
+    from qdeploy.lint import placement
+
+    assert rules.COMPUTE_OPS is placement.COMPUTE_OPS and sensitivity.COMPUTE_OPS is placement.COMPUTE_OPS
+    assert tc.COMPUTE_OPS is placement.COMPUTE_OPS and set(placement.COMPUTE_OPS) == {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+    assert not hasattr(qdq_graph, "COMPUTE_OPS") and not hasattr(facts, "COMPUTE_OPS")
     src = Path(facts.__file__).parents[1]
     for path in src.rglob("*.py"):  # no second definition of a fact anywhere else
         if path.name == "tensorrt.py" and path.parent.name == "facts":
             continue
         text = path.read_text()
-        for name in ("COMPUTE_OPS = ", "SUPPORTED_MAJORS = ", "def plan_build", "def conv_int8_supported", "def tensorrt_version"):
+        for name in ("COMPUTE_OPS = ", "COMPUTE_OPS: ", "SUPPORTED_MAJORS = ", "def plan_build", "def conv_int8_supported",
+                     "def tensorrt_version", "BACKBONE_OPS = "):
+            if name.startswith("COMPUTE_OPS") and path.name == "placement.py":
+                continue
             assert name not in text, f"{path}: defines {name.strip(' =')} (it belongs in qdeploy/facts/tensorrt.py)"

@@ -107,7 +107,7 @@ def test_one_rule_added_changes_both_placements_and_the_lint(block_onnx, tmp_pat
         return {n.name for n in attention_matmuls(OnnxGraph.load(path))}
 
     why = "every Linear float (a rule added by this test)"
-    rule = OpRule("test-linear-float", {"tensorrt": FLOAT}, ("Gemm", "MatMul"), ("Linear",), applies=_has_weight, why=why)
+    rule = OpRule("test-linear-float", {"tensorrt": FLOAT}, ("Gemm", "MatMul"), applies=_has_weight, why=why)
     for quantizer in ("onnx", "modelopt"):
         before, lint_before = place(quantizer, "before")
         assert len(before) == 5 and all(op["int8_input"] and op["int8_weights"] for op in before.values()), before

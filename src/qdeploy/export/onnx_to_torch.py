@@ -75,6 +75,54 @@ def dense_matmuls_as_gemm(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+def _onnx2torch_export_shim() -> None:
+    """onnx2torch's modules that export themselves (Reshape, Shape, ... as their ONNX op) read the opset being exported
+    from ``torch.onnx.symbolic_helper.GLOBALS``, which newer torch keeps in its TorchScript exporter's ``_globals`` only:
+    without it a twin with such modules cannot be exported (QAT's Q/DQ export). Point the old name at the same object."""
+    from torch.onnx import symbolic_helper
+
+    if not hasattr(symbolic_helper, "GLOBALS") and not hasattr(symbolic_helper, "_export_onnx_opset_version"):
+        try:
+            from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+        except ImportError:  # an older torch has one of the two names itself
+            return
+        symbolic_helper.GLOBALS = GLOBALS
+
+
+def weight_matmuls_as_linear(module: nn.Module) -> int:
+    """Turn each ``OnnxMatMul(x, W)`` of onnx2torch's module whose ``W`` is a stored 2-D constant into ``nn.Linear`` with
+    weight Wᵀ (in place; the same function of x for any number of leading dimensions: a transformer's 3-D Linear);
+    returns how many. ModelOpt quantizes modules: a matmul on a constant would stay float, against the placement plan."""
+    from torch import fx
+    from onnx2torch.node_converters.matmul import OnnxMatMul
+
+    if not isinstance(module, fx.GraphModule):
+        return 0
+
+    count = 0
+    for node in list(module.graph.nodes):
+        if node.op != "call_module" or not isinstance(module.get_submodule(node.target), OnnxMatMul) or len(node.args) != 2:
+            continue
+        x, w = node.args
+        if not (isinstance(w, fx.Node) and w.op == "get_attr"):
+            continue
+        weight = module
+        for atom in w.target.split("."):
+            weight = getattr(weight, atom)
+        if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or not weight.is_floating_point():
+            continue
+        linear = nn.Linear(weight.shape[0], weight.shape[1], bias=False)
+        linear.weight = nn.Parameter(weight.detach().t().contiguous().clone())
+        module.add_submodule(node.target, linear)
+        node.args = (x,)
+        count += 1
+    if count:
+        module.graph.eliminate_dead_code()
+        module.delete_all_unused_submodules()
+        module.recompile()
+    return count
+
+
 def node_modules(model: onnx.ModelProto) -> dict[str, str]:
     """{ONNX node name (its first output where unnamed): name of the module onnx2torch converts it to}: onnx2torch
     names each module after its node (domain prefix, '.' as '/', a counter for repeats); a node it converts to a
@@ -92,8 +140,11 @@ def torch_from_onnx(path: Path, check_inputs: Optional[np.ndarray], verify: Veri
         raise ModelError(f"training {path.name} needs it in PyTorch: {problem}")
     import onnx2torch
 
+    _onnx2torch_export_shim()
     model = onnx.load(str(path))
-    gemms = dense_matmuls_as_gemm(model)
+    gemms = dense_matmuls_as_gemm(model)  # 2-D ones as Gemm first (onnx2torch makes Gemm + bias an nn.Linear)
+    # onnx2torch sizes an nn.LayerNorm from the input's value_info: without inferred shapes it gets normalized_shape []
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)  # data_prop: through Shape → Reshape
     try:
         module = onnx2torch.convert(model).eval()
     except Exception as e:  # an op onnx2torch has no converter for
@@ -102,6 +153,7 @@ def torch_from_onnx(path: Path, check_inputs: Optional[np.ndarray], verify: Veri
     # ONNX node -> the module onnx2torch made of it (its own naming, read from its OnnxGraph so it cannot drift): the
     # quantizers keep float what a fallback or exclude names by ONNX node, and the SE convs, through this map
     module.onnx_node_modules = node_modules(model)
+    gemms += weight_matmuls_as_linear(module)
     if check_inputs is not None:
         x = np.ascontiguousarray(check_inputs[: verify.samples], dtype=np.float32)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

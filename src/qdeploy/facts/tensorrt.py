@@ -2,7 +2,8 @@
 engine runner read (an early stage: it imports nothing of qdeploy but ``errors``).
 
 1. **Version strategies** (``plan_build``): how each supported major builds each precision.
-2. **Kernel and fusion facts** (``COMPUTE_OPS``, ``SCALE_PRESERVING``, ``FUSIBLE_ACTIVATIONS``, ``conv_int8_supported``):
+2. **Kernel and fusion facts** (``FUSION_BACKBONE_OPS``, ``SCALE_PRESERVING``, ``FUSIBLE_ACTIVATIONS``,
+   ``conv_int8_supported``; which ops are compute ops is the placement rules' fact: ``lint.placement.COMPUTE_OPS``):
    what TensorRT's explicit quantization fuses and runs in INT8; every Q/DQ placement and lint rule uses them.
 3. **API surfaces** (``NAMES_USED``, ``PATH_VERSIONS``, ``REMOVED_IN_11``): every TensorRT Python name each consumer
    touches, per version path, checked by the tests against the API dumps of TensorRT 10.3, 10.16 and 11.4
@@ -119,7 +120,9 @@ SCALE_PRESERVING = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPoo
 # Element-wise activations that TensorRT fuses into the producing Conv as its epilogue.
 FUSIBLE_ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
                        "Softplus", "PRelu")
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# Ops a Conv(+BN)(+act)+Add chain fuses into, as ModelOpt's get_fusible_backbone names them ("C": Conv, ConvTranspose and
+# Gemm; a MatMul is not a backbone there): which input of a residual Add is the conv path (QdqGraph.backbone).
+FUSION_BACKBONE_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
 def conv_int8_supported(out_channels: int, in_channels_per_group: int, group: int,

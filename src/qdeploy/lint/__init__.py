@@ -126,10 +126,10 @@ def load_qdq_model(path) -> onnx.ModelProto:
 
 def float_model_message(path, model: onnx.ModelProto) -> str:
     """What `qdeploy quantize` would do with a float model (the TensorRT placement's plan)."""
-    from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
+    from qdeploy.lint.placement import compute_nodes, conv_runs_int8_in_tensorrt
 
     g = QdqGraph(model)
-    compute = g.compute_ops()
+    compute = compute_nodes(g)
     narrow = [n.name for n in compute if n.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, n) is False]
     adds = g.residual_adds()
     with_conv = sum(g.residual_conv_input(a)[0] is not None for a in adds)

@@ -1,28 +1,34 @@
-"""Where INT8 goes: one description, read by both quantizers and the lint.
+"""Where INT8 goes: one description (``RULES``) and the one plan computed from it (``placement_plan``).
 
 ``RULES`` says, per op class and per placement, which ops get INT8 inputs (and weights), which stay float, and which
-Adds get a skip-input quantizer. Readers:
+Adds get a skip-input quantizer. ``placement_plan`` applies them to an ONNX graph (the exported FP32 model, or a Q/DQ
+file seen through its Q/DQ): for each node the rule that decided it, its role and the inputs that carry Q/DQ. Readers:
 
-- the ONNX Q/DQ placement (``quantize/qdq.py``): the op types it quantizes (``int8_op_types``) and the nodes it leaves
-  float (``float_nodes``);
-- the ModelOpt placement on the PyTorch model (``quantize/modelopt_torch.py``): the rule of each module class
-  (``module_rule``), whose quantizers it disables where that rule is FLOAT;
-- the lint (rule QD011): a compute op left float by a rule is "float, as it should be", not a defect.
+- the ONNX Q/DQ quantizer (``quantize/qdq.py``): the nodes it leaves float and the tensors it calibrates;
+- the ModelOpt quantizer on the PyTorch model (``quantize/modelopt_torch.apply_plan``): ModelOpt puts its quantizers
+  on modules; a quantizer stays on only where the plan wants a Q/DQ, and a node the plan makes INT8 that no quantizer
+  reaches (a functional ``F.linear`` on a module's weight) makes that route give way to the ONNX quantizer;
+- the lint (rule QD011): a compute op the plan makes INT8 and the file leaves float is a finding; one a rule keeps float
+  is "float, as it should be", with the rule's reason.
 
-Each rule names its ONNX op types, the PyTorch ``torch.nn`` class names of the same layer (strings, so that the lint
-stage imports no torch), an optional node test beyond the op type, and why, with its source. Residual Adds: the rule
-here says *that* they get the skip-input form for TensorRT; *which* input is the skip input is graph work
-(``QdqGraph.residual_conv_input`` / ``modelopt_torch._residual_rule``, both after TensorRT's guide and ModelOpt's
-``build_non_residual_input_map``).
+Each rule names its ONNX op types, an optional node test beyond the op type, and why, with its source. The compute ops
+(``COMPUTE_OPS``: the ops that carry the multiply-accumulates INT8 is for) are the op types of the rules marked
+``compute``. Residual Adds: the rule here says *that* they get the skip-input form for TensorRT; *which* input is the
+skip input is graph work (``QdqGraph.residual_conv_input``, after TensorRT's guide and ModelOpt's
+``build_non_residual_input_map``). ONNX Runtime placement: ops no rule names are left to ONNX Runtime's quantizer
+(its QDQ registry), the plan lists only what the rules decide.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import onnx
 
+from qdeploy.facts.tensorrt import conv_int8_supported
+from qdeploy.lint.patterns import squeeze_excitation_nodes
+from qdeploy.lint.qdq_graph import QdqGraph
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 INT8 = "int8"              # Q/DQ on the activation input(s) and on the weight
@@ -34,17 +40,20 @@ SKIP_INPUT = "skip-input"  # residual Add: Q/DQ on the skip input only (both inp
 class OpRule:
     name: str
     roles: dict                            # placement -> INT8 | FLOAT | SKIP_INPUT (a placement not named: not covered)
-    onnx_ops: tuple[str, ...]
-    torch_modules: tuple[str, ...] = ()    # torch.nn class names of the same layer (ModelOpt quantizes modules)
-    applies: Optional[Callable[[OnnxGraph, onnx.NodeProto], bool]] = None  # beyond the op type
-    expand: Optional[Callable[[OnnxGraph, onnx.NodeProto], list]] = None   # the whole pattern an anchor node stands for
+    onnx_ops: tuple[str, ...]              # ANY_OP: every op type (a pattern's test decides)
+    applies: Optional[Callable[[QdqGraph, onnx.NodeProto], bool]] = None  # beyond the op type
+    expand: Optional[Callable[[QdqGraph, onnx.NodeProto], list]] = None   # the whole pattern an anchor node stands for
     why: str = ""
+    compute: bool = False                  # its ops carry the multiply-accumulates (COMPUTE_OPS, MAC shares)
 
     def role(self, placement: str) -> Optional[str]:
         return self.roles.get(placement)
 
-    def matches(self, g: OnnxGraph, node: onnx.NodeProto) -> bool:
-        return node.op_type in self.onnx_ops and (self.applies is None or self.applies(g, node))
+    def matches(self, g: QdqGraph, node: onnx.NodeProto) -> bool:
+        return (ANY_OP in self.onnx_ops or node.op_type in self.onnx_ops) and (self.applies is None or self.applies(g, node))
+
+
+ANY_OP = "*"
 
 
 def _has_weight(g: OnnxGraph, node: onnx.NodeProto) -> bool:
@@ -109,22 +118,50 @@ _GELU_WHY = ("GELU stays whole and float: ModelOpt's ONNX INT8 matches Div → E
              "preceding GEMM; quantizing its pieces separately adds four roundings (as SiLU's did on EfficientNet, "
              "issue #8)")
 
+def conv_runs_int8_in_tensorrt(g: QdqGraph, conv: onnx.NodeProto) -> Optional[bool]:
+    """Whether TensorRT has an INT8 kernel for this Conv (``facts.tensorrt.conv_int8_supported``); None: shape unknown."""
+    w = g.shapes.get(g._through_qdq(conv.input[1])) if len(conv.input) > 1 else None
+    if not w or len(w) < 3 or any(d is None for d in w[:2]):
+        return None
+    kernel = g.attr(conv, "kernel_shape", None) or w[2:]
+    first = g._through_qdq(conv.input[0]) in g.input_names
+    return conv_int8_supported(w[0], w[1], int(g.attr(conv, "group", 1)), kernel, first)
+
+
+def _in_squeeze_excitation(g: QdqGraph, node: onnx.NodeProto) -> bool:
+    nodes = g.__dict__.get("_se_nodes")
+    if nodes is None:
+        nodes = g.__dict__["_se_nodes"] = set(squeeze_excitation_nodes(g))
+    return (node.name or node.output[0]) in nodes
+
+
+NARROW_CONV_WHY = ("TensorRT has no INT8 kernel for a conv this narrow: it would run in float with reformats on both sides "
+                   "(ModelOpt's find_nodes_from_convs_to_exclude, int8 mode; facts.tensorrt.conv_int8_supported)")
+SQUEEZE_EXCITATION_WHY = (
+    "squeeze-excitation branch kept float (NNCF's SE_BLOCK ignored pattern): the gate multiplies every channel of the "
+    "block, so an error in its 1x1 convs scales a whole feature map, and the branch computes on a Cx1x1 vector, so float "
+    "costs next to nothing (lint/patterns.py: CIFAR-10 EfficientNet-B0 76.5 % with the branch INT8, 80.0 % float)")
+
 RULES: list[OpRule] = [
+    # pattern rules first: earlier rules win, and these take nodes the op-class rules below would make INT8
+    OpRule("squeeze-excitation", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, (ANY_OP,), applies=_in_squeeze_excitation,
+           why=SQUEEZE_EXCITATION_WHY),
+    OpRule("narrow-conv", {"tensorrt": FLOAT}, ("Conv",), applies=lambda g, n: conv_runs_int8_in_tensorrt(g, n) is False,
+           compute=True, why=NARROW_CONV_WHY),
     OpRule("conv", {"tensorrt": INT8, "onnxruntime": INT8}, ("Conv", "ConvTranspose"),
-           ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"),
-           why="TensorRT's INT8 convolution kernels (explicit quantization: Q/DQ on input and weights) and ONNX "
+           compute=True, why="TensorRT's INT8 convolution kernels (explicit quantization: Q/DQ on input and weights) and ONNX "
                "Runtime's QLinearConv"),
-    OpRule("linear", {"tensorrt": INT8, "onnxruntime": INT8}, ("Gemm", "MatMul"), ("Linear",), applies=_has_weight,
+    OpRule("linear", {"tensorrt": INT8, "onnxruntime": INT8}, ("Gemm", "MatMul"), applies=_has_weight, compute=True,
            why="a Linear (Gemm, or MatMul with a weight, on 2-D or 3-D tensors): Q/DQ on input and weight, as "
                "ModelOpt's INT8_DEFAULT_CFG (every nn.Linear) and its ONNX INT8 (MatMul/Gemm) place them"),
-    OpRule("attention-matmul", {"tensorrt": FLOAT, "onnxruntime": INT8}, ("MatMul",), applies=_two_activations,
+    OpRule("attention-matmul", {"tensorrt": FLOAT, "onnxruntime": INT8}, ("MatMul",), applies=_two_activations, compute=True,
            why=ATTENTION_MATMUL + ". ONNX Runtime's placement quantizes them: its QDQ format wraps every tensor its "
                "quantized neighbours (Reshape, Transpose, Mul) touch, and its graph optimizer fuses DQ → MatMul → Q into "
                "QLinearMatMul whether or not the quantizer listed the MatMul"),
-    OpRule("layernorm", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("LayerNormalization",), ("LayerNorm",),
+    OpRule("layernorm", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("LayerNormalization",),
            why=_NORM_WHY),
-    OpRule("softmax", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Softmax",), ("Softmax",), why=_SOFTMAX_WHY),
-    OpRule("gelu", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Gelu", "Erf"), ("GELU",),
+    OpRule("softmax", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Softmax",), why=_SOFTMAX_WHY),
+    OpRule("gelu", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Gelu", "Erf"),
            applies=lambda g, n: n.op_type == "Gelu" or bool(_gelu_nodes(g, n)),
            expand=lambda g, n: [n] if n.op_type == "Gelu" else _gelu_nodes(g, n), why=_GELU_WHY),
     OpRule("gating-mul", {"onnxruntime": FLOAT}, ("Mul",), applies=_two_activations,
@@ -144,6 +181,10 @@ RULES: list[OpRule] = [
                "guide, Q/DQ layer-placement recommendations; ModelOpt's build_non_residual_input_map); ONNX Runtime runs "
                "QLinearAdd"),
 ]
+
+
+# the op types that carry a model's multiply-accumulates: the MAC shares, the lint's compute ops, the sensitivity layers
+COMPUTE_OPS: tuple[str, ...] = tuple(dict.fromkeys(t for r in RULES if r.compute for t in r.onnx_ops))
 
 
 # ONNX Runtime placement: which quantized convs ONNX Runtime can run in INT8 at all (measured, issue #23)
@@ -199,29 +240,103 @@ def int8_op_types(placement: str) -> list[str]:
 
 def rule_for(g: OnnxGraph, node: onnx.NodeProto, placement: str = "tensorrt") -> Optional[OpRule]:
     """The first rule of ``placement`` that matches ``node`` (earlier rules win), or None."""
+    if not isinstance(g, QdqGraph):  # the rules read shapes and see through Q/DQ: one Q/DQ view per graph
+        g = g.__dict__.setdefault("_qdq_view", QdqGraph(g.model))
     return next((r for r in rules(placement) if r.matches(g, node)), None)
 
 
-def float_nodes(g: OnnxGraph, placement: str = "tensorrt") -> dict[str, str]:
+@dataclass(frozen=True)
+class Decision:
+    role: str                    # INT8 | FLOAT | SKIP_INPUT
+    rule: str                    # the rule's name, or "excluded" (the user's exclude)
+    why: str
+    quantized_inputs: tuple = () # input indices that carry Q/DQ (INT8: activation and weight; SKIP_INPUT: the skip)
+
+
+@dataclass
+class PlacementPlan:
+    """Per node of one graph: the decision of the first rule that matched it (nodes no rule names are absent)."""
+    placement: str
+    decisions: dict = field(default_factory=dict)   # node name -> Decision
+    shared_scale_adds: list = field(default_factory=list)  # Adds of two activations with no conv path: one scale
+    compute_nodes: list = field(default_factory=list)      # names of the graph's compute nodes (COMPUTE_OPS), in order
+
+    def float_nodes(self, rule: Optional[str] = None) -> dict[str, str]:
+        """{node: why} of the nodes left float (by ``rule`` only, if given)."""
+        return {n: d.why for n, d in self.decisions.items() if d.role == FLOAT and (rule is None or d.rule == rule)}
+
+    def wants(self, node: str, index: int) -> bool:
+        """Whether input ``index`` of ``node`` carries a Q/DQ in this plan."""
+        d = self.decisions.get(node)
+        return d is not None and d.role != FLOAT and index in d.quantized_inputs
+
+    def int8_compute(self) -> list[str]:
+        return [n for n in self.compute_nodes if self.decisions.get(n) is not None and self.decisions[n].role == INT8]
+
+    def uncovered(self, g: QdqGraph) -> dict[str, str]:
+        """{compute node: what is missing} for the compute nodes this plan (made on the Q/DQ graph ``g``) makes INT8
+        and ``g`` leaves without a Q/DQ on an input the plan quantizes."""
+        out = {}
+        for node in g.nodes:
+            name = node.name or node.output[0]
+            d = self.decisions.get(name)
+            if d is None or d.role != INT8 or name not in self.compute_nodes:
+                continue
+            missing = [i for i in d.quantized_inputs if i < len(node.input) and g.dq_of(node.input[i]) is None]
+            if missing:
+                out[name] = f"{node.op_type} without Q/DQ on input {', '.join(map(str, missing))} (rule {d.rule})"
+        return out
+
+    def summary(self) -> dict:
+        by_rule: dict[str, dict] = {}
+        for n, d in self.decisions.items():
+            by_rule.setdefault(d.rule, {"role": d.role, "nodes": 0})["nodes"] += 1
+        return {"placement": self.placement, "compute_nodes": len(self.compute_nodes),
+                "int8_compute_nodes": len(self.int8_compute()), "by_rule": by_rule}
+
+
+def placement_plan(graph, placement: str = "tensorrt", excluded: Optional[dict] = None) -> PlacementPlan:
+    """The plan of ``placement`` for an ONNX model or graph (a Q/DQ graph is read through its Q/DQ). ``excluded``: {node:
+    why} the user keeps float (decided before any rule)."""
+    g = graph if isinstance(graph, QdqGraph) else QdqGraph(graph.model if isinstance(graph, OnnxGraph) else graph)
+    plan = PlacementPlan(placement)
+    decisions = plan.decisions
+    for name, why in (excluded or {}).items():
+        decisions[name] = Decision(FLOAT, "excluded", why)
+    for node in g.nodes:
+        name = node.name or node.output[0]
+        if node.op_type in COMPUTE_OPS:
+            plan.compute_nodes.append(name)
+        if name in decisions:
+            continue
+        r = rule_for(g, node, placement)
+        if r is None:
+            continue
+        role = r.role(placement)
+        if role == FLOAT:
+            for n in (r.expand(g, node) if r.expand else [node]):
+                n_name = n.name or n.output[0]
+                if decisions.get(n_name) is None or decisions[n_name].rule != "excluded":
+                    decisions[n_name] = Decision(FLOAT, r.name, r.why)
+        elif role == INT8:
+            decisions[name] = Decision(INT8, r.name, r.why, tuple(range(min(2, len(node.input)))))
+        else:  # SKIP_INPUT: the skip input only, or both with one scale where no conv path fuses the Add
+            conv_input, how = g.residual_conv_input(node)
+            if conv_input is None:
+                plan.shared_scale_adds.append(name)
+            decisions[name] = Decision(SKIP_INPUT, r.name, f"{r.why} ({how})",
+                                       (0, 1) if conv_input is None else (1 - conv_input,))
+    return plan
+
+
+def float_nodes(g, placement: str = "tensorrt") -> dict[str, str]:
     """{node name: why it stays float}: every node whose first matching rule is FLOAT for ``placement``, with the rest
     of its pattern (a decomposed GELU)."""
-    out: dict[str, str] = {}
-    for node in g.nodes:
-        r = rule_for(g, node, placement)
-        if r is not None and r.role(placement) == FLOAT:
-            for n in (r.expand(g, node) if r.expand else [node]):
-                out.setdefault(n.name or n.output[0], r.why)
-    return out
+    return placement_plan(g, placement).float_nodes()
 
 
-def _module_names(module_type: type) -> set[str]:
-    return {c.__name__ for c in module_type.__mro__ if c.__module__.startswith("torch.nn")}
-
-
-def module_rule(module_type: type, placement: str = "tensorrt") -> Optional[OpRule]:
-    """The rule a PyTorch module class falls under (through its torch.nn base classes), or None."""
-    names = _module_names(module_type)
-    return next((r for r in rules(placement) if names & set(r.torch_modules)), None)
+def compute_nodes(g: OnnxGraph) -> list[onnx.NodeProto]:
+    return [n for n in g.nodes if n.op_type in COMPUTE_OPS]
 
 
 def attention_matmuls(g: OnnxGraph) -> list[onnx.NodeProto]:
@@ -240,5 +355,7 @@ def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
         RULES.remove(rule)
 
 
-__all__ = ["ATTENTION_MATMUL", "CONV_FLOAT_OUTPUT_WHY", "convs_without_int8_kernel", "FLOAT", "INT8", "OpRule", "RULES", "SKIP_INPUT", "attention_matmuls", "extra_rule",
-           "float_nodes", "int8_op_types", "module_rule", "rule_for", "rules"]
+__all__ = ["ANY_OP", "ATTENTION_MATMUL", "COMPUTE_OPS", "CONV_FLOAT_OUTPUT_WHY", "Decision", "FLOAT", "INT8", "NARROW_CONV_WHY",
+           "OpRule", "PlacementPlan", "RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY", "attention_matmuls",
+           "compute_nodes", "conv_runs_int8_in_tensorrt", "convs_without_int8_kernel", "extra_rule", "float_nodes",
+           "int8_op_types", "placement_plan", "rule_for", "rules"]

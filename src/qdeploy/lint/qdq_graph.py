@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from qdeploy.facts.tensorrt import COMPUTE_OPS, DQ_SEES_THROUGH, FUSIBLE_ACTIVATIONS
+from qdeploy.facts.tensorrt import DQ_SEES_THROUGH, FUSIBLE_ACTIVATIONS, FUSION_BACKBONE_OPS
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -26,7 +26,6 @@ GATES = ("Sigmoid", "HardSigmoid")  # x·sigmoid(x) = SiLU, x·hardsigmoid(x) = 
 # plus the activations TensorRT fuses as pointwise epilogues).
 EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
                 "Mul", "Add", "Div")
-BACKBONE_OPS = ("Conv", "ConvTranspose", "Gemm")
 # Ops that only move or re-label data (no arithmetic, no change of type): a DequantizeLinear commutes forward across
 # them and a QuantizeLinear backward (TensorRT developer guide, "Processing of Q/DQ networks": Q/DQ propagation), so a
 # tensor INT8 before such a chain is still INT8 after it. A subset of ``DQ_SEES_THROUGH`` (no Cast: it changes type).
@@ -168,7 +167,7 @@ class QdqGraph(OnnxGraph):
         for _ in range(max_depth):
             if node is None:
                 return None
-            if node.op_type in BACKBONE_OPS:
+            if node.op_type in FUSION_BACKBONE_OPS:
                 return node
             if node.op_type in ("BatchNormalization",) + FUSIBLE_ACTIVATIONS or node.op_type in ("Identity", "Cast"):
                 node = self.producer.get(node.input[0])
@@ -263,5 +262,3 @@ class QdqGraph(OnnxGraph):
         w = self.shapes.get(self._through_qdq(conv.input[1])) if len(conv.input) > 1 else None
         return group > 1 and w is not None and len(w) >= 2 and w[1] == 1
 
-    def compute_ops(self) -> list[onnx.NodeProto]:
-        return [n for n in self.nodes if n.op_type in COMPUTE_OPS]

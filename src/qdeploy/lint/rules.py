@@ -17,9 +17,9 @@ from typing import Callable, Iterator
 import numpy as np
 import onnx
 
-from qdeploy.lint.placement import float_nodes
+from qdeploy.lint.placement import FLOAT, COMPUTE_OPS, compute_nodes, conv_runs_int8_in_tensorrt, placement_plan
 from qdeploy.lint.qdq_graph import DATA_MOVEMENT_OPS, QdqGraph
-from qdeploy.facts.tensorrt import COMPUTE_OPS, conv_int8_supported
+from qdeploy.facts.tensorrt import conv_int8_supported  # noqa: F401 (one home: tests check the lint reads it from facts)
 
 SEVERITIES = ("blocks-int8", "costs-reformat", "fine")
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
@@ -265,21 +265,13 @@ def small_channel_conv_quantized(g: QdqGraph):
                            "leave this Conv float (qdeploy's TensorRT placement excludes it)")
 
 
-def conv_runs_int8_in_tensorrt(g: QdqGraph, conv):
-    w = g.shapes.get(g._through_qdq(conv.input[1])) if len(conv.input) > 1 else None
-    if not w or len(w) < 3 or any(d is None for d in w[:2]):
-        return None
-    kernel = g.attr(conv, "kernel_shape", None) or w[2:]
-    first = g._through_qdq(conv.input[0]) in g.input_names
-    return conv_int8_supported(w[0], w[1], int(g.attr(conv, "group", 1)), kernel, first)
-
-
 @rule("QD011", "compute-op-float", "blocks-int8")
 def compute_op_float(g: QdqGraph):
-    """A Conv/ConvTranspose/Gemm/MatMul has no Q/DQ on its input or its weights (unless a placement rule keeps it float
-    on purpose: lint/placement.py)."""
-    by_rule = float_nodes(g)
-    for node in g.compute_ops():
+    """A Conv/ConvTranspose/Gemm/MatMul the TensorRT placement plan makes INT8 has no Q/DQ on its input or its weights;
+    one a rule of the plan keeps float (lint/placement.py: narrow convs, squeeze-excitation branches, attention's
+    matmuls, a rule added) is "float, as it should be", with the rule's reason."""
+    plan = placement_plan(g, "tensorrt")
+    for node in compute_nodes(g):
         weight_idx = 1  # MatMul of two activations (attention) needs both quantized too
         act_q = g.dq_of(node.input[0]) is not None
         w_q = len(node.input) > weight_idx and g.dq_of(node.input[weight_idx]) is not None
@@ -289,18 +281,16 @@ def compute_op_float(g: QdqGraph):
             continue  # a matmul of two activations with one of them quantized: QD019 reports it
         if _is_head(g, node) and not act_q and not w_q:
             continue  # QD014 reports it
-        if _name(node) in by_rule and not act_q and not w_q:
-            yield _finding("QD011", [_name(node)], f"float, as it should be: {by_rule[_name(node)]}", "nothing to do",
+        decision = plan.decisions.get(_name(node))
+        if decision is not None and decision.role == FLOAT and not act_q and not w_q:
+            yield _finding("QD011", [_name(node)], f"float, as it should be: {decision.why}", "nothing to do",
                            severity="fine")
             continue
-        if node.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, node) is False and not act_q and not w_q:
-            yield _finding("QD011", [_name(node)],
-                           "float, as it should be: TensorRT has no INT8 kernel for a conv this narrow",
-                           "nothing to do", severity="fine")
-            continue
         part = "input and weights" if not act_q and not w_q else "weights" if act_q else "input"
+        rule = f" (the placement plan makes it INT8: rule {decision.rule})" if decision is not None else ""
         yield _finding("QD011", [_name(node)],
-                       f"no Q/DQ on its {part}: TensorRT runs this {node.op_type} in FP16/FP32 and reformats the tensors around it",
+                       f"no Q/DQ on its {part}{rule}: TensorRT runs this {node.op_type} in FP16/FP32 and reformats the "
+                       "tensors around it",
                        "quantize it, or keep it float on purpose (an exclude) and accept the cost")
 
 
@@ -371,9 +361,9 @@ def _is_head(g: QdqGraph, node) -> bool:
 @rule("QD013", "float-classifier-head", "costs-reformat")
 def float_classifier_head(g: QdqGraph):
     """The classifier head (last Gemm/MatMul) is float."""
-    if not any(g.dq_of(n.input[0]) is not None for n in g.compute_ops()):
+    if not any(g.dq_of(n.input[0]) is not None for n in compute_nodes(g)):
         return
-    for node in g.compute_ops():
+    for node in compute_nodes(g):
         if _is_head(g, node) and g.dq_of(node.input[0]) is None and (len(node.input) < 2 or g.dq_of(node.input[1]) is None):
             yield _finding("QD013", [_name(node)],
                            "the classifier head runs in float: TensorRT dequantizes its input and runs the GEMM in "
@@ -443,7 +433,7 @@ def _through_transposes(g: QdqGraph, tensor: str, dq, axis: int, shape):
 @rule("QD016", "weight-axis-mismatch", "blocks-int8")
 def weight_axis_mismatch(g: QdqGraph):
     """Per-channel weight scales do not run along the weight's output-channel axis, or do not fit it."""
-    for node in g.compute_ops():
+    for node in compute_nodes(g):
         if len(node.input) < 2:
             continue
         dq = g.dq_of(node.input[1])

@@ -7,6 +7,7 @@ ONNX Runtime's fused operators (QLinearConv, ...) count as INT8 compute.
 """
 from __future__ import annotations
 
+from qdeploy.lint.placement import compute_nodes
 from qdeploy.lint.qdq_graph import GATES, QdqGraph
 
 FUSED_INT8 = ("QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm")
@@ -73,7 +74,7 @@ def add_form(g: QdqGraph, add) -> tuple[str, int | None, list[int]]:
 
 def qdq_structure(g: QdqGraph) -> dict:
     ops, int8, partly, float_ops = [], 0, [], []
-    for n in g.compute_ops():
+    for n in compute_nodes(g):
         act_q = g.dq_of(n.input[0]) is not None
         w_q = len(n.input) > 1 and g.dq_of(n.input[1]) is not None
         fuses, cut = _fusions(g, n)

@@ -24,8 +24,9 @@ import re
 
 import onnx
 
+from qdeploy.lint.placement import COMPUTE_OPS, compute_nodes  # noqa: F401 (the one compute-op list, re-exported)
 from qdeploy.lint.qdq_graph import QdqGraph
-from qdeploy.facts.tensorrt import COMPUTE_OPS, NAMES_USED, tensorrt_version  # noqa: F401 (tensorrt_version: re-exported)
+from qdeploy.facts.tensorrt import NAMES_USED, tensorrt_version  # noqa: F401 (tensorrt_version: re-exported)
 
 # Path "10": TensorRT 10.x; path "11": TensorRT 11.x (declared with the other TensorRT facts)
 TRT_NAMES_USED = NAMES_USED["lint_confirm"]
@@ -183,7 +184,7 @@ def confirm_findings(onnx_path, findings: list, structure: QdqGraph | None = Non
     for layer in layers:
         p = _prec(layer)
         summary[p if p in summary else "other"] += 1
-    compute = [n.name or n.output[0] for n in g.nodes if n.op_type in COMPUTE_OPS]
+    compute = [n.name or n.output[0] for n in compute_nodes(g)]
     return {"by": f"TensorRT {short}", "tensorrt": version, "layers": summary,
             "float_compute_nodes": [n for n in compute if n in where and any(_prec(layers[i]) != "Int8" for i in where[n])],
             "unmatched_compute_nodes": [n for n in compute if n not in where]}

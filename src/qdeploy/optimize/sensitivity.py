@@ -23,7 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from qdeploy.facts.tensorrt import COMPUTE_OPS
+from qdeploy.lint.placement import COMPUTE_OPS
 from qdeploy.utils.onnx_graph import OnnxGraph
 from qdeploy.utils.ort_options import exact_qdq
 

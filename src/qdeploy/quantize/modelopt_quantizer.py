@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import onnx
 import torch
 
 from qdeploy.config import Int8Config
@@ -21,7 +20,6 @@ from qdeploy.errors import QDeployError
 from qdeploy.models.loader import SelectOutput
 from qdeploy.quantize.exclude import match_nodes, module_of_node
 from qdeploy.quantize.calibrate import calibration_key, check_qdq_export, ranges_from_qdq
-from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx, quantize_torch_model
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.atomic import write_json
@@ -81,13 +79,11 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
     model = inputs.torch_model()
     to_module = node_to_module(model)
     user_modules, matched_nodes, unmatched = modules_for_exclude(inputs.fp32_onnx, cfg.exclude, to_module)
-    # squeeze-excitation branches stay float (quantize/patterns.py): their convs' modules
-    fp32 = onnx.load(str(inputs.fp32_onnx))
-    convs = {n.name for n in fp32.graph.node if n.op_type == "Conv"}
-    se_modules = sorted({to_module(n) for n in squeeze_excitation_nodes(fp32) if n in convs} - {""} - set(user_modules))
-    exclude_modules = set(user_modules) | set(se_modules)
+    exclude_modules = set(user_modules)
+    # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized;
+    # 5: memo fix; 6: quantizers chosen by the placement plan (squeeze-excitation branches included)
     key = calibration_key(inputs.fp32_onnx, batches, inputs.preprocess, cfg.method, cfg.percentile, 2048,
-                          ["modelopt", "trt-placement-5", *sorted(exclude_modules)] + ([] if cfg.residual_quantizers else ["no-residual-quantizers"]))  # 2: skip-input-only residual Adds, shared scales; 3: conv subclasses quantized; 4: depthwise inputs equalized; 5: memo fix
+                          ["modelopt", "trt-placement-6", *sorted(exclude_modules)] + ([] if cfg.residual_quantizers else ["no-residual-quantizers"]))
     cache = Path(inputs.cache_dir) / "calibration" / f"{key}.json" if inputs.cache_dir else None
     cached_file = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
     cached = cached_file.get("amax")
@@ -96,11 +92,11 @@ def calibrated_model(inputs: QuantizeInputs, cfg: Int8Config):
     qm, amax, details = quantize_torch_model(
         model, (normalize(x, inputs.preprocess) for x, _ in batches), batches.num_samples,
         cfg.method, cfg.percentile, exclude_modules, amax=cached, stats_memo=inputs.memo.setdefault("modelopt-statistics", {}),
-        residual_quantizers=cfg.residual_quantizers)
+        residual_quantizers=cfg.residual_quantizers, opset=inputs.opset)
     kill_point("calibration")
     details["excluded_by_user"] = [m for m in details.get("excluded_by_user", [])  # a module named, or its child
                                    if any(m == u or m.startswith(u + ".") for u in user_modules)]
-    details["excluded_squeeze_excitation"] = se_modules
+    details["excluded_squeeze_excitation"] = details.pop("_se_modules", [])
     if details.get("warnings") is None:
         details["warnings"] = cached_file.get("warnings", [])
     info = {"method": cfg.method, "percentile": cfg.percentile if cfg.method == "percentile" else None,

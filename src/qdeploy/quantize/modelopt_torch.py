@@ -6,12 +6,15 @@
    otherwise stay float and TensorRT could not fuse Conv+Add in INT8. Conv/Linear/BN/pooling modules stay
    leaves of the trace even when they are user subclasses with their own forward (EfficientNet-Lite's
    same-padding convs), and their BN is folded too; such subclasses are registered with ModelOpt
-   (_register_subclasses), and any conv/linear still without quantizers afterwards (a functional F.conv2d on a
-   parameter) makes the quantizer NotApplicable (quantizer: auto then falls back to the ONNX quantizer).
+   (_register_subclasses).
 2. ``mtq.quantize`` with per-channel (axis 0) INT8 weight quantizers and per-tensor INT8 input
    quantizers (histogram calibrators) on Conv/Linear/pooling and on both inputs of each ResidualAdd; then
-   ``tensorrt_placement`` applies TensorRT's Q/DQ placement (skip input only on residual Adds, small-channel convs,
-   pools and Conv→BN/act chains left float) and ``apply_shared_scales`` gives act+act Add inputs one scale.
+   ``apply_plan`` keeps on only the quantizers where the placement plan (lint/placement.py, the plan the ONNX
+   quantizer inserts and the lint checks) wants a Q/DQ: skip input only on residual Adds, narrow convs, pools,
+   Conv→BN/act chains, LayerNorm, squeeze-excitation branches float. A compute op the plan makes INT8 that no
+   quantizer reaches (a functional F.linear or F.conv2d on a parameter, nn.MultiheadAttention's in_proj) makes the
+   quantizer NotApplicable: quantizer auto then takes the ONNX quantizer, and says why. ``apply_shared_scales``
+   gives act+act Add inputs one scale.
    ``algorithm=None``: ModelOpt's own finish step passes no method to histogram calibrators (and one
    to the weight max-calibrators, which reject it), so we collect statistics ourselves, then set each
    input quantizer's amax with the chosen method (ranges.py: ModelOpt's algorithms, made fast) and
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import itertools
 import operator
 import warnings
 from pathlib import Path
@@ -33,11 +37,8 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 from torch import fx, nn
-from torchvision.ops import StochasticDepth, stochastic_depth
-from torch.nn import functional as F
 
 from qdeploy.errors import QDeployError
-from qdeploy.lint.placement import FLOAT, module_rule
 from qdeploy.quantize.registry import NotApplicable
 from qdeploy.export.onnx import INPUT_NAME, OUTPUT_NAME
 from qdeploy.models.loader import SelectOutput
@@ -103,7 +104,10 @@ class _LeafTracer(fx.Tracer):
     """
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, _LEAF_CLASSES) or super().is_leaf_module(m, module_qualified_name)
+        # onnx2torch's own op modules (an ONNX or Keras source's twin) too: each is one ONNX op, and their shape
+        # checks are control flow a symbolic trace cannot follow
+        return isinstance(m, _LEAF_CLASSES) or type(m).__module__.startswith("onnx2torch.") \
+            or super().is_leaf_module(m, module_qualified_name)
 
 
 def _probe_input(conv: nn.Module) -> Optional[torch.Tensor]:
@@ -189,89 +193,6 @@ def _register_subclasses(model: nn.Module) -> list:
     return added
 
 
-# F.conv*/F.linear/matmul on a weight that is a parameter (or computed from parameters only): compute ModelOpt
-# cannot quantize, since it puts quantizers on modules
-_FUNCTIONAL_COMPUTE = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
-                       F.linear, torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm}
-_METHOD_COMPUTE = {"matmul", "mm", "bmm"}
-
-
-def _constant_derived(node) -> bool:
-    """True when ``node`` is a parameter/buffer, or computed from them only (no model input reaches it)."""
-    if not isinstance(node, fx.Node):
-        return False
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder":
-            return False
-        stack.extend(n.all_input_nodes)
-    return True
-
-
-def _owner(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    return next(reversed(stack)) if stack else ""
-
-
-def unquantized_compute(qm: fx.GraphModule, exclude: Iterable[str] = ()) -> list:
-    """Compute ModelOpt left float that no rule left float on purpose: names (``module`` or ``module: F.conv2d``).
-
-    Run right after ``mtq.quantize`` (before the placement rules and the user's exclude disable quantizers): every
-    Conv/ConvTranspose/Linear module must then have an enabled weight quantizer; functional convs/linears/matmuls
-    on the model's own parameters have none at all.
-    """
-    exclude = set(exclude or ())
-    out = []
-    for name, m in qm.named_modules():
-        if isinstance(m, _BACKBONE_MODULES) and name not in exclude and _enabled(m, "weight_quantizer") is None:
-            out.append(f"{name} ({type(m).__name__})")
-    for node in qm.graph.nodes:
-        if node.op == "call_module" and node.target not in exclude:
-            # a leaf module computing with a matrix of its own outside any Linear (nn.MultiheadAttention's
-            # in_proj_weight through F.multi_head_attention_forward): ModelOpt has no quantizer for that product
-            m = qm.get_submodule(node.target)
-            own = [p for p, t in m.named_parameters(recurse=False) if t.dim() >= 2]
-            if own and _enabled(m, "weight_quantizer") is None and module_rule(type(m)) is None:
-                out.append(f"{node.target} ({type(m).__name__}: {', '.join(own)} used functionally)")
-            continue
-        if node.op == "call_function" and node.target in _FUNCTIONAL_COMPUTE:
-            fn = getattr(node.target, "__name__", str(node.target))
-        elif node.op == "call_method" and node.target in _METHOD_COMPUTE:
-            fn = f"Tensor.{node.target}"
-        else:
-            continue
-        operands = list(node.args[:3]) + [node.kwargs.get("weight")]
-        if node.target is torch.addmm:
-            operands = operands[1:]
-        if not any(_constant_derived(a) for a in operands[1:3]):
-            continue
-        owner = _owner(node)
-        if owner and owner in exclude:
-            continue
-        out.append(f"{owner or '<model>'}: {fn} ({node.name})")
-    return out
-
-
-def disable_float_by_rule(qm: nn.Module, placement: str = "tensorrt") -> dict:
-    """Disable every quantizer of the modules a placement rule keeps float (lint/placement.py, the rules the ONNX
-    placement and the lint read too); {module name: why}. Attention's matmuls need nothing here: they are functions,
-    and ModelOpt quantizes modules."""
-    out = {}
-    for name, m in qm.named_modules():
-        rule = module_rule(type(m), placement) if name else None
-        if rule is None or rule.role(placement) != FLOAT:
-            continue
-        for attr, q in list(m.named_children()):
-            if attr.endswith("_quantizer") and getattr(q, "is_enabled", False):
-                q.disable()
-                out[name] = rule.why
-    return out
-
-
 def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     """FX-trace, fold Conv+BN, and make residual additions modules. Returns (graph module, #residual adds)."""
     from torch.fx.experimental.optimization import fuse
@@ -307,180 +228,10 @@ def prepare_for_quantization(model: nn.Module) -> tuple[fx.GraphModule, int]:
     return gm, count
 
 
-# ---- TensorRT Q/DQ placement on the FX graph -------------------------------------------------------------------
-# TensorRT developer guide, "Q/DQ layer-placement recommendations": quantize the *skip* input of a residual Add and
-# leave the convolution's output float, so Conv(+BN)(+act)+Add fuses into one INT8 kernel (a Q/DQ on the conv path
-# "forces the separation"); no Q/DQ between a Conv and its BN/activation. ModelOpt's ONNX path implements the Add
-# rule in modelopt/onnx/quantization/graph_utils.py (get_fusible_backbone, build_non_residual_input_map); the code
-# below mirrors it on the FX graph (see _fusible_backbone, _residual_rule).
-
 _CONV_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _DECONV_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _BACKBONE_MODULES = _CONV_MODULES + _DECONV_MODULES + (nn.Linear,)  # Conv / ConvTranspose / Gemm
 _BN_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_MAXPOOL_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
-_POOL_MODULES = _MAXPOOL_MODULES + (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-                                    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)  # ModelOpt's QuantInputBase pools
-# element-wise activations TensorRT fuses into the producing Conv (facts.tensorrt.FUSIBLE_ACTIVATIONS, as modules/functions)
-_ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid,
-                nn.Sigmoid, nn.Tanh, nn.Softplus, nn.GELU, nn.Mish, nn.Hardtanh)
-_ACT_FUNCTIONS = {torch.relu, torch.relu_, F.relu, F.relu_, F.relu6, F.leaky_relu, F.elu, F.selu, F.silu, F.hardswish,
-                  F.hardsigmoid, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh, F.softplus, F.gelu, F.mish, F.hardtanh,
-                  torch.clamp, torch.clip}
-_ACT_METHODS = {"relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "clamp", "clamp_", "clip"}
-_SIGMOID = ({nn.Sigmoid}, {torch.sigmoid, F.sigmoid}, {"sigmoid", "sigmoid_"})
-_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul}
-_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
-# ModelOpt's get_copy_ops() (wild cards of its path matching: no arithmetic, skipped while walking back)
-# identity in eval mode too: torchvision's StochasticDepth sits between EfficientNet's block and its residual Add
-_COPY_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout2d, nn.AlphaDropout, StochasticDepth)
-_COPY_FUNCTIONS = {stochastic_depth, F.dropout, F.dropout2d, torch.flatten, torch.reshape, torch.transpose, torch.squeeze, torch.cat, torch.concat, torch.split,
-                   torch.chunk, torch.gather, operator.getitem, torch.permute, torch.tile}
-_COPY_METHODS = {"flatten", "view", "reshape", "transpose", "permute", "squeeze", "contiguous", "expand", "expand_as",
-                 "repeat", "split", "chunk", "view_as", "reshape_as"}
-
-
-def _is_const(arg) -> bool:
-    return not isinstance(arg, fx.Node) or arg.op == "get_attr"
-
-
-def _kinds(gm: fx.GraphModule, node: fx.Node) -> set:
-    """The path-type names of ModelOpt's get_fusible_backbone this FX node matches ('C' = Conv/ConvTranspose/Gemm)."""
-    if node.op == "call_module":
-        m = gm.get_submodule(node.target)
-        if isinstance(m, ResidualAdd):
-            return {"Add"}
-        if isinstance(m, _BACKBONE_MODULES):
-            return {"C"}
-        if isinstance(m, _BN_MODULES):
-            return {"BatchNormalization"}
-        if isinstance(m, _MAXPOOL_MODULES):
-            return {"MaxPool"}
-        if isinstance(m, _ACT_MODULES):
-            return {"Act", "Sigmoid"} if isinstance(m, nn.Sigmoid) else {"Act"}
-        if isinstance(m, _COPY_MODULES):
-            return {"copy"}
-        return set()
-    if node.op == "call_function":
-        t = node.target
-        if t in _ACT_FUNCTIONS:
-            return {"Act", "Sigmoid"} if t in _SIGMOID[1] else {"Act"}
-        if t in _COPY_FUNCTIONS:
-            return {"copy"}
-        if t in _MUL_FUNCTIONS:
-            return {"ConstMul"} if any(_is_const(a) for a in node.args[:2]) else {"Mul"}
-        if t in _ADD_FUNCTIONS:
-            return {"BiasAdd"} if any(_is_const(a) for a in node.args[:2]) else {"Add"}
-        if t in (F.max_pool1d, F.max_pool2d, F.max_pool3d):
-            return {"MaxPool"}
-        return set()
-    if node.op == "call_method":
-        if node.target in _ACT_METHODS:
-            return {"Act", "Sigmoid"} if node.target in _SIGMOID[2] else {"Act"}
-        if node.target in _COPY_METHODS:
-            return {"copy"}
-        if node.target == "mul":
-            return {"ConstMul"} if any(_is_const(a) for a in node.args[:2]) else {"Mul"}
-        if node.target == "add":
-            return {"BiasAdd"} if any(_is_const(a) for a in node.args[:2]) else {"Add"}
-    return set()
-
-
-def _parents(node: fx.Node) -> list:
-    """Producers of the node's tensor inputs (constants excluded), in argument order."""
-    return [a for a in node.all_input_nodes if a.op != "get_attr"]
-
-
-# ModelOpt's fusible_linear_path_types (graph_utils.get_fusible_backbone), read backwards from the Add's input.
-# BatchNormalization is optional here (ModelOpt also matches it optionally after folding): our BN is folded into
-# the Conv before this runs, and a BN the folding could not absorb still fuses into the Conv in TensorRT.
-_PATH_TYPES = [
-    ["BiasAdd", "ConstMul", "C"],
-    ["Act", "BiasAdd", "ConstMul", "C"],
-    ["BatchNormalization", "BiasAdd", "C"],
-    ["Act", "BatchNormalization", "BiasAdd", "C"],
-    ["MaxPool", "Act", "BatchNormalization", "BiasAdd", "C"],
-    ["Mul", "Sigmoid", "BatchNormalization", "C"],  # SiLU / swish written as x * sigmoid(x)
-]
-_OPTIONAL = {"BiasAdd", "ConstMul", "BatchNormalization"}
-
-
-def _has_path_type(gm, node: fx.Node, path: list) -> bool:
-    """ModelOpt's has_path_type(is_forward=False, wild_card_types=get_copy_ops()) on the FX graph."""
-    if not path:
-        return True
-    kinds = _kinds(gm, node)
-    match = path[0] in kinds
-    wild = "copy" in kinds
-    if not match and not wild:
-        return path[0] in _OPTIONAL and _has_path_type(gm, node, path[1:])
-    rest = path[1:] if match else path
-    if not rest:
-        return True
-    return any(_has_path_type(gm, p, rest) for p in _parents(node))
-
-
-def _fusible_backbone(gm, node: fx.Node) -> Optional[fx.Node]:
-    """The Conv/ConvTranspose/Linear TensorRT fuses ``node`` into (Conv [→BN] [→act] [→MaxPool], Conv→Sigmoid→Mul), or None."""
-    if not any(_has_path_type(gm, node, p) for p in _PATH_TYPES):
-        return None
-    seen, stack = set(), [node]
-    while stack:  # ModelOpt's _get_backbone: depth first through the inputs, in order
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if "C" in _kinds(gm, n):
-            return n
-        stack.extend(reversed(_parents(n)))
-    return None
-
-
-def _ancestors(node: fx.Node) -> dict:
-    """Every ancestor (the node itself included) with its shortest distance from ``node``."""
-    dist, frontier = {node: 0}, [node]
-    while frontier:
-        nxt = []
-        for n in frontier:
-            for p in _parents(n):
-                if p not in dist:
-                    dist[p] = dist[n] + 1
-                    nxt.append(p)
-        frontier = nxt
-    return dist
-
-
-def _lowest_common_ancestor(a: fx.Node, b: fx.Node):
-    """(lca, distance from a, distance from b) as ModelOpt's find_lowest_common_ancestor; (None, -1, -1) if none."""
-    da, db = _ancestors(a), _ancestors(b)
-    common = [n for n in da if n in db]
-    if not common:
-        return None, -1, -1
-    lca = min(common, key=lambda n: (da[n], db[n]))
-    return lca, da[lca], db[lca]
-
-
-def _residual_rule(gm, node: fx.Node) -> dict:
-    """Which input of a ResidualAdd is the conv path (left float): ModelOpt's build_non_residual_input_map.
-
-    Returns {"conv_path": 0 | 1 | None, "rule": ..., "backbones": [...]} ; conv_path None: both inputs quantized
-    with one shared scale (not a residual join TensorRT fuses into a Conv).
-    """
-    a, b = node.args
-    ba, bb = _fusible_backbone(gm, a), _fusible_backbone(gm, b)
-    backbones = [ba.name if ba is not None else None, bb.name if bb is not None else None]
-    lca, da, db = _lowest_common_ancestor(a, b)
-    if ba is not None and bb is not None:
-        if ba is bb:
-            return {"conv_path": None, "rule": "same-backbone", "backbones": backbones}
-        # both inputs come out of a fusible Conv chain: the one on the longer path to the LCA is the conv path
-        return {"conv_path": 0 if da > db else 1, "rule": "lca", "backbones": backbones}
-    for i, bone in ((0, ba), (1, bb)):
-        if bone is not None:
-            if lca is bone:  # ConvNeXt-style: Conv ---- Add, Conv -- non-backbone -- Add: not a residual join
-                return {"conv_path": None, "rule": "lca-is-backbone", "backbones": backbones}
-            return {"conv_path": i, "rule": "one-backbone", "backbones": backbones}
-    return {"conv_path": None, "rule": "activation+activation", "backbones": backbones}
 
 
 def _enabled(module: nn.Module, attr: str):
@@ -488,78 +239,186 @@ def _enabled(module: nn.Module, attr: str):
     return q if q is not None and getattr(q, "is_enabled", False) else None
 
 
-def tensorrt_placement(qm: fx.GraphModule, residual_quantizers: bool = True) -> dict:
-    """Apply TensorRT's Q/DQ placement to ModelOpt's quantizers of ``qm`` (disables some) and return what was done.
+# ---- the placement plan applied to ModelOpt's quantizers ----------------------------------------------------------
+# ModelOpt puts quantizers on modules: an input quantizer on every Conv/Linear/pool/BatchNorm/LayerNorm/LeakyReLU module
+# (and both inputs of each ResidualAdd), a weight quantizer on every Conv/Linear. Where a Q/DQ goes is the placement
+# plan's decision (lint/placement.py), the same plan the ONNX quantizer inserts: the model is exported once with every
+# input quantizer on and a marker amax of its own (quantizer i: amax i + 1, so the Q/DQ's scale names it), the Q/DQ
+# pairs are taken out again (recording which node input each quantizer feeds), the plan is computed on that float
+# graph, and a quantizer stays on only where the plan wants a Q/DQ. A node the plan makes INT8 that no quantizer reaches
+# (a functional F.linear on a module's weight, nn.MultiheadAttention's in_proj) is reported: this route cannot place
+# the plan, and quantizer auto takes the ONNX quantizer instead.
 
-    ``residual_quantizers`` false: no quantizer on either input of a residual Add (the Add runs in float, as in
-    pytorch-quantization's default QAT models; seed 002's "without the skip-input quantizers").
+_MARKER_TOLERANCE = 1e-3
 
-    Returns a JSON-serialisable dict, plus ``"_groups"``: lists of quantizer names that must share one amax
-    (with the names whose amax decides, or an empty list: the largest of the group) — see apply_shared_scales.
-    """
-    from qdeploy.facts.tensorrt import conv_int8_supported
 
-    nodes = list(qm.graph.nodes)
-    mod = {n: qm.get_submodule(n.target) for n in nodes if n.op == "call_module"}
-    residual, groups, small, inside, pools = {}, [], [], [], []
-    # 3. convs TensorRT will not run in INT8 (ModelOpt's find_nodes_from_convs_to_exclude): both quantizers off
-    for n, m in mod.items():
-        if isinstance(m, _CONV_MODULES) and (_enabled(m, "input_quantizer") or _enabled(m, "weight_quantizer")):
-            first = bool(n.args) and isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"
-            if not conv_int8_supported(m.out_channels, m.weight.shape[1], m.groups, m.kernel_size, first):
-                for attr in ("input_quantizer", "weight_quantizer"):
-                    if _enabled(m, attr):
-                        getattr(m, attr).disable()
-                small.append(n.target)
-    # 1. residual Adds: only the skip input quantized; the conv-path input stays float for Conv+Add fusion
-    for n, m in mod.items():
-        if isinstance(m, ResidualAdd):
-            rule = _residual_rule(qm, n)
-            sides = ("lhs", "rhs")
-            if not residual_quantizers:
-                for side in sides:
-                    q = _enabled(m, f"{side}_input_quantizer")
-                    if q is not None:
-                        q.disable()
-                residual[n.target] = {"skip": None, "conv_path": None, "rule": "residual_quantizers: false",
-                                      "inputs": [a.name for a in n.args], "backbones": rule["backbones"]}
-                continue
-            if rule["conv_path"] is None:
-                skip = "both"
-                groups.append(([f"{n.target}.lhs_input_quantizer", f"{n.target}.rhs_input_quantizer"], []))
-            else:
-                conv = sides[rule["conv_path"]]
-                skip = sides[1 - rule["conv_path"]]
-                q = _enabled(m, f"{conv}_input_quantizer")
-                if q is not None:
-                    q.disable()
-            residual[n.target] = {"skip": skip, "conv_path": None if skip == "both" else conv, "rule": rule["rule"],
-                                  "inputs": [a.name for a in n.args], "backbones": rule["backbones"]}
-    # 4. no Q/DQ between a Conv and its BN / activation (ModelOpt quantizes the inputs of nn.BatchNorm*, nn.LeakyReLU,
-    #    nn.InstanceNorm*): TensorRT fuses them into the Conv as its epilogue; likewise after a fused Conv+Add
-    for n, m in mod.items():
-        if isinstance(m, _BACKBONE_MODULES + _POOL_MODULES + (ResidualAdd,)) or not n.args or not isinstance(n.args[0], fx.Node):
+def _marker_export(qm: nn.Module, select, example: torch.Tensor, opset: int, acts: list, quantizers: dict):
+    """The ONNX of ``qm`` with input quantizer i exported as a Q/DQ of scale (i + 1) / 127 and no weight quantizer."""
+    import onnx
+
+    weights = [n for n in quantizers if n.endswith("weight_quantizer")]
+    for n in weights:
+        quantizers[n].disable()
+    for i, n in enumerate(acts):
+        q = quantizers[n]
+        q.amax = torch.tensor(float(i + 1))
+        q.disable_calib()
+        q.enable_quant()
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(SelectOutput(qm, select).eval(), (example,), buf, dynamo=False,
+                              opset_version=max(opset, 13), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                              do_constant_folding=True)
+    except Exception as e:
+        raise NotApplicable(f"the model with ModelOpt's quantizers does not export to ONNX "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use quantizer: onnx") from None
+    finally:
+        for n in weights:
+            quantizers[n].enable()
+        for n in acts:
+            quantizers[n].reset_amax()
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _strip_markers(model, acts: list) -> dict:
+    """Remove the marker Q/DQ pairs from ``model`` (in place); {quantizer name: [(consumer node, input index)]}."""
+    from qdeploy.facts.tensorrt import DQ_SEES_THROUGH
+    from qdeploy.utils.onnx_graph import OnnxGraph
+
+    g = OnnxGraph(model)
+    g.ensure_node_names()
+    g = OnnxGraph(model)
+    sites: dict[str, list] = {}
+    drop = set()
+    # the Casts ModelOpt's quantizers export besides their Q/DQ (float to float): identities that would lengthen one
+    # path to a residual Add's common ancestor and so change which input the plan calls the conv path
+    for cast in (n for n in model.graph.node if n.op_type == "Cast" and "_quantizer/" in n.name):
+        for c in g.consumers.get(cast.output[0], []):
+            for j, i in enumerate(c.input):
+                if i == cast.output[0]:
+                    c.input[j] = cast.input[0]
+        if all(o.name != cast.output[0] for o in model.graph.output):
+            drop.add(id(cast))
+    g = OnnxGraph(model)
+    for dq in list(model.graph.node):
+        if dq.op_type != "DequantizeLinear":
             continue
-        q = _enabled(m, "input_quantizer")
-        src = n.args[0]
-        fused_add = src.op == "call_module" and src.target in residual and residual[src.target]["conv_path"] is not None
-        if q is not None and (_fusible_backbone(qm, src) is not None or fused_add):
-            q.disable()
-            inside.append(f"{n.target}.input_quantizer")
-    # 2. pooling: ModelOpt quantizes pooling inputs, so a pool feeding a quantized consumer had Q/DQ on both sides, with two
-    #    scales (TensorRT requantizes in between). We leave the pool's input float and keep the one Q/DQ after it (the
-    #    consumer's input quantizer). MaxPool commutes with quantization (max(Q(x)) == Q(max(x)), monotonic), and TensorRT
-    #    propagates Q backwards across it (developer guide, "Q/DQ propagation": MaxPool is a commuting layer), so it still
-    #    runs MaxPool in INT8 with one scale. AvgPool: giving both sides the input's scale (the other option) made the
-    #    pooled values means of integers, i.e. exact rounding ties at the consumer's Q (flipped by float noise: the
-    #    EfficientNet-B0 squeeze-excitation gates, see the export check in calibrate.py / tests) and quantized the SE
-    #    input with the ~5x wider range of the un-pooled tensor.
-    for n, m in mod.items():
-        if isinstance(m, _POOL_MODULES) and _enabled(m, "input_quantizer") is not None:
-            m.input_quantizer.disable()
-            pools.append(f"{n.target}.input_quantizer")
-    return {"residual_adds": residual, "excluded_small_channel_convs": small, "excluded_inside_conv_chains": inside,
-            "excluded_pool_inputs": pools, "_groups": groups}
+        q = g.producer.get(dq.input[0])
+        scale = g.constant_value(dq.input[1])
+        if q is None or q.op_type != "QuantizeLinear" or scale is None or scale.size != 1:
+            continue
+        marker = float(scale.reshape(-1)[0]) * 127.0
+        idx = int(round(marker)) - 1
+        if not (0 <= idx < len(acts)) or abs(marker - (idx + 1)) > _MARKER_TOLERANCE:
+            continue
+        src = q.input[0]
+        frontier = [dq.output[0]]
+        while frontier:  # the consumers, through the ops a DQ is seen through (a Linear's Reshape)
+            t = frontier.pop()
+            for c in g.consumers.get(t, []):
+                # a subclass's own padding (DQ → Pad → Conv, folded into the Conv at export: QD009) included
+                if c.op_type in DQ_SEES_THROUGH + ("Pad",) and c.op_type != "Cast":
+                    frontier.extend(c.output)
+                    continue
+                sites.setdefault(acts[idx], []).extend((c.name, j) for j, i in enumerate(c.input) if i == t)
+        for c in g.consumers.get(dq.output[0], []):
+            for j, i in enumerate(c.input):
+                if i == dq.output[0]:
+                    c.input[j] = src
+        for o in model.graph.output:
+            if o.name == dq.output[0]:
+                raise NotApplicable("a quantizer sits on the model's output; use quantizer: onnx")
+        drop.update((id(q), id(dq)))
+    keep = [n for n in model.graph.node if id(n) not in drop]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return sites
+
+
+def apply_plan(qm: nn.Module, select, example: torch.Tensor, opset: int, exclude: set, residual_quantizers: bool = True
+               ) -> dict:
+    """Disable every ModelOpt quantizer of ``qm`` that the TensorRT placement plan does not want (see above); returns
+    what was done, plus ``"_groups"`` (quantizers that share one amax: apply_shared_scales). Raises NotApplicable when a
+    node the plan makes INT8 has no quantizer of this model to carry its Q/DQ."""
+    from qdeploy.lint.placement import placement_plan
+    from qdeploy.quantize.exclude import module_of_node
+
+    _, TensorQuantizer = _modelopt()
+    quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
+    acts = [n for n in quantizers if not n.endswith("weight_quantizer")]
+    model = _marker_export(qm, select, example, opset, acts, quantizers)
+    sites = _strip_markers(model, acts)
+
+    def owner(quantizer: str) -> str:
+        return quantizer.rsplit(".", 1)[0]
+
+    def excluded_module(m: str) -> bool:
+        return any(m == e or m.startswith(e + ".") for e in exclude)
+
+    nodes = {n.name: n for n in model.graph.node}
+    user = {n: "excluded by the config" for n in nodes if excluded_module(module_of_node(n))}
+    plan = placement_plan(model, "tensorrt", excluded=user)
+    kept, disabled, groups = set(), {}, []
+    for name in acts:
+        wanted = [(c, j) for c, j in sites.get(name, []) if plan.wants(c, j)]
+        is_residual = name.endswith(("lhs_input_quantizer", "rhs_input_quantizer"))
+        if wanted and not (is_residual and not residual_quantizers):
+            kept.add(name)
+            continue
+        consumers = [nodes[c] for c, _ in sites.get(name, []) if c in nodes]
+        d = next((plan.decisions[c.name] for c in consumers if c.name in plan.decisions), None)
+        op = consumers[0].op_type if consumers else "?"
+        disabled[name] = ("residual_quantizers: false" if is_residual and not residual_quantizers
+                          else f"{op}: {d.rule}" if d is not None else f"{op}: no rule makes it INT8")
+    for name in quantizers:
+        if name.endswith("weight_quantizer") and f"{owner(name)}.input_quantizer" not in kept:
+            disabled[name] = "its module's input stays float"
+    for name in disabled:
+        quantizers[name].disable()
+    # the plan's INT8 compute nodes, each reached by a kept input quantizer whose module quantizes the weight too
+    covered = set()
+    for name in kept:
+        weighted = _enabled(qm.get_submodule(owner(name)), "weight_quantizer") is not None
+        for c, j in sites.get(name, []):
+            if weighted or nodes.get(c) is not None and nodes[c].op_type == "Add":
+                covered.add(c)
+    uncovered = [n for n in plan.int8_compute() if n not in covered]
+    if uncovered:
+        more = f" and {len(uncovered) - 5} more" if len(uncovered) > 5 else ""
+        raise NotApplicable(
+            f"ModelOpt has no quantizer for {len(uncovered)} of the {len(plan.int8_compute())} compute op(s) the TensorRT "
+            f"placement plan makes INT8: {', '.join(uncovered[:5])}{more} (a functional op on a module's weight, or a "
+            "module class ModelOpt does not quantize); the ONNX quantizer places them")
+    residual = {}
+    for add in (n for n in plan.decisions if plan.decisions[n].rule == "residual-add"):
+        qs = {q: j for q in acts for c, j in sites.get(q, []) if c == add}
+        on = sorted(q for q in qs if q in kept)
+        if not qs:
+            continue
+        module = owner(next(iter(qs)))
+        side = {0: "lhs", 1: "rhs"}
+        skip = "both" if len(on) == 2 else side[qs[on[0]]] if on else None
+        residual[module] = {"skip": skip, "rule": plan.decisions[add].why.rsplit("(", 1)[-1].rstrip(")"),
+                            "conv_path": None if skip in ("both", None) else side[1 - qs[on[0]]]}
+        if add in plan.shared_scale_adds and len(on) == 2:
+            groups.append((on, []))
+    by = {"narrow-conv": [], "pool": [], "chain": [], "rule": {}}
+    for name, why in disabled.items():
+        if why.startswith("Conv: narrow-conv"):
+            if name.endswith("input_quantizer"):
+                by["narrow-conv"].append(owner(name))
+        elif why.split(":")[0] in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+            by["pool"].append(name)
+        elif why.endswith("no rule makes it INT8"):
+            by["chain"].append(name)
+        elif not name.endswith("weight_quantizer") and why != "residual_quantizers: false":
+            by["rule"][owner(name)] = why
+    return {"placement_plan": plan.summary(), "residual_adds": residual, "excluded_small_channel_convs": by["narrow-conv"],
+            "excluded_pool_inputs": sorted(by["pool"]), "excluded_inside_conv_chains": sorted(by["chain"]),
+            "float_by_placement_rule": by["rule"], "_groups": groups,
+            "_se_modules": sorted({owner(q) for q, w in disabled.items() if "squeeze-excitation" in w})}
 
 
 def apply_shared_scales(quantizers: dict, groups: list) -> list:
@@ -685,14 +544,21 @@ def _quant_config(method: str) -> dict:
 
 def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total: int, method: str,
                          percentile: float = 99.99, exclude: Iterable[str] = (), amax: Optional[dict] = None,
-                         stats_memo: Optional[dict] = None, residual_quantizers: bool = True):
+                         stats_memo: Optional[dict] = None, residual_quantizers: bool = True,
+                         example: Optional[torch.Tensor] = None, opset: int = 17):
     """ModelOpt-quantized copy of ``model`` and its quantizers' amax.
 
     ``exclude``: names of modules whose quantizers stay disabled (float). ``amax`` given: reuse it, no
     calibration. ``stats_memo``: a dict kept for one run, so that entropy, percentile and mse variants
-    share one statistics pass (their quantizers have the same names).
+    share one statistics pass (their quantizers have the same names). ``example``: an input for the placement export
+    (default: two images of the first calibration batch).
     """
     mtq, TensorQuantizer = _modelopt()
+    if example is None:
+        batches = iter(batches)
+        first = next(batches)
+        batches = itertools.chain([first], batches)
+        example = torch.from_numpy(np.asarray(first[:2], dtype=np.float32))
     select = model.key if isinstance(model, SelectOutput) else None
     inner = model.model if isinstance(model, SelectOutput) else model  # the output selector is not traceable
     gm, n_adds = prepare_for_quantization(inner)
@@ -702,16 +568,10 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         qm = mtq.quantize(gm, _quant_config(method), forward_loop=lambda m: None)
     # a module named is excluded with its children: onnx2torch converts a padded Conv node to Sequential(pad, conv)
     exclude = {n for n, _ in qm.named_modules() if n and any(n == e or n.startswith(e + ".") for e in (exclude or ()))}
-    rule_float = disable_float_by_rule(qm)  # LayerNorm (ModelOpt's QuantLayerNorm has an input quantizer), and any rule added
-    missed = unquantized_compute(qm, exclude | set(rule_float))
-    if missed:  # never ship float convs silently: quantizer auto falls back to the ONNX quantizer
-        more = f" and {len(missed) - 5} more" if len(missed) > 5 else ""
-        raise NotApplicable(
-            f"ModelOpt leaves {len(missed)} conv/linear op(s) of the model unquantized: {', '.join(missed[:5])}{more} "
-            "(functional ops on parameters, or module classes ModelOpt cannot quantize); use quantizer: onnx")
     excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
                        if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
-    placement = tensorrt_placement(qm, residual_quantizers)  # disables the quantizers TensorRT's placement rules leave out
+    # the placement plan (lint/placement.py) decides which quantizers stay on; NotApplicable where it cannot be placed
+    placement = apply_plan(qm, select, example, opset, exclude, residual_quantizers)
     groups = placement.pop("_groups")
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
     for name in list(quantizers):
@@ -804,7 +664,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                  "median_gain": round(float(np.median(all_gains)), 2)}
     return qm, amax, {"shared_statistics": shared, "residual_adds_with_quantizers": n_adds, "quantizers": len(quantizers),
                       "equalized_depthwise_inputs": equalized, "warnings": warnings_found,
-                      "excluded_by_user": excluded, "float_by_placement_rule": sorted(rule_float), **placement,
+                      "excluded_by_user": excluded, **placement,
                       "shared_scale_groups": shared_groups}
 
 

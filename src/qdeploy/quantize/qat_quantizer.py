@@ -102,7 +102,7 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
     fingerprint = training_fingerprint(setup, int8, calibration_identity)
     work = Path(setup.work_dir) if setup.work_dir is not None else Path(inputs.cache_dir) / "qat" / fingerprint[:20]
     work.mkdir(parents=True, exist_ok=True)
-    student, info = calibrated_model(inputs, ptq_start(int8))
+    (student, info), inputs = plan_covering_model(inputs, int8)
     info = dict(info, qat_fingerprint=fingerprint, qat_folder=str(work))
     student = student.to(device)
     if q.ranges == "learned":  # before any checkpoint is loaded: the learned amax are parameters of the state dict
@@ -145,6 +145,35 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
     del teacher
     _finish_ranges(student, q, info)
     return student, info, train_log, work
+
+
+def plan_covering_model(inputs: QuantizeInputs, int8: Int8Config):
+    """((PTQ-calibrated ModelOpt model, info), the inputs it was made from): ModelOpt on the PyTorch model, or, where
+    ModelOpt cannot reach every op the placement plan makes INT8 there (a functional F.linear on a module's weight,
+    nn.MultiheadAttention), ModelOpt on the FP32 ONNX as a PyTorch module (onnx2torch, each matmul on a stored weight an
+    nn.Linear): PTQ takes the ONNX quantizer then, and QAT, which needs a PyTorch model, must reach the same coverage."""
+    import dataclasses
+
+    from qdeploy.config import VerifySpec
+    from qdeploy.errors import ModelError
+    from qdeploy.export.onnx_to_torch import torch_from_onnx
+
+    try:
+        return calibrated_model(inputs, ptq_start(int8)), inputs
+    except NotApplicable as first:
+        try:
+            twin = torch_from_onnx(Path(inputs.fp32_onnx), inputs.check_inputs, VerifySpec())
+        except ModelError as e:
+            raise NotApplicable(f"{first}; the FP32 ONNX as a PyTorch module neither: {e}") from None
+        log(f"qat: {first}; training the FP32 ONNX as a PyTorch module instead (onnx2torch)")
+        twin_inputs = dataclasses.replace(inputs, torch_model=lambda: twin)
+        try:
+            student, info = calibrated_model(twin_inputs, ptq_start(int8))
+        except NotApplicable as e:
+            raise NotApplicable(f"{first}; the FP32 ONNX as a PyTorch module neither: {e}") from None
+        info["quantizer_fallback"] = [{"quantizer": "modelopt on the PyTorch model", "reason": str(first),
+                                       "instead": "modelopt on the FP32 ONNX as a PyTorch module (onnx2torch)"}]
+        return (student, info), twin_inputs
 
 
 def _finish_ranges(student: nn.Module, q: QatConfig, info: dict) -> None:

@@ -29,11 +29,9 @@ import numpy as np
 from qdeploy.facts.onnxruntime import reduce_range_reason, u8s8_saturates
 from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
-from qdeploy.lint.rules import conv_runs_int8_in_tensorrt
 from qdeploy.quantize.equalize import equalize_depthwise_inputs
-from qdeploy.lint.placement import convs_without_int8_kernel, float_nodes, int8_op_types
+from qdeploy.lint.placement import COMPUTE_OPS, FLOAT, PlacementPlan, convs_without_int8_kernel, int8_op_types, placement_plan
 from qdeploy.quantize.exclude import match_nodes
-from qdeploy.quantize.patterns import squeeze_excitation_nodes
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
 from qdeploy.utils.onnx_graph import OnnxGraph, inline_constant_identities
@@ -53,10 +51,8 @@ def tensors_to_calibrate(model, target: str):
     graph = OnnxGraph(model)
     names = set()
     for node in graph.nodes:
-        if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
-            names.add(node.input[0])
-        elif node.op_type == "MatMul":
-            names.update(i for i in node.input if not graph.is_constant(i))
+        if node.op_type in COMPUTE_OPS:
+            names.update(i for i in node.input[:2] if i and not graph.is_constant(i))
     for node in graph.residual_adds():
         names.update(node.input)
     return sorted(names)
@@ -93,13 +89,15 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     model = onnx.shape_inference.infer_shapes(model)
     OnnxGraph(model).ensure_node_names()
     user_excluded, unmatched = select_excluded(model, exclude, exclude_ops)
+    # the placement plan (lint/placement.py): every node a rule decides, with the rule; this quantizer inserts it
+    plan = placement_plan(model, target, excluded={n: "excluded by the config" for n in user_excluded})
     excluded = list(user_excluded)
-    # squeeze-excitation branches stay float in both placements (patterns.py says why)
-    se_nodes = [n for n in squeeze_excitation_nodes(model) if n not in excluded]
-    excluded += se_nodes
-    # the placement rules' float ops (lint/placement.py: LayerNorm, Softmax, GELU; for TensorRT also attention's matmuls
-    # of two activations), each with its reason
-    rule_float = [n for n in float_nodes(OnnxGraph(model), target) if n not in excluded]
+    se_nodes = list(plan.float_nodes("squeeze-excitation"))
+    narrow = list(plan.float_nodes("narrow-conv"))
+    excluded += se_nodes + narrow
+    # the other rules' float ops (LayerNorm, Softmax, GELU; for TensorRT also attention's matmuls of two activations)
+    rule_float = [n for n, d in plan.decisions.items()
+                  if d.role == FLOAT and d.rule not in ("excluded", "squeeze-excitation", "narrow-conv")]
     if split_activations:  # asked for ONNX Runtime's own placement of SiLU/hardswish's pieces: their Mul too
         g = QdqGraph(model)
         pieces = {p.name for node in g.nodes if (pair := g.swish(node)) is not None for p in (node, pair[1])}
@@ -126,9 +124,9 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
 
     def place(excluded: list[str]):
         return _place(copy.deepcopy(model), ranges, target, excluded, exclude_ops, symmetric,
-                      fix_swish=bool(swish_nodes) and not quantized_conv_outputs)
+                      fix_swish=bool(swish_nodes) and not quantized_conv_outputs, plan=plan)
 
-    qmodel, fixes, plan, op_types = place(excluded)
+    qmodel, fixes, op_types = place(excluded)
     float_convs: list[str] = []
     if target == "onnxruntime":
         # a conv ONNX Runtime cannot fuse into QLinearConv runs slower than in FP32: float (placement.py says why);
@@ -139,7 +137,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
                 break
             float_convs += more
             excluded += more
-            qmodel, fixes, plan, op_types = place(excluded)
+            qmodel, fixes, op_types = place(excluded)
     # ONNX Runtime's quantizer appends its Q/DQ nodes (its own save_model_to_file sorts them): the ONNX spec, the checker
     # and TensorRT's parser want the nodes in topological order
     from onnxruntime.quantization.onnx_model import ONNXModel
@@ -148,15 +146,16 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     with atomic_path(out_path) as tmp:
         onnx.save(qmodel, str(tmp))
     return {"excluded_by_user": user_excluded, "unmatched_patterns": unmatched, "op_types": op_types,
-            "excluded_small_channel_convs": plan.get("small_channel_convs", []), "placement_fixes": fixes,
+            "excluded_small_channel_convs": narrow, "placement_fixes": fixes, "placement_plan": plan.summary(),
             "excluded_squeeze_excitation": se_nodes, "float_by_placement_rule": rule_float, "equalized_depthwise_inputs": equalized, "activations_kept_whole": swish_nodes,
             "float_convs_without_int8_kernel": float_convs, "quantized_conv_outputs": quantized_conv_outputs,
             "reduce_range": reduce_range_reason(target == "onnxruntime" and u8s8_saturates())}
 
 
-def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, symmetric: bool, fix_swish: bool):
+def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, symmetric: bool, fix_swish: bool,
+           plan: PlacementPlan):
     """One run of ONNX Runtime's Q/DQ quantizer with these float nodes, then the placement's fixes: (Q/DQ model, fixes
-    applied, TensorRT plan, quantized op types)."""
+    applied, quantized op types)."""
     import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
@@ -179,11 +178,10 @@ def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, s
                     lo, hi = (-amax, amax) if symmetric else (min(float(arr.min()), 0.0), max(float(arr.max()), 1e-8))
                     data[node.output[0]] = TensorData(lowest=np.float32(lo), highest=np.float32(hi))
     tensors_range = TensorsData(CalibrationMethod.MinMax, data)
-    plan = {}
     if target == "tensorrt":
-        plan = tensorrt_plan(model)
-        excluded += plan["small_channel_convs"]
-        for a, b in plan["shared_scale_adds"]:  # activation+activation Adds: one scale for both inputs
+        g = OnnxGraph(model)
+        adds = {n.name: n for n in g.nodes if n.name in set(plan.shared_scale_adds)}
+        for a, b in (tuple(adds[n].input[:2]) for n in plan.shared_scale_adds if n in adds):  # one scale for both inputs
             if a in data and b in data:
                 hi = max(float(data[a].range_value[1]), float(data[b].range_value[1]))
                 data[a] = data[b] = TensorData(lowest=np.float32(-hi), highest=np.float32(hi))
@@ -195,7 +193,7 @@ def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, s
             "ActivationSymmetric": True, "WeightSymmetric": True, "AddQDQPairToWeight": True,
             "QuantizeBias": False, "OpTypesToExcludeOutputQuantization": op_types, "DedicatedQDQPair": False,
             # TensorRT's INT8 deconvolution wants per-channel weight scales along axis 0 (ONNX Runtime uses 1)
-            "TensorQuantOverrides": {w: [{"axis": 0}] for w in plan["convtranspose_weights"]},
+            "TensorQuantOverrides": {w: [{"axis": 0}] for w in convtranspose_weights(g)},
             # the bias stays float for TensorRT, so ONNX Runtime's int32-bias weight-scale adjustment must not run
             # (it also assumes the ConvTranspose weight axis is 1 and indexes out of range with axis 0)
             "QDQDisableWeightAdjustForInt32Bias": True,
@@ -221,7 +219,7 @@ def _place(model, ranges: dict, target: str, excluded: list[str], exclude_ops, s
         snap_weights_to_grid(qmodel)
     elif fix_swish:  # the Q/DQ ONNX Runtime still puts on SiLU's input (a quantized conv's output) goes too
         fixes = apply_fixes(qmodel, {"QD007"})
-    return qmodel, fixes, plan, op_types
+    return qmodel, fixes, op_types
 
 
 def snap_weights_to_grid(model) -> int:
@@ -258,15 +256,6 @@ def snap_weights_to_grid(model) -> int:
 PLACEMENT_FIXES = {"QD001", "QD004", "QD005", "QD006", "QD007", "QD009"}
 
 
-def tensorrt_plan(model) -> dict:
-    """What TensorRT's placement decides before any Q/DQ exists: convs too narrow for INT8 kernels,
-    activation+activation Adds whose inputs share a scale, ConvTranspose weights (axis 0)."""
-    g = QdqGraph(model)
-    narrow = [n.name for n in g.nodes if n.op_type == "Conv" and conv_runs_int8_in_tensorrt(g, n) is False]
-    shared = []
-    for add in g.residual_adds():
-        idx, _ = g.residual_conv_input(add)
-        if idx is None:
-            shared.append((add.input[0], add.input[1]))
-    weights = [n.input[1] for n in g.nodes if n.op_type == "ConvTranspose" and len(n.input) > 1 and n.input[1] in g.initializers]
-    return {"small_channel_convs": narrow, "shared_scale_adds": shared, "convtranspose_weights": weights}
+def convtranspose_weights(g: OnnxGraph) -> list[str]:
+    """ConvTranspose weights (TensorRT wants their per-channel scales along axis 0)."""
+    return [n.input[1] for n in g.nodes if n.op_type == "ConvTranspose" and len(n.input) > 1 and n.input[1] in g.initializers]

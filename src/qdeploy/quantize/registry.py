@@ -23,7 +23,7 @@ from qdeploy.config import Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.lint import lint_model, load_qdq_model, structure_line
 from qdeploy.quantize.exclude import module_of_node, scope_key
-from qdeploy.quantize.patterns import squeeze_excitation_nodes
+from qdeploy.lint.patterns import squeeze_excitation_nodes
 from qdeploy.quantize.trt_cache import write_trt_cache
 from qdeploy.utils.log import log, warn
 
@@ -111,14 +111,18 @@ def quantize(inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantRe
     """The INT8 Q/DQ ONNX of ``cfg`` at ``out_path`` (+ ``.trtcache``), with its structure report."""
     t0 = time.perf_counter()
     tried = candidates(cfg, inputs.has_torch)
+    passed_over = []
     for i, quantizer in enumerate(tried):
         try:
             result = quantizer.quantize(inputs, cfg, out_path)
             break
-        except NotApplicable as e:  # e.g. torch.fx cannot trace the model: the next quantizer may
+        except NotApplicable as e:  # torch.fx cannot trace the model, the placement plan has ops ModelOpt cannot reach
             if i + 1 == len(tried):
                 raise
             warn(f"quantizer {quantizer.name}: {e}; falling back to quantizer {tried[i + 1].name}")
+            passed_over.append({"quantizer": quantizer.name, "reason": str(e)})
+    if passed_over:  # the structure report and results.json say which quantizer gave way, and why
+        result.info["quantizer_fallback"] = passed_over
     return finish(result, cfg, out_path, quantizer.name, t0)
 
 

@@ -30,8 +30,9 @@ def _activation_input(g: QdqGraph, node) -> tuple[str | None, list[str]]:
 
 
 def squeeze_excitation_branches(model) -> list[dict]:
-    """Each SE branch: {"mul": gate Mul, "nodes": [pool, conv, activation..., conv, gate]} (node names)."""
-    g = QdqGraph(model)
+    """Each SE branch: {"mul": gate Mul, "nodes": [pool, conv, activation..., conv, gate]} (node names). ``model``: an
+    ONNX model or a graph view of one."""
+    g = model if isinstance(model, QdqGraph) else QdqGraph(model)
     found = []
     for mul in g.nodes:
         if mul.op_type != "Mul" or len(mul.input) != 2:
