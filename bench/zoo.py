@@ -4,6 +4,9 @@
     python bench/zoo.py --slice fast --json OUT.json        # ~10 diverse models (the CI slice)
     python bench/zoo.py --all --json docs/results/zoo.json --markdown docs/zoo.md
     python bench/zoo.py --only resnet18 --only timm/deit --json OUT.json --merge
+    python bench/zoo.py --all --source timm --jobs 8 --threads 2 --part 1/3 --deadline 430 --stop-at 540 --json OUT.json
+                                                            # 8 models at a time, a third of them, within a time limit
+                                                            # (bench/zoo_device.sh: the device machine's 16 cores)
 
 Each model runs in its own Python subprocess (``--worker``), so a crash, an out-of-memory kill or a hang ends that model's
 row only (``--timeout-per-model``). The worker drives qdeploy through its public API: ``api.open_run`` with a config dict
@@ -14,7 +17,9 @@ built, loaded and run on the images) for these variants:
 
     fp32                onnxruntime fp32 (the export, verified against PyTorch/Keras by qdeploy's export.verify)
     trt-onnx            onnxruntime int8, placement tensorrt, quantizer onnx
-    trt-modelopt        onnxruntime int8, placement tensorrt, quantizer modelopt (PyTorch sources)
+    trt-auto            onnxruntime int8, placement tensorrt, quantizer auto (PyTorch sources): the route optimize takes,
+                        ModelOpt on the PyTorch model, or the ONNX quantizer where ModelOpt cannot place the placement plan
+                        (the row's ``quantizer_auto`` says which, and ``quantizer_fallback`` why)
     ort                 onnxruntime int8, placement onnxruntime
     openvino            openvino int8 (the ONNX Runtime-placement Q/DQ file loaded by OpenVINO)
 
@@ -22,18 +27,19 @@ Checks (``true`` or a one-line reason; a check that does not apply to a source i
 
     export_verified             the FP32 ONNX was exported and verified (ONNX Runtime vs the framework's outputs)
     tensorrt_onnx_builds        trt-onnx built and ran (exact Q/DQ in ONNX Runtime)
-    tensorrt_modelopt_builds    trt-modelopt built and ran
+    tensorrt_auto_builds        trt-auto built and ran
     int8_macs_90_onnx           >= 90 % of MACs INT8 in trt-onnx (optimize.candidates.int8_macs_share over the FP32
-    int8_macs_90_modelopt       ONNX's per-layer MACs from optimize.sensitivity.layer_sensitivity, as optimize does)
+    int8_macs_90_auto           ONNX's per-layer MACs from optimize.sensitivity.layer_sensitivity, as optimize does)
     lint_clean_onnx             no blocks-int8 finding left in the quantizer's lint (after its explained exclusions)
-    lint_clean_modelopt
+    lint_clean_auto
     onnxruntime_placement_runs  ort built and ran
     openvino_loads_int8         openvino built, loaded (compiled) and ran the INT8 file
     torch_program_reloads       the PyTorch model saved as a torch-cpu program (artifacts.torch_program.save_program,
                                 what optimize --target torch-cpu saves) reloads in a fresh process (its own
                                 load_model.py) with outputs equal to the PyTorch model's (max |diff| <= 1e-4 x max |ref|)
 
-``tensorrt_int8_macs_share`` in a row: the lower of the two quantizers' shares (each in ``..._by_quantizer``).
+``tensorrt_int8_macs_share`` in a row: the share of the route optimize takes (quantizer auto; onnx for Keras sources,
+which have no PyTorch model); each quantizer's in ``..._by_quantizer``.
 """
 from __future__ import annotations
 
@@ -55,12 +61,12 @@ ZOO_MODELS = Path(__file__).resolve().parent / "zoo_models.py"
 NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 CLASSES = 3
 MACS_LIMIT = 0.90
-CHECKS = ["export_verified", "tensorrt_onnx_builds", "tensorrt_modelopt_builds", "int8_macs_90_onnx",
-          "int8_macs_90_modelopt", "lint_clean_onnx", "lint_clean_modelopt", "onnxruntime_placement_runs",
+CHECKS = ["export_verified", "tensorrt_onnx_builds", "tensorrt_auto_builds", "int8_macs_90_onnx",
+          "int8_macs_90_auto", "lint_clean_onnx", "lint_clean_auto", "onnxruntime_placement_runs",
           "openvino_loads_int8", "torch_program_reloads"]
-SHORT = {"export_verified": "export", "tensorrt_onnx_builds": "trt onnx", "tensorrt_modelopt_builds": "trt modelopt",
-         "int8_macs_90_onnx": "MACs≥90% onnx", "int8_macs_90_modelopt": "MACs≥90% modelopt",
-         "lint_clean_onnx": "lint onnx", "lint_clean_modelopt": "lint modelopt",
+SHORT = {"export_verified": "export", "tensorrt_onnx_builds": "trt onnx", "tensorrt_auto_builds": "trt auto",
+         "int8_macs_90_onnx": "MACs≥90% onnx", "int8_macs_90_auto": "MACs≥90% auto",
+         "lint_clean_onnx": "lint onnx", "lint_clean_auto": "lint auto",
          "onnxruntime_placement_runs": "ORT int8", "openvino_loads_int8": "OV int8", "torch_program_reloads": "torch-cpu program"}
 
 
@@ -258,13 +264,15 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
     variants = [{"engine": "onnxruntime", "precision": "fp32"},
                 {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "onnx"}]
     if pytorch:
-        variants.append({"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "modelopt"})
+        variants.append({"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "auto"})
     variants += [{"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"},
                  {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"}]
+    for v in variants:  # each engine keeps to the worker's threads (their defaults take every core: --jobs contention)
+        v["threads"] = threads
     cfg = {"model": model, "data": {"eval": {"root": str(work / "eval")}, "calibration": {"root": str(work / "calib")}},
            "variants": variants, "bench": {"enabled": False}, "report": {}}
-    applicable = [c for c in CHECKS if pytorch or c not in ("tensorrt_modelopt_builds", "int8_macs_90_modelopt",
-                                                              "lint_clean_modelopt", "torch_program_reloads")]
+    applicable = [c for c in CHECKS if pytorch or c not in ("tensorrt_auto_builds", "int8_macs_90_auto",
+                                                              "lint_clean_auto", "torch_program_reloads")]
     try:
         ctx = api.open_run(cfg, work / "out", stages=("eval",), cache_dir=work / "cache")
     except BaseException as ex:  # noqa: BLE001 - the model does not build/run: every check fails with why
@@ -311,7 +319,7 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
 
         row["variants"] = {k: {"status": r.status, "failed_stage": r.failed_stage, "reason": r.reason}
                            for k, r in records.items()}
-        for q in (["onnx", "modelopt"] if pytorch else ["onnx"]):
+        for q in (["onnx", "auto"] if pytorch else ["onnx"]):
             r = by("onnxruntime", "tensorrt", q)
             built = r is not None and r.artifact is not None
             checks[f"tensorrt_{q}_builds"] = True if (r is not None and r.ok) else \
@@ -321,6 +329,10 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
                 checks[f"int8_macs_90_{q}"] = checks[f"lint_clean_{q}"] = reason
                 continue
             info = r.artifact.info
+            if q == "auto":
+                row["quantizer_auto"] = info.get("quantizer")
+                if info.get("quantizer_fallback"):
+                    row["quantizer_fallback"] = [_one_line(f"{f['quantizer']}: {f['reason']}") for f in info["quantizer_fallback"]]
             share = None
             try:
                 share = int8_macs_share(r, info.get("structure") or {}, macs, fp32.path if fp32 else None)
@@ -349,8 +361,8 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
             else:
                 checks[f"lint_clean_{q}"] = True
             row.setdefault("lint_counts", {})[q] = lint.get("counts")
-        shares = [s for s in row["tensorrt_int8_macs_share_by_quantizer"].values() if s is not None]
-        row["tensorrt_int8_macs_share"] = min(shares) if shares else None
+        by_q = row["tensorrt_int8_macs_share_by_quantizer"]
+        row["tensorrt_int8_macs_share"] = by_q.get("auto" if pytorch else "onnx")
         r = by("onnxruntime", "onnxruntime")
         checks["onnxruntime_placement_runs"] = True if r is not None and r.ok else \
             (_record_reason(r) if r is not None else "variant not resolved")
@@ -418,18 +430,43 @@ def _torch_program(ctx, e: Entry, work: Path, np, torch):
 
 
 # ------------------------------------------------------------------------------------------------ the driver
-def run_one(e: Entry, timeout: float, threads: int, keep: Path | None) -> dict:
+def _not_run_row(e: Entry, why: str) -> dict:
+    """A model the sweep did not run (or stopped) at its --deadline / --stop-at: every applicable check says why and
+    ``not_run`` marks the row, so the summary leaves it out and a later ``--merge`` run keeps an older real row."""
+    pytorch = e.kind != "keras"
+    return {**e.to_dict(), "checks": {c: why for c in CHECKS if pytorch or c not in (
+        "tensorrt_auto_builds", "int8_macs_90_auto", "lint_clean_auto", "torch_program_reloads")},
+        "tensorrt_int8_macs_share": None, "not_run": why, "wall_s": 0.0}
+
+
+def run_one(e: Entry, timeout: float, threads: int, keep: Path | None, cpus: set[int] | None = None,
+            stop_at: float | None = None) -> dict:
+    """One model in its own worker subprocess. ``cpus``: pin the worker (and its children) to these CPUs, so that
+    parallel workers do not share cores (OpenVINO sizes its pool from the CPUs it may use; ONNX Runtime's default
+    pool, sized from all cores, stays confined to them). ``stop_at``: a time.perf_counter() instant past which the worker is killed and the row marked not run."""
+    if stop_at is not None and stop_at - time.perf_counter() < 1:
+        return _not_run_row(e, "not run: deadline")
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
         work = Path(tmp)
         result = work / "row.json"
+        # the repo's src first, then whatever PYTHONPATH the sweep was started with (the device's carried site-packages)
+        pypath = os.pathsep.join([str(REPO / "src")] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
-               "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO / "src")}
+               "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": pypath}
+        cut = stop_at is not None and stop_at - time.perf_counter() < timeout
+        if cut:
+            timeout = max(1.0, stop_at - time.perf_counter())
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.label, "--workdir", str(work),
                "--threads", str(threads)]
         t0 = time.perf_counter()
         log = work / "worker.log"
         with open(log, "w") as f:
             p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=REPO)
+            if cpus:
+                try:  # before the worker has imported anything (its threads and children inherit the mask)
+                    os.sched_setaffinity(p.pid, cpus)
+                except OSError:
+                    pass
             try:
                 rc = p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -443,12 +480,14 @@ def run_one(e: Entry, timeout: float, threads: int, keep: Path | None) -> dict:
             (keep / f"{e.label.replace('/', '__')}.log").write_text(log.read_text(errors="replace"))
         if result.is_file():
             row = json.loads(result.read_text())
+        elif rc is None and cut:
+            row = _not_run_row(e, f"not run: deadline (stopped after {elapsed:g} s)")
         else:
             why = f"timed out after {timeout:g} s" if rc is None else \
                 (f"worker killed by signal {-rc}" if rc < 0 else f"worker exit {rc}") + f": {tail}"
             pytorch = e.kind != "keras"
             row = {**e.to_dict(), "checks": {c: why for c in CHECKS if pytorch or c not in (
-                "tensorrt_modelopt_builds", "int8_macs_90_modelopt", "lint_clean_modelopt", "torch_program_reloads")},
+                "tensorrt_auto_builds", "int8_macs_90_auto", "lint_clean_auto", "torch_program_reloads")},
                 "tensorrt_int8_macs_share": None}
         row["wall_s"] = elapsed
         return row
@@ -465,6 +504,8 @@ def cause(reason: str) -> str:
 
 
 def summarize(rows: list[dict]) -> dict:
+    not_run = [r["model"] for r in rows if r.get("not_run")]
+    rows = [r for r in rows if not r.get("not_run")]
     per_check = {}
     for c in CHECKS:
         vals = [r["checks"][c] for r in rows if c in r.get("checks", {})]
@@ -485,7 +526,7 @@ def summarize(rows: list[dict]) -> dict:
                 if c not in g["checks"]:
                     g["checks"].append(c)
                 g["example"] = g["example"] or root
-    return {"models": len(rows), "checks": per_check,
+    return {"models": len(rows), "not_run": not_run, "checks": per_check,
             "macs_90": {"pass": sum(s is not None and s >= MACS_LIMIT for s in shares), "of": len(rows)},
             "failures_by_cause": dict(sorted(groups.items(), key=lambda kv: -len(kv[1]["models"])))}
 
@@ -518,14 +559,20 @@ def _cell(v) -> str:
 def markdown(doc: dict) -> str:
     rows, s = doc["rows"], doc["summary"]
     out = ["# Zoo sweep: conformance over many architectures (random weights)", "",
-           "**Baseline** measured before issue 34's placement-plan refactor: what qdeploy does today on each "
-           "architecture, failures included (nothing in src/ was changed for it).", "",
+           *([doc["note"], ""] if doc.get("note") else
+             ["**Baseline** measured before issue 34's placement-plan refactor: what qdeploy does today on each "
+              "architecture, failures included (nothing in src/ was changed for it).", ""]),
+           *[f"- part `{r['file']}`: {r['models']} models on {r['machine']}, {r['jobs']} at a time x {r['threads']} "
+             f"thread(s), {r['sweep_wall_s'] or 0:.0f} s wall" for r in doc.get("runs", [])], "",
            "Commands (run in this order, each merging its rows into the JSON):", "",
            *[f"    {c}" for c in doc.get("commands", [doc["command"]])], "",
            f"Machine: {doc['machine']}  ",
            f"Started {doc['started']}; {len(rows)} models; {doc['elapsed_s']:.0f} s in all (sum of the per-model wall "
-           f"times, models run one after another, {doc['threads']} thread(s) per worker: the other core was left to a "
-           f"concurrent test run); by source: "
+           f"times, " + ("models run one after another" if doc.get("jobs", 1) == 1 else f"{doc['jobs']} models at a time")
+           + f", {doc['threads']} thread(s) per worker"
+           + (": the other core was left to a concurrent test run" if doc.get("jobs", 1) == 1 else "")
+           + (f"; this command's wall time {doc['sweep_wall_s']:.0f} s" if doc.get("sweep_wall_s") else "")
+           + "); by source: "
            + ", ".join(f"{k} {v:.0f} s" for k, v in doc.get("elapsed_s_by_source", {}).items()) + ". "
            + _estimate(rows), "",
            "Written by `bench/zoo.py` (its docstring says what each check is). Each model runs in its own subprocess "
@@ -543,16 +590,16 @@ def markdown(doc: dict) -> str:
     for c, v in s["checks"].items():
         out.append(f"| {c} | {v['pass']} | {v['of']} | {v['share']:.0%} |")
     m = s["macs_90"]
-    out += [f"| ≥ 90 % of MACs INT8 (TensorRT placement, both quantizers) | {m['pass']} | {m['of']} | "
+    out += [f"| ≥ 90 % of MACs INT8 (TensorRT placement, the route optimize takes: quantizer auto) | {m['pass']} | {m['of']} | "
             f"{m['pass'] / max(1, m['of']):.0%} |", "", "## Per model", "",
-            "| model | source | size | " + " | ".join(SHORT[c] for c in CHECKS) + " | INT8 MACs onnx | INT8 MACs modelopt | s |",
+            "| model | source | size | " + " | ".join(SHORT[c] for c in CHECKS) + " | INT8 MACs onnx | INT8 MACs auto | s |",
             "|---|---|---:|" + "---|" * len(CHECKS) + "---:|---:|---:|"]
     for r in rows:
         by = r.get("tensorrt_int8_macs_share_by_quantizer") or {}
         pct = lambda x: "–" if x is None else f"{x:.1%}"  # noqa: E731
         out.append(f"| {r['model']} | {r['source']} | {r.get('input_size')} | "
                    + " | ".join(_cell(r["checks"].get(c)) for c in CHECKS)
-                   + f" | {pct(by.get('onnx'))} | {pct(by.get('modelopt'))} | {r.get('wall_s', 0):.0f} |")
+                   + f" | {pct(by.get('onnx'))} | {pct(by.get('auto'))} | {r.get('wall_s', 0):.0f} |")
     out += ["", "## Failures by cause", ""]
     if not s["failures_by_cause"]:
         out.append("None.")
@@ -580,6 +627,14 @@ def main(argv=None) -> int:
     ap.add_argument("--source", action="append", default=[], help="with --all: only these sources (torchvision, timm, hf, keras)")
     ap.add_argument("--timeout-per-model", type=float, default=900)
     ap.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="models run at once, each in its own worker (default 1); with "
+                    "jobs x threads <= the CPUs, each worker is pinned to its own --threads CPUs")
+    ap.add_argument("--no-pin", action="store_true", help="with --jobs: do not pin the workers to separate CPUs")
+    ap.add_argument("--part", help="K/N: only the chosen models whose registry index %% N == K-1 (N calls split a sweep)")
+    ap.add_argument("--deadline", type=float, help="start no model after this many seconds; the rest are rows "
+                    "'not run: deadline' (a --merge run later fills them in)")
+    ap.add_argument("--stop-at", type=float, help="kill models still running after this many seconds (rows 'not run: "
+                    "deadline'), so the sweep ends and writes its JSON before an outer time limit")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--merge", action="store_true", help="keep the rows of models not run from an existing --json")
     ap.add_argument("--markdown", type=Path, help="write the Markdown table here (from the whole --json)")
@@ -588,6 +643,14 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.jobs < 1 or a.threads < 1:
+        ap.error("--jobs and --threads must be >= 1")
+    part = None
+    if a.part:
+        m = re.fullmatch(r"(\d+)/(\d+)", a.part)
+        if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+            ap.error(f"--part K/N with 1 <= K <= N, not {a.part!r}")
+        part = int(m.group(1)), int(m.group(2))
     entries = registry()
     if a.worker:
         e = next(x for x in entries if x.label == a.worker)
@@ -610,24 +673,19 @@ def main(argv=None) -> int:
     if a.all:
         chosen += [e for e in entries if not a.source or e.kind in a.source]
     chosen = list({e.label: e for e in chosen}.values())
+    if part:
+        index = {e.label: i for i, e in enumerate(entries)}
+        chosen = [e for e in chosen if index[e.label] % part[1] == part[0] - 1]
     if not chosen:
-        ap.error("nothing to run: --slice fast, --only NAME or --all")
+        ap.error("nothing to run: --slice fast, --only NAME or --all" + (f" (none in --part {a.part})" if part else ""))
     old, prev = {}, {}
     if a.merge and a.json and a.json.is_file():
         prev = json.loads(a.json.read_text())
         old = {r["model"]: r for r in prev.get("rows", [])}
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t0 = time.perf_counter()
-    rows = []
-    for i, e in enumerate(chosen, 1):
-        row = run_one(e, a.timeout_per_model, a.threads, a.logs)
-        rows.append(row)
-        bad = {c: v for c, v in row["checks"].items() if v is not True}
-        print(f"[{i}/{len(chosen)}] {e.label}: {row['wall_s']:.0f} s, "
-              f"{sum(v is True for v in row['checks'].values())}/{len(row['checks'])} checks, INT8 MACs "
-              f"{row.get('tensorrt_int8_macs_share')}" + "".join(f"\n    {c}: {v}" for c, v in bad.items()), flush=True)
-        if a.json:  # after every model: a killed sweep keeps what it measured
-            _write(a, prev, old, rows, started)
+    rows = _sweep(a, chosen, prev, old, started, t0)
+    a.sweep_wall_s = round(time.perf_counter() - t0, 1)
     doc = _write(a, prev, old, rows, started) if a.json else {"summary": summarize(rows)}
     print(json.dumps(doc["summary"]["checks"], indent=1))
     if a.require:
@@ -636,6 +694,59 @@ def main(argv=None) -> int:
             print(f"not met: {u}")
         return 1 if unmet else 0
     return 0
+
+
+def _sweep(a, chosen: list[Entry], prev: dict, old: dict, started: str, t0: float) -> list[dict]:
+    """Run ``chosen`` with ``a.jobs`` workers at once (threads of one pool, each waiting on its model's subprocess);
+    progress lines in the order the models finish, the JSON rewritten after each (rows in registry order)."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    deadline = None if a.deadline is None else t0 + a.deadline
+    stop_at = None if a.stop_at is None else t0 + a.stop_at
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    slots: queue.Queue = queue.Queue()
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = a.jobs > 1 and not a.no_pin and a.jobs * a.threads <= ncpu and len(mine) >= a.jobs * a.threads
+    for j in range(a.jobs):  # one CPU set per job slot: a worker takes a free slot and gives it back when done
+        slots.put(set(mine[j * a.threads:(j + 1) * a.threads]) if pin else None)
+    lock = threading.Lock()
+    done: dict[int, dict] = {}
+
+    def one(i: int, e: Entry) -> None:
+        if deadline is not None and time.perf_counter() >= deadline:
+            row = _not_run_row(e, "not run: deadline")
+        else:
+            cpus = slots.get()
+            try:
+                row = run_one(e, a.timeout_per_model, a.threads, a.logs, cpus, stop_at)
+            except Exception as ex:  # noqa: BLE001 - the driver's own failure on one model ends that row only
+                why = _one_line(f"driver: {type(ex).__name__}: {ex}")
+                row = {**_not_run_row(e, why), "not_run": None}
+            finally:
+                slots.put(cpus)
+        with lock:
+            done[i] = row
+            bad = {c: v for c, v in row["checks"].items() if v is not True}
+            if row.get("not_run"):
+                print(f"[{len(done)}/{len(chosen)}] {e.label}: {row['not_run']}", flush=True)
+            else:
+                print(f"[{len(done)}/{len(chosen)}] {e.label}: {row['wall_s']:.0f} s, "
+                      f"{sum(v is True for v in row['checks'].values())}/{len(row['checks'])} checks, INT8 MACs "
+                      f"{row.get('tensorrt_int8_macs_share')}" + "".join(f"\n    {c}: {v}" for c, v in bad.items()),
+                      flush=True)
+            if a.json:  # after every model: a killed sweep keeps what it measured
+                a.sweep_wall_s = round(time.perf_counter() - t0, 1)
+                _write(a, prev, old, [done[k] for k in sorted(done)], started)
+
+    if a.jobs > 1:
+        print(f"{len(chosen)} models, {a.jobs} at a time, {a.threads} thread(s) each"
+              + (" (workers pinned to separate CPUs)" if pin else ""), flush=True)
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        for f in [pool.submit(one, i, e) for i, e in enumerate(chosen)]:
+            f.result()
+    return [done[k] for k in sorted(done)]
 
 
 def unmet_criteria(s: dict, share: float = 0.95) -> list[str]:
@@ -650,7 +761,8 @@ def unmet_criteria(s: dict, share: float = 0.95) -> list[str]:
 
 def _write(a, prev: dict, old: dict, rows: list[dict], started: str) -> dict:
     merged = dict(old)
-    merged.update({r["model"]: r for r in rows})
+    # a row this run did not run (deadline) leaves an older measured row of that model in place
+    merged.update({r["model"]: r for r in rows if not (r.get("not_run") and r["model"] in old)})
     order = {e.label: i for i, e in enumerate(registry())}
     all_rows = sorted(merged.values(), key=lambda r: order.get(r["model"], 1 << 30))
     cmd = "python bench/zoo.py " + " ".join(sys.argv[1:])
@@ -659,6 +771,7 @@ def _write(a, prev: dict, old: dict, rows: list[dict], started: str) -> dict:
     for r in all_rows:
         by_source[r["source"]] += r.get("wall_s", 0)
     doc = {"schema": "qdeploy.zoo/1", "command": cmd, "commands": commands, "machine": machine(), "threads": a.threads,
+           "jobs": a.jobs, "part": a.part, "sweep_wall_s": getattr(a, "sweep_wall_s", None),
            "started": prev.get("started", started),
            "elapsed_s": round(sum(r.get("wall_s", 0) for r in all_rows), 1),
            "elapsed_s_by_source": {k: round(v, 1) for k, v in by_source.items()},
