@@ -105,9 +105,10 @@ class _LeafTracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         # onnx2torch's own op modules (an ONNX or Keras source's twin) too: each is one ONNX op, and their shape
-        # checks are control flow a symbolic trace cannot follow
-        return isinstance(m, _LEAF_CLASSES) or type(m).__module__.startswith("onnx2torch.") \
-            or super().is_leaf_module(m, module_qualified_name)
+        # checks are control flow a symbolic trace cannot follow; but not its Add/Sub/Mul/Div module, whose torch.add
+        # the trace must see to make a residual Add a ResidualAdd with quantizers
+        onnx_op = type(m).__module__.startswith("onnx2torch.") and type(m).__name__ != "OnnxBinaryMathOperation"
+        return isinstance(m, _LEAF_CLASSES) or onnx_op or super().is_leaf_module(m, module_qualified_name)
 
 
 def _probe_input(conv: nn.Module) -> Optional[torch.Tensor]:
