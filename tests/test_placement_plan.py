@@ -35,7 +35,8 @@ class FunctionalAttention(nn.Module):
         b, n, d = x.shape
         qkv = F.linear(self.norm1(x), self.qkv.weight, self.qkv.bias)  # torchvision's shifted_window_attention
         q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attn = ((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5).softmax(-1)
+        mask = (q.mean(-1, keepdim=True) > 1e9).float() * -100.0  # built at run time, as torchvision Swin's shift mask
+        attn = ((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5 + mask).softmax(-1)
         x = x + F.linear((attn @ v).transpose(1, 2).reshape(b, n, d), self.proj.weight, self.proj.bias)
         x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
         return self.head(x.mean(1))
@@ -76,6 +77,9 @@ def test_plan_names_every_node_decision_with_its_rule(exported):
     # the functional qkv and proj are MatMuls on stored weights: INT8 like the module-called fc1 and head (fc2 excluded)
     assert {"/MatMul", "/MatMul_3"} <= _linear_matmuls(plan) and len(_linear_matmuls(plan)) == 4 and all(plan.decisions[n].role == INT8 for n in _linear_matmuls(plan))
     assert set(plan.int8_compute()) == _linear_matmuls(plan) | {"/patch/Conv"}
+    # the run-time mask Add (two activations) is attention's, not a residual join: float for TensorRT
+    (mask_add,) = [n for n, d in plan.decisions.items() if d.rule == "softmax-input" and "Add" in n]
+    assert plan.decisions[mask_add].role == FLOAT
     ort = placement_plan(onnx.load(str(exported)), "onnxruntime")
     assert all(d.role == INT8 for d in ort.decisions.values() if d.rule == "attention-matmul")
 

@@ -96,6 +96,23 @@ def _gelu_nodes(g: OnnxGraph, erf: onnx.NodeProto) -> list:
     return out
 
 
+_PASS_THROUGH = ("Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def _feeds_softmax(g: OnnxGraph, node: onnx.NodeProto) -> bool:
+    """The node's output reaches a Softmax through data-movement ops only (an attention mask or bias Add, a scale)."""
+    frontier, seen = [node.output[0]], set()
+    while frontier:
+        t = frontier.pop()
+        for c in g.consumers.get(t, []):
+            if c.op_type == "Softmax":
+                return True
+            if c.op_type in _PASS_THROUGH and id(c) not in seen:
+                seen.add(id(c))
+                frontier.extend(c.output)
+    return False
+
+
 def _only_consumer(g: OnnxGraph, tensor: str, op_type: str):
     users = g.consumers.get(tensor, [])
     return users[0] if len(users) == 1 and users[0].op_type == op_type else None
@@ -158,6 +175,13 @@ RULES: list[OpRule] = [
            why=ATTENTION_MATMUL + ". ONNX Runtime's placement quantizes them: its QDQ format wraps every tensor its "
                "quantized neighbours (Reshape, Transpose, Mul) touch, and its graph optimizer fuses DQ → MatMul → Q into "
                "QLinearMatMul whether or not the quantizer listed the MatMul"),
+    OpRule("softmax-input", {"tensorrt": FLOAT}, ("Add", "Sub", "Mul", "Div"), applies=_feeds_softmax,
+           why="an Add/Mul between attention's Q·Kᵀ and its Softmax (a mask or position bias, a scale) stays float for "
+               "TensorRT: it is inside ModelOpt's non-quantizable attention partition MatMul → (Add) → Softmax → MatMul "
+               "(modelopt/onnx/quantization/partitioning.py) and TensorRT's fused attention; a mask built at run time "
+               "(torchvision's shifted-window Swin) is an Add of two activations that the residual-add rule would "
+               "otherwise quantize, with the -100 mask in its range: softmax output at 18 dB SQNR (bench/ort_gap.py, "
+               "docs/heldout_findings.md)"),
     OpRule("layernorm", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("LayerNormalization",),
            why=_NORM_WHY),
     OpRule("softmax", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Softmax",), why=_SOFTMAX_WHY),
