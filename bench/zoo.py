@@ -102,8 +102,9 @@ def _torchvision_entries() -> list[Entry]:
         if n.startswith("vit_"):
             k["image_size"] = 64 if n.endswith(("_16", "_32")) else 56   # patch 14: 56 = 4 x 14
             s = k["image_size"]
-        if n.startswith("maxvit"):
-            k["input_size"] = (64, 64)
+        if n.startswith("maxvit"):  # partition size 7 at every stage: 224 px (64 px fails in torchvision's own check)
+            s = 224
+            k["input_size"] = (224, 224)
         out.append(Entry("torchvision", n, s, k))
     return out
 
@@ -124,7 +125,7 @@ TIMM_FAMILIES = [
     ("poolformerv2", "poolformerv2_s12", 64, {}), ("mobilevit", "mobilevit_xxs", 64, {}),
     ("mobilevitv2", "mobilevitv2_050", 64, {}), ("fastvit", "fastvit_t8", 64, {}), ("mobileone", "mobileone_s0", 64, {}),
     ("efficientformer", "efficientformer_l1", 224, {}),  # attention bias fixed at 7x7: 224 px only
-    ("efficientformerv2", "efficientformerv2_s0", 64, {}),
+    ("efficientformerv2", "efficientformerv2_s0", 64, {"img_size": 64}),
     ("levit", "levit_128s", 64, {"img_size": 64}), ("vit", "vit_tiny_patch16_224", 64, {"img_size": 64}),
     ("deit", "deit_tiny_patch16_224", 64, {"img_size": 64}), ("beit", "beit_base_patch16_224", 64,
                                                               {"img_size": 64, "depth": 2}),
@@ -133,11 +134,11 @@ TIMM_FAMILIES = [
     ("maxvit", "maxvit_nano_rw_256", 64, {"img_size": 64}), ("coatnet", "coatnet_nano_rw_224", 64, {"img_size": 64}),
     ("convit", "convit_tiny", 64, {"img_size": 64}), ("cait", "cait_xxs24_224", 64, {"img_size": 64, "depth": 4}),
     ("xcit", "xcit_nano_12_p16_224", 64, {"img_size": 64}), ("pvt_v2", "pvt_v2_b0", 64, {}),
-    ("twins", "twins_pcpvt_small", 64, {"img_size": 64}), ("tinyvit", "tiny_vit_5m_224", 64, {"img_size": 64}),
+    ("twins", "twins_pcpvt_small", 64, {"img_size": 64}), ("tinyvit", "tiny_vit_5m_224", 224, {}),  # no img_size argument
     ("mixer", "mixer_s32_224", 64, {"img_size": 64}), ("resmlp", "resmlp_12_224", 64, {"img_size": 64}),
     ("gcvit", "gcvit_xxtiny", 64, {"img_size": 64}), ("hgnet", "hgnetv2_b0", 64, {}), ("inception", "inception_v3", 96, {}),
     ("xception", "xception41", 96, {}), ("sequencer", "sequencer2d_s", 64, {"img_size": 64}),
-    ("crossvit", "crossvit_tiny_240", 64, {"img_size": [64, 64]}), ("eva", "eva02_tiny_patch14_224", 56, {"img_size": 56}),
+    ("crossvit", "crossvit_tiny_240", 240, {}),  # two patch sizes (12, 16): its own 240 ("eva", "eva02_tiny_patch14_224", 56, {"img_size": 56}),
     ("vovnet", "ese_vovnet19b_dw", 64, {}), ("selecsls", "selecsls42b", 64, {}), ("tresnet", "tresnet_m", 64, {}),
     ("lambda", "lambda_resnet26t", 64, {}), ("botnet", "botnet26t_256", 64, {"img_size": 64}),
     ("inception_next", "inception_next_tiny", 64, {}), ("focalnet", "focalnet_tiny_srf", 64, {}),
@@ -565,7 +566,7 @@ def markdown(doc: dict) -> str:
            *[f"- part `{r['file']}`: {r['models']} models on {r['machine']}, {r['jobs']} at a time x {r['threads']} "
              f"thread(s), {r['sweep_wall_s'] or 0:.0f} s wall" for r in doc.get("runs", [])], "",
            "Commands (run in this order, each merging its rows into the JSON):", "",
-           *[f"    {c}" for c in doc.get("commands", [doc["command"]])], "",
+           *[f"    {c if len(c) < 240 else c[:240] + ' …'}" for c in doc.get("commands", [doc["command"]])], "",
            f"Machine: {doc['machine']}  ",
            f"Started {doc['started']}; {len(rows)} models; {doc['elapsed_s']:.0f} s in all (sum of the per-model wall "
            f"times, " + ("models run one after another" if doc.get("jobs", 1) == 1 else f"{doc['jobs']} models at a time")
