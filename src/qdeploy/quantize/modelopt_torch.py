@@ -338,6 +338,32 @@ def _strip_markers(model, acts: list) -> dict:
     return sites
 
 
+def _apply_plan_once(qm, select, example, opset, exclude, residual_quantizers, memo: Optional[dict], TensorQuantizer) -> dict:
+    """``apply_plan``, its outcome kept in the run's memo: the methods of one run (entropy, mse, ...) quantize the same
+    model with the same quantizer names, so the marker export and the plan run once, and a model the plan cannot be
+    placed on is refused once, not once per method."""
+    key = ("placement-plan", tuple(sorted(exclude)), residual_quantizers)
+    if memo is None or key not in memo:
+        enabled = lambda: {n for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}  # noqa: E731
+        before = enabled()
+        try:
+            placement = apply_plan(qm, select, example, opset, exclude, residual_quantizers)
+        except NotApplicable as e:
+            if memo is not None:
+                memo[key] = e
+            raise
+        if memo is None:
+            return placement
+        memo[key] = (sorted(before - enabled()), placement)
+    cached = memo[key]
+    if isinstance(cached, NotApplicable):
+        raise type(cached)(str(cached))
+    disabled, placement = cached
+    for name in disabled:
+        qm.get_submodule(name).disable()
+    return copy.deepcopy(placement)
+
+
 def apply_plan(qm: nn.Module, select, example: torch.Tensor, opset: int, exclude: set, residual_quantizers: bool = True
                ) -> dict:
     """Disable every ModelOpt quantizer of ``qm`` that the TensorRT placement plan does not want (see above); returns
@@ -572,7 +598,7 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
     excluded = sorted({n.rsplit(".", 1)[0] for n, m in qm.named_modules()  # before placement, which may disable them too
                        if isinstance(m, TensorQuantizer) and m.is_enabled and n.rsplit(".", 1)[0] in exclude})
     # the placement plan (lint/placement.py) decides which quantizers stay on; NotApplicable where it cannot be placed
-    placement = apply_plan(qm, select, example, opset, exclude, residual_quantizers)
+    placement = _apply_plan_once(qm, select, example, opset, exclude, residual_quantizers, stats_memo, TensorQuantizer)
     groups = placement.pop("_groups")
     quantizers = {n: m for n, m in qm.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled}
     for name in list(quantizers):

@@ -166,7 +166,8 @@ def plan_covering_model(inputs: QuantizeInputs, int8: Int8Config):
         except ModelError as e:
             raise NotApplicable(f"{first}; the FP32 ONNX as a PyTorch module neither: {e}") from None
         log(f"qat: {first}; training the FP32 ONNX as a PyTorch module instead (onnx2torch)")
-        twin_inputs = dataclasses.replace(inputs, torch_model=lambda: twin)
+        # a memo of its own: the run's memo holds the user module's statistics and refused placement plan
+        twin_inputs = dataclasses.replace(inputs, torch_model=lambda: twin, memo={})
         try:
             student, info = calibrated_model(twin_inputs, ptq_start(int8))
         except NotApplicable as e:
