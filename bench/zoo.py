@@ -138,7 +138,8 @@ TIMM_FAMILIES = [
     ("mixer", "mixer_s32_224", 64, {"img_size": 64}), ("resmlp", "resmlp_12_224", 64, {"img_size": 64}),
     ("gcvit", "gcvit_xxtiny", 64, {"img_size": 64}), ("hgnet", "hgnetv2_b0", 64, {}), ("inception", "inception_v3", 96, {}),
     ("xception", "xception41", 96, {}), ("sequencer", "sequencer2d_s", 64, {"img_size": 64}),
-    ("crossvit", "crossvit_tiny_240", 240, {}),  # two patch sizes (12, 16): its own 240 ("eva", "eva02_tiny_patch14_224", 56, {"img_size": 56}),
+    ("crossvit", "crossvit_tiny_240", 240, {}),  # two patch sizes (12, 16): its own 240
+    ("eva", "eva02_tiny_patch14_224", 56, {"img_size": 56}),
     ("vovnet", "ese_vovnet19b_dw", 64, {}), ("selecsls", "selecsls42b", 64, {}), ("tresnet", "tresnet_m", 64, {}),
     ("lambda", "lambda_resnet26t", 64, {}), ("botnet", "botnet26t_256", 64, {"img_size": 64}),
     ("inception_next", "inception_next_tiny", 64, {}), ("focalnet", "focalnet_tiny_srf", 64, {}),

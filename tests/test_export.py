@@ -106,3 +106,18 @@ def test_cosine_of_tiny_equal_outputs_is_one_and_of_opposite_ones_minus_one():
     assert compare_outputs(-ref, ref)["min_cosine"] == pytest.approx(-1.0)
     zero = np.zeros((1, 3))
     assert compare_outputs(zero, zero)["min_cosine"] == 1.0 and compare_outputs(zero, ref[:1])["min_cosine"] == 0.0
+
+
+def test_a_model_above_the_single_file_limit_is_refused_before_export(tiny_model_file, tiny_weights, tmp_path,
+                                                                     monkeypatch):
+    """torchvision's vit_h_14 / regnet_y_128gf (2.3-2.4 GiB of weights) failed minutes into the export on external
+    data; the size is checked first and said plainly (the limit lowered here to the tiny model's size)."""
+    import qdeploy.export.onnx as export_module
+
+    spec = _spec(tiny_model_file, tiny_weights)
+    model = build_torch_model(spec)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(export_module, "PROTOBUF_LIMIT", size - 1)
+    with pytest.raises(ExportError, match="above the 2 GiB protobuf limit"):
+        export_onnx(model, spec, ExportSpec(), cache_dir=tmp_path)
+    assert not list(tmp_path.rglob("*.onnx"))  # nothing half-written

@@ -286,6 +286,66 @@ def test_signed_int8_activations_are_read_as_uint8_exactly(tmp_path):
     assert sha256_file(path) == before  # the artifact itself is untouched
 
 
+def _constant_operand_qdq(path: Path) -> Path:
+    """Conv -> ``* 0.25`` -> ``+ bias`` -> Conv as ONNX Runtime's placement writes it: both inputs of Mul and Add
+    quantized, the constant's as QuantizeLinear(float constant) (ONNX Runtime 1.30) or as a quantized initializer (1.32)."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
+    w_scale = (np.abs(w).reshape(4, -1).max(1) / 127).astype(np.float32)
+    bias = rng.normal(0, 0.3, (1, 4, 1, 1)).astype(np.float32)
+    b_scale = np.float32(np.abs(bias).max() / 255)
+    inits = [numpy_helper.from_array(np.round(w / w_scale[:, None, None, None]).astype(np.int8), "wq"),
+             numpy_helper.from_array(w_scale, "w_scale"), numpy_helper.from_array(np.zeros(4, np.int8), "w_zp"),
+             numpy_helper.from_array(np.float32(0.25), "k"), numpy_helper.from_array(np.float32(1 / 255), "k_scale"),
+             numpy_helper.from_array(np.uint8(0), "k_zp"),
+             numpy_helper.from_array(np.round(bias / b_scale).astype(np.uint8) + np.uint8(128), "bq"),
+             numpy_helper.from_array(b_scale, "b_scale"), numpy_helper.from_array(np.uint8(128), "b_zp"),
+             numpy_helper.from_array(np.float32(4.0 / 255), "s"), numpy_helper.from_array(np.uint8(128), "z")]
+    qdq = lambda x, tag: [oh.make_node("QuantizeLinear", [x, "s", "z"], [f"{tag}q"]),  # noqa: E731
+                          oh.make_node("DequantizeLinear", [f"{tag}q", "s", "z"], [f"{tag}d"])]
+    nodes = [*qdq("input", "x"), oh.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wd"], axis=0),
+             oh.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]), *qdq("c", "c"),
+             oh.make_node("QuantizeLinear", ["k", "k_scale", "k_zp"], ["kq"]),  # 1.30: Q of the float constant
+             oh.make_node("DequantizeLinear", ["kq", "k_scale", "k_zp"], ["kd"]),
+             oh.make_node("Mul", ["cd", "kd"], ["m"]), *qdq("m", "m"),
+             oh.make_node("DequantizeLinear", ["bq", "b_scale", "b_zp"], ["bd"]),  # 1.32: the quantized initializer
+             oh.make_node("Add", ["md", "bd"], ["output"])]
+    graph = oh.make_graph(nodes, "const-operand-qdq", [oh.make_tensor_value_info("input", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                          [oh.make_tensor_value_info("output", TensorProto.FLOAT, ["n", 4, 8, 8])], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def test_constant_operands_of_add_and_mul_are_dequantized_ahead_exactly(tmp_path):
+    """OpenVINO 2026.4.1's low-precision transformations throw ("index '0' out of range") on Mul/Add whose constant
+    operand is a DequantizeLinear (ONNX Runtime's placement of LeViT, Swin, MobileOne...): the engine reads those
+    operands as the float constants they compute; spec-exact outputs stay equal and the weights keep their Q/DQ."""
+    from qdeploy.engines.openvino_engine import constant_dequantize_folded
+
+    path = _constant_operand_qdq(tmp_path / "c.onnx")
+    x = np.random.default_rng(4).normal(0, 1.5, (2, 3, 8, 8)).astype(np.float32)
+    model = onnx.load(str(path))
+    ref = _ort_reference(model, x)
+    assert constant_dequantize_folded(model) == 2
+    onnx.checker.check_model(model)
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds.count("DequantizeLinear") == 4 and kinds.count("QuantizeLinear") == 3  # x, c, m and the weight
+    folded = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert folded["kd"] == np.float32(np.round(0.25 * 255) / 255)  # the quantized constant, not the float 0.25
+    assert "kq" not in folded and "bq" not in folded and "k" not in folded  # the originals are gone
+    np.testing.assert_array_equal(_ort_reference(model, x), ref)
+
+    engine = _engine(VariantSpec(engine="openvino", precision="int8"), path, kind=ArtifactKind.ONNX_INT8)
+    try:
+        np.testing.assert_allclose(engine.infer(x), ref, atol=0.1)
+        assert engine.describe()["constant_dequantize_folded"] == 2
+    finally:
+        engine.close()
+
+
 def test_an_int8_graph_openvino_cannot_compile_is_refused_not_a_crash(tmp_path):
     """OpenVINO 2026.4.1 segfaults compiling Swin's Q/DQ ONNX: INT8 artifacts are compiled in a child process first,
     so that a native crash becomes a refused variant instead of the end of the qdeploy process."""

@@ -131,20 +131,168 @@ def signed_activations_as_uint8(model) -> int:
     return changed
 
 
+# Elementwise ops whose constant operand OpenVINO's low-precision transformations cannot take as a DequantizeLinear
+ELEMENTWISE_WITH_CONSTANT = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def constant_dequantize_folded(model) -> int:
+    """Replace, in place, every DequantizeLinear of a constant that only elementwise ops (``ELEMENTWISE_WITH_CONSTANT``)
+    read by the float constant it computes; returns how many were folded. A constant: an int8/uint8 initializer, or a
+    QuantizeLinear of a float initializer / Constant node (what ONNX Runtime 1.30's quantizer writes; 1.32 writes the
+    quantized initializer).
+
+    Why: ONNX Runtime's Q/DQ quantizer (its placement) quantizes both inputs of an Add/Mul so that they fuse into
+    QLinearAdd/QLinearMul, the constant one included (LeViT's and EfficientFormer's attention scale ``q @ k * 0.25``, a
+    reparameterized branch's ``+ bias``, NF-RegNet's ``* gamma``). OpenVINO 2026.4.1's low-precision transformations
+    (MultiplyPartialTransformation, AddTransformation) throw "Check 'index < m_inputs.size()' failed ... index '0' out
+    of range" on ``Mul(DQ(Q(x)), DQ(Q(constant)))``: the files ONNX Runtime 1.30 writes for 18 of the zoo's
+    architectures, on the device's Xeon and on an AMD EPYC alike, with or without Snippets and AMX (bench/ov_probe.py);
+    1.32's quantized-initializer form compiles, and is folded too. The fold is exact: the DequantizeLinear of a constant is a
+    constant, computed here as ONNX does (round half to even, saturate, subtract the zero point, times the scale, in
+    float32). OpenVINO then sees an elementwise op with one quantized input and a float constant, which it runs.
+    Weights of Conv/MatMul/Gemm keep their DequantizeLinear (those run in INT8)."""
+    from onnx import numpy_helper
+
+    init = {t.name: t for t in model.graph.initializer}
+    consts = {n.output[0]: next((a.t for a in n.attribute if a.name == "value"), None)
+              for n in model.graph.node if n.op_type == "Constant"}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    graph_outputs = {o.name for o in model.graph.output}
+
+    shape_only = _shape_only_values(model, readers, producer)
+
+    def value(name: str):
+        t = init.get(name) if name in init else consts.get(name)
+        return numpy_helper.to_array(t) if t is not None else shape_only.get(name)
+
+    def per_axis(x: np.ndarray, rank: int, axis: int) -> np.ndarray:
+        if x.ndim == 1 and rank > 0:
+            shape = [1] * rank
+            shape[axis % rank] = -1
+            return x.reshape(shape)
+        return x
+
+    def qparams(node, rank: int):
+        scale = value(node.input[1])
+        zero = value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if scale is None or (len(node.input) > 2 and node.input[2] and zero is None):
+            return None
+        if zero is None:
+            zero = np.zeros((), np.uint8)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        return per_axis(scale.astype(np.float32), rank, axis), per_axis(zero, rank, axis)
+
+    folded, dropped_q = [], []
+    for n in model.graph.node:
+        if n.op_type != "DequantizeLinear" or n.output[0] in graph_outputs:
+            continue
+        if not all(r.op_type in ELEMENTWISE_WITH_CONSTANT for r in readers.get(n.output[0], [])):
+            continue
+        q = value(n.input[0])
+        quantize = producer.get(n.input[0])
+        if q is None and quantize is not None and quantize.op_type == "QuantizeLinear":
+            x = value(quantize.input[0])
+            if x is None or len(readers.get(n.input[0], [])) != 1 or n.input[0] in graph_outputs:
+                continue
+            qp = qparams(quantize, x.ndim)
+            if qp is None:
+                continue
+            scale, zero = qp
+            info = np.iinfo(zero.dtype)
+            q = np.clip(np.rint(x.astype(np.float32) / scale) + zero.astype(np.int32), info.min, info.max).astype(zero.dtype)
+            dropped_q.append(quantize)
+        elif q is None:
+            continue
+        qp = qparams(n, q.ndim)
+        if qp is None:
+            continue
+        scale, zero = qp
+        out = (q.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * scale
+        model.graph.initializer.append(numpy_helper.from_array(out.astype(np.float32), n.output[0]))
+        folded.append(n)
+    for n in folded + dropped_q:
+        model.graph.node.remove(n)
+    if folded:
+        used = {i for n in model.graph.node for i in n.input} | graph_outputs
+        for t in [t for t in model.graph.initializer if t.name not in used]:
+            model.graph.initializer.remove(t)
+        for n in [n for n in model.graph.node if n.op_type == "Constant" and n.output[0] not in used]:
+            model.graph.node.remove(n)
+        names = {n.output[0] for n in folded + dropped_q}
+        keep = [v for v in model.graph.value_info if v.name not in names]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep)
+    return len(folded)
+
+
+def _shape_only_values(model, readers: dict, producer: dict) -> dict:
+    """{tensor: value} for the inputs of QuantizeLinear nodes (read only by elementwise ops through their
+    DequantizeLinear) that do not depend on the input's values, only on constants and on the input's shape (torchvision
+    Swin's shifted-window mask is built in forward from zeros, slices and ScatterND). Structure decides which tensors
+    qualify (no path from the graph input except through Shape/Size); ONNX Runtime, optimizations off, computes them at
+    batch 1 and 2 with different input values, and a tensor is kept only if both give the same value (one that follows
+    the batch size is not a constant)."""
+    graph = model.graph
+    if len(graph.input) != 1:
+        return {}
+    data = {graph.input[0].name}
+    for n in graph.node:  # topological order (ONNX requires it)
+        if n.op_type not in ("Shape", "Size") and any(i in data for i in n.input):
+            data.update(n.output)
+    wanted = []
+    for n in graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] in data or n.input[0] not in producer:
+            continue
+        if producer[n.input[0]].op_type == "Constant":
+            continue  # read directly
+        dqs = readers.get(n.output[0], [])
+        if dqs and all(d.op_type == "DequantizeLinear" and all(r.op_type in ELEMENTWISE_WITH_CONSTANT
+                                                               for r in readers.get(d.output[0], [])) for d in dqs):
+            wanted.append(n.input[0])
+    if not wanted:
+        return {}
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        x = sess.get_inputs()[0]
+        if any(not isinstance(d, int) for d in x.shape[1:]):
+            return {}  # a dynamic height/width: the shape-built tensor follows the image size
+        rng = np.random.default_rng(0)
+        runs = [sess.run(None, {x.name: rng.normal(size=(b, *x.shape[1:])).astype(np.float32)}) for b in (1, 2)]
+    except Exception:  # noqa: BLE001 - not computable here: those operands keep their Q/DQ
+        return {}
+    return {name: a for name, a, b in zip(wanted, *runs) if a.shape == b.shape and np.array_equal(a, b)}
+
+
 @contextlib.contextmanager
-def readable_onnx(path: Path, quantized: bool) -> Iterator[tuple[Path, int]]:
-    """(the file OpenVINO should read, how many activation Q/DQ were rewritten): ``path`` itself, or for a Q/DQ ONNX
-    with signed int8 activations a copy rewritten by ``signed_activations_as_uint8`` (in a temporary folder, gone when
-    the block ends: compile inside it; the artifact is untouched). Read by the engine and benchmark/op_profile."""
+def readable_onnx(path: Path, quantized: bool) -> Iterator[tuple[Path, dict]]:
+    """(the file OpenVINO should read, the rewrites made: ``{"int8_activations_read_as_uint8": n,
+    "constant_dequantize_folded": m}``): ``path`` itself, or for a Q/DQ ONNX that needs them a copy rewritten by
+    ``signed_activations_as_uint8`` and ``constant_dequantize_folded`` (in a temporary folder, gone when the block
+    ends: compile inside it; the artifact is untouched). Read by the engine and benchmark/op_profile."""
+    none = {"int8_activations_read_as_uint8": 0, "constant_dequantize_folded": 0}
     if not quantized:
-        yield path, 0
+        yield path, none
         return
     import onnx
 
     model = onnx.load(str(path))
-    rewrites = signed_activations_as_uint8(model)
-    if not rewrites:
-        yield path, 0
+    rewrites = {"int8_activations_read_as_uint8": signed_activations_as_uint8(model),
+                "constant_dequantize_folded": constant_dequantize_folded(model)}
+    if not any(rewrites.values()):
+        yield path, rewrites
         return
     with tempfile.TemporaryDirectory(prefix="qdeploy-ov-") as tmp:
         copy = Path(tmp) / Path(path).name
@@ -261,9 +409,9 @@ class OpenVinoEngine(Engine):
         if v.threads:
             config["INFERENCE_NUM_THREADS"] = int(v.threads)  # unset: OpenVINO's default, every core
         quantized = self.artifact.kind == ArtifactKind.ONNX_INT8
-        with readable_onnx(self.artifact.path, quantized) as (path, self.uint8_rewrites):
+        with readable_onnx(self.artifact.path, quantized) as (path, self.rewrites):
             if quantized:
-                crash = compile_crash(path, config, key=(str(self.artifact.path), self.uint8_rewrites))
+                crash = compile_crash(path, config, key=(str(self.artifact.path), tuple(self.rewrites.values())))
                 if crash:
                     raise VariantUnavailable(f"OpenVINO {ov.__version__.split('-')[0]} {crash} compiling and running "
                                              f"{self.artifact.path.name} on the CPU (tried in a child process); this "
@@ -320,8 +468,9 @@ class OpenVinoEngine(Engine):
             "streams": int(self.compiled.get_property("NUM_STREAMS")),
             "input_shape": self.input_shape,
             "compute_layer_precisions": self._compute_precisions(),
-            # activation Q/DQ pairs read as uint8 (signed_activations_as_uint8: OpenVINO runs int8 ones wrong)
-            "int8_activations_read_as_uint8": self.uint8_rewrites,
+            # activation Q/DQ pairs read as uint8 (signed_activations_as_uint8: OpenVINO runs int8 ones wrong) and
+            # constant operands of Add/Mul dequantized ahead (constant_dequantize_folded: OpenVINO's LPT throws on them)
+            **self.rewrites,
             "artifact": self.artifact.kind.value,
             "opset": self.artifact.opset,
             "openvino": ov.__version__,
