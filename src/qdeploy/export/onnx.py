@@ -120,6 +120,11 @@ def export_onnx(
     cache_dir: Optional[Path] = None,
 ) -> OnnxArtifact:
     """Export ``model`` to a single self-contained ONNX file, verify it, and cache it by fingerprint."""
+    size = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    if size > PROTOBUF_LIMIT:  # said before hashing and exporting: the exporters would fail minutes later on external data
+        raise ExportError(f"{spec.source} has {size / 2**30:.2f} GiB of weights: above the 2 GiB protobuf limit of a "
+                          "single ONNX file, and qdeploy keeps every model in one self-contained file (external-data "
+                          "ONNX is not supported yet)")
     fingerprint = export_fingerprint(spec, export, model)
     cache_dir = Path(cache_dir or default_cache_dir()) / "exports"
     path = cache_dir / f"{_safe_name(spec.source)}-{fingerprint[:16]}.onnx"
@@ -141,11 +146,6 @@ def export_onnx(
 
 def _export_uncached(model, spec, export, path: Path, fingerprint: str) -> OnnxArtifact:
     order = {"auto": ["torchscript", "dynamo"], "torchscript": ["torchscript"], "dynamo": ["dynamo"]}[export.exporter]
-    size = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    if size > PROTOBUF_LIMIT:  # said before the export runs: the exporters would fail minutes later on external data
-        raise ExportError(f"{spec.source} has {size / 2**30:.2f} GiB of weights: above the 2 GiB protobuf limit of a "
-                          "single ONNX file, and qdeploy keeps every model in one self-contained file (external-data "
-                          "ONNX is not supported yet)")
     errors = []
     x = _dummy_input(spec)
     log(f"export: {spec.source} → ONNX (opset {export.opset}, dynamic batch={export.dynamic_batch}, dynamic H/W={export.dynamic_hw})")
