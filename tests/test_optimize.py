@@ -341,6 +341,7 @@ def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
     second = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "b", cache_dir=tmp_path / "cache")
     assert second["evaluations"]["cached"] == 2
     assert any("[replayed from an earlier run]" in d for d in second["decisions"])
+    assert {c["variant"] for c in second["candidates"] if c["replayed"]} >= {"fp32"}  # optimize.json says so per row
     assert second["chosen"]["float_layers"] == ["/model/conv2/Conv"]
     again = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "c", cache_dir=tmp_path / "cache")
     assert again["evaluations"]["full"] == 2 and again["evaluations"]["subset"] == 0  # only the confirm split runs
@@ -349,6 +350,30 @@ def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
     other = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0, methods=["max", "mean-minmax"]), tmp_path / "d",
                          cache_dir=tmp_path / "cache")
     assert any(d.startswith("fp32:") and d.endswith("[replayed from an earlier run]") for d in other["decisions"])
+
+
+def test_the_resume_store_replays_only_what_the_same_code_and_libraries_ran(tmp_path, monkeypatch):
+    """Issue 35: a candidate that failed on a broken dependency was replayed as failed after the fix, and the store's
+    key held qdeploy's version string (0.1.0 in every commit). The key now covers library versions, qdeploy's code
+    and (timed targets) the machine; failures are never replayed."""
+    import numpy as np
+
+    from qdeploy.optimize import search
+
+    ident = search.resume_identity(measured=True)
+    assert ident["libraries"]["onnxruntime"] and ident["libraries"]["torch"] and len(ident["qdeploy_code"]) == 16
+    assert ident["machine"]["cpus"] and "machine" not in search.resume_identity(measured=False)
+    real = search.dist_version
+    monkeypatch.setattr(search, "dist_version", lambda d: "9.9.9" if d == "onnxruntime" else real(d))
+    assert search.resume_identity(measured=False) != {k: v for k, v in ident.items() if k != "machine"}
+
+    store = search._Store(tmp_path / "store")
+    spec = {"engine": "onnxruntime", "precision": "int8", "method": "max"}
+    store.put(spec, "full", {"status": "failed", "reason": "ImportError: libcublas.so.13"}, None)
+    assert store.get(spec, "full") is None and store.hits == 0  # evaluated again, not answered with the old failure
+    store.put(spec, "full", {"status": "ok", "search_metric": 0.9}, np.arange(4))
+    data, preds = store.get(spec, "full")
+    assert data["search_metric"] == 0.9 and preds.tolist() == [0, 1, 2, 3] and store.hits == 1
 
 
 def test_sqnr_ranks_the_outlier_layer_first_and_layer_names_pair_with_the_fp32_onnx(tmp_path):

@@ -253,7 +253,7 @@ class Candidate:
                 **{k: getattr(self, k) for k in self._MEASURED},
                 "agreement": self.agreement, "se": self.se, "agreement_se": self.agreement_se,
                 "within_budget": self.within_budget, "margin": self.margin, "rejected_by": self.rejected_by,
-                "budget": self.budget, **({"subset_agreement": self.subset_agreement}
+                "budget": self.budget, "replayed": self.replayed, **({"subset_agreement": self.subset_agreement}
                                           if self.subset_agreement is not None else {}),
                 "description": self.describe()}
 

@@ -29,8 +29,10 @@ decides it; an interrupted search started again with the same config replays tho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -61,10 +63,10 @@ from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.report.verdict import SIBLING_GAP, SIBLINGS_NEEDED, int8_failure_warning, near_chance_warning
-from qdeploy.sysinfo import environment
+from qdeploy.sysinfo import cpu_model, dist_version, environment
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
-from qdeploy.utils.hashing import sha256_json
+from qdeploy.utils.hashing import sha256_json, source_fingerprint
 from qdeploy.utils.log import each_warning_once, log, warn
 
 TORCH_TIME_LIMIT = 300.0  # seconds: optimize.time_limit's default for the PyTorch targets
@@ -75,10 +77,38 @@ def _metric_key(task: str) -> str:
     return "top1" if task == "classification" else "miou"
 
 
+# every library that builds, quantizes, compiles or runs a candidate: another version may give other numbers, or
+# fail or succeed where this one did not (issue 35: a build that failed on a broken dependency was replayed as failed
+# after the dependency was fixed)
+RESUME_LIBRARIES = ("torch", "torchvision", "timm", "transformers", "numpy", "onnx", "onnxscript", "onnxruntime",
+                    "onnxruntime-gpu", "openvino", "nncf", "nvidia-modelopt", "tensorrt", "polygraphy", "torchao",
+                    "onnx2torch", "keras", "tensorflow", "tf2onnx", "triton")
+
+
+@functools.lru_cache(maxsize=None)
+def _code_fingerprint() -> str:
+    return source_fingerprint(Path(qdeploy.__file__).parent)[:16]  # qdeploy's own code: 0.1.0 in every commit
+
+
+def resume_identity(measured: bool) -> dict:
+    """What, besides the model, data and settings, decides a candidate's result: the versions of RESUME_LIBRARIES
+    (distribution metadata, nothing imported), a fingerprint of qdeploy's source, and for timed targets the machine
+    (CPU model and count, the GPU): a store made under other code, libraries or hardware is never replayed."""
+    ident = {"libraries": {d: dist_version(d) for d in RESUME_LIBRARIES}, "qdeploy_code": _code_fingerprint(),
+             "python": platform.python_version()}
+    if measured:
+        ident["machine"] = {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return ident
+
+
 class _Store:
-    """Candidate results of one search (same model, data, split, settings), kept on disk so a search interrupted by
-    a crash, a Ctrl-C or the time limit resumes where it stopped. Predictions are stored with each candidate: the
-    fallback's subset and the agreement budget need them."""
+    """Candidate results of one search (same model, data, split, settings, code, libraries and, for timed targets,
+    machine: ``resume_identity``), kept on disk so a search interrupted by a crash, a Ctrl-C or the time limit resumes
+    where it stopped. Predictions are stored with each candidate: the fallback's subset and the agreement budget need
+    them. Only results that ran are replayed: a failure is evaluated again, because whether it came from the
+    candidate or from the environment (a library missing or broken, the GPU out of memory, a process killed) cannot be
+    told reliably from its message, and an environment since fixed must not be answered with the old failure."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -99,6 +129,8 @@ class _Store:
             predictions = np.load(preds) if preds.is_file() else None
         except (OSError, ValueError):
             return None  # a half-written entry from an interrupted process: evaluate again
+        if data.get("status", "ok") != "ok":
+            return None  # a failure: evaluated again (see the class docstring)
         self.hits += 1
         return data, predictions
 
@@ -288,7 +320,7 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
             "search": {k: v for k, v in search_cfg.items() if k != "variants"}, "model": _model_identity(ctx.builder),
             "optimize": o.model_dump(mode="json", include={"target", "seed", "search_fraction", "subset_size",
                                                            "sensitivity_images"}),
-            "qdeploy": qdeploy.__version__, "tensorrt": trt})[:20])
+            "qdeploy": qdeploy.__version__, "tensorrt": trt, "environment": resume_identity(target.measured)})[:20])
         s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
                     rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [],
                     cache_root=cache_root)

@@ -133,6 +133,8 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
         status = str(x.get("status"))
         if status in ("failed", "skipped") and x.get("failed_stage"):
             status += f" at {x['failed_stage']}"
+        if x.get("replayed"):  # from the resume store: same model, data, settings, code, libraries (and machine)
+            status += " (replayed)"
         p50 = T.fmt(x.get("latency_p50_ms"), 3) + (" NOISY" if x.get("noisy") else "")
         if torch_target:
             brief = "/".join(T.fmt(v, 3) for v in (x.get("brief_p50_ms") or {}).values()) or "–"
