@@ -95,6 +95,36 @@ def test_torch_cpu_saves_the_chosen_program_and_confirms_it_from_out_in_a_fresh_
 
 
 @pytest.mark.slow
+def test_a_chosen_program_that_fails_from_out_gives_way_to_the_next_candidate(tmp_path, monkeypatch):
+    """Issue 35: torchvision Swin's chosen program ran in the search but failed in the fresh process, and optimize
+    ended without an artifact. The first confirmation here is made to fail after the program was written (fault
+    injection on qdeploy's own step): the next candidate within budget is saved and confirmed instead, the failed
+    attempt's files are gone and optimize.json says what was replaced and why."""
+    from qdeploy.optimize import search
+
+    real, calls = search.confirm_program, []
+
+    def first_fails(s, cctx, chosen, cref, key):
+        calls.append(chosen.variant)
+        out = real(s, cctx, chosen, cref, key)
+        if len(calls) == 1:
+            (cctx.output.staging / "model.pt2").rename(cctx.output.staging / "model-left-over.pt2")
+            return {"variant": chosen.variant, "error": "injected: the fresh process could not load model.pt2"}
+        return out
+
+    monkeypatch.setattr(search, "confirm_program", first_fails)
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", compile_modes=[])
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    out = tmp_path / "out"
+    assert len(calls) == 2 and calls[0] != calls[1] and s["chosen"]["variant"] == calls[1]
+    assert s["program"]["error"] is None and s["program"]["replaces"] == [
+        {"variant": calls[0], "error": "injected: the fresh process could not load model.pt2"}]
+    assert (out / "model.pt2").is_file() and not (out / "model-left-over.pt2").exists()
+    assert any("saving the next candidate within budget instead" in d for d in s["decisions"])
+    assert s["budget_met"] is True
+
+
+@pytest.mark.slow
 def test_torch_cpu_compiles_its_best_pair_and_reports_compile_time(tmp_path):
     cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1)
     s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")

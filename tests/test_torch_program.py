@@ -209,3 +209,28 @@ def test_a_cuda_graph_program_reloads_on_the_gpu_with_the_models_outputs(tmp_pat
         want = model(torch.from_numpy(images)).numpy()
     assert np.allclose(np.load(tmp_path / "y.npy"), want, atol=2e-2)
     assert res["environment"]["imported_sources"] == [] and res["environment"]["gpu"]
+
+
+class _MaskFromScalars(torch.nn.Module):
+    """Builds a constant in forward with torch.tensor, as torchvision's Swin builds its shifted-window mask."""
+
+    def forward(self, x):
+        mask = torch.zeros(x.shape[-2:])
+        mask[: x.shape[-2] // 2] = torch.tensor(-100.0)
+        return x + mask
+
+
+def test_tensor_constants_an_export_lifts_follow_the_program_to_its_device():
+    """Issue 35: torchvision Swin's saved program failed its CUDA graph capture in the fresh process, its lifted CPU
+    constants being copied to the GPU on every call. The loader moves them (here to 'meta', the device-move a CPU-only
+    machine can check); the values are the same on CPU."""
+    from qdeploy.artifacts.torch_program_loader import constants_to_device
+
+    x = torch.randn(2, 3, 4, 4)
+    ep = torch.export.export(_MaskFromScalars(), (x,))
+    module = ep.module()
+    lifted = [v for sub in module.modules() for v in vars(sub).values() if isinstance(v, torch.Tensor)]
+    assert lifted and all(v.device.type == "cpu" for v in lifted)  # what Module.to would leave behind
+    torch.testing.assert_close(constants_to_device(module, "cpu")(x), _MaskFromScalars()(x))
+    moved = constants_to_device(ep.module(), "meta")
+    assert all(v.device.type == "meta" for sub in moved.modules() for v in vars(sub).values() if isinstance(v, torch.Tensor))

@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from qdeploy.artifacts.torch_program_loader import constants_to_device
 from qdeploy.facts.torchao import apply_torchao
 from qdeploy.utils.log import log
 
@@ -195,7 +196,8 @@ def _compile_cache(folder: Path, programs: dict, settings: ProgramSettings) -> d
     t0 = time.perf_counter()
     mode = None if settings.compile == "default" else settings.compile
     for key, ep in programs.items():
-        compiled = torch.compile(ep.module(), mode=mode, dynamic=False)
+        # as the loader compiles it (constants on the device), so that a fresh process hits this cache
+        compiled = torch.compile(constants_to_device(ep.module(), settings.device), mode=mode, dynamic=False)
         sizes = settings.batch_sizes if key == "dynamic" else (int(key),)
         with torch.inference_mode():
             for b in sorted(set(sizes)):

@@ -68,7 +68,7 @@ class Program:
         m = self.manifest
         if m["format"] == "aoti":
             return torch._inductor.aoti_load_package(str(path))
-        module = torch.export.load(str(path)).module()
+        module = constants_to_device(torch.export.load(str(path)).module(), self.device)
         if m.get("compile"):
             module = torch.compile(module, mode=None if m["compile"] == "default" else m["compile"], dynamic=False)
         return module
@@ -120,6 +120,20 @@ class Program:
     def synchronize(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+
+def constants_to_device(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Move the tensor constants of an exported program's module (``ExportedProgram.module()``) onto ``device``.
+
+    Why: a forward that makes a tensor with ``torch.tensor(...)`` (torchvision's Swin builds its shifted-window mask
+    so) exports it as a lifted constant, a CPU tensor kept as a plain attribute, which ``Module.to`` does not move; the
+    program then copies it to the GPU on every call, which a CUDA graph capture refuses ("Cannot copy between CPU and
+    CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"). On the device it is the same value."""
+    for sub in module.modules():
+        for name, value in list(vars(sub).items()):
+            if isinstance(value, torch.Tensor) and value.device.type != torch.device(device).type:
+                setattr(sub, name, value.to(device))
+    return module
 
 
 def capture_cuda_graph(run, x: torch.Tensor) -> tuple:

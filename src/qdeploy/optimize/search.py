@@ -171,6 +171,7 @@ class _Search:
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
     int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
+    program_errors: list = dataclasses.field(default_factory=list)  # saved programs that did not confirm, in order
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -719,7 +720,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
         cref, cchosen = crecords[0], crecords[-1]
         program = None
         if program_target:
-            program = confirm_program(s, cctx, chosen, cref, key)
+            program, chosen = _confirm_a_program(s, cctx, chosen, cref, key)
             ref_metric = cref.metrics.get(key)
             if "error" in program:
                 s.note(f"the chosen program could not be confirmed from --out: {program['error']}", warning=True)
@@ -784,11 +785,41 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
     return summary
 
 
+def _confirm_a_program(s: _Search, cctx, chosen: Candidate, cref, key: str) -> tuple[dict, Candidate]:
+    """(the confirmed program, the candidate it is): the chosen candidate saved and run from --out in a fresh process;
+    where that fails (a program that ran in the search but not from the saved file: a CPU tensor the export kept, a
+    compile that does not reload), the failure is said and the next fastest candidate within budget on the search split
+    is saved and confirmed instead, down to FP32, so that a run never ends without an artifact while one can be saved
+    and reloaded. What a failed attempt wrote into --out's staging folder is removed first."""
+    staging = cctx.output.staging
+    tried: list = []
+    while True:
+        before = {f.name for f in staging.iterdir()}
+        program = confirm_program(s, cctx, chosen, cref, key)
+        tried.append(chosen)
+        if "error" not in program:
+            if len(tried) > 1:
+                program["replaces"] = [{"variant": c.variant, "error": e} for c, e in zip(tried, s.program_errors)]
+            return program, chosen
+        s.program_errors.append(program["error"])
+        s.note(f"{chosen.variant}: its saved program could not be confirmed from --out: {program['error']}",
+               warning=True)
+        for f in staging.iterdir():
+            if f.name not in before and f.is_file():
+                f.unlink()
+        nxt = fastest_within([c for c in s.candidates if c.ok and all(c is not t for t in tried)])
+        if nxt is None:
+            return program, tried[0]
+        s.note(f"saving the next candidate within budget instead: {nxt.variant} ({nxt.budget})")
+        chosen = nxt
+
+
 def _program_summary(program: dict, s: _Search) -> dict:
     """optimize.json's ``program``: what was saved, how it loads, and what the fresh process measured."""
     fresh = program.get("fresh_process") or {}
     lat = fresh.get("latency_ms") or {}
-    return {"error": program.get("error"), "manifest": program.get("manifest"), "save_s": program.get("save_s"),
+    return {"error": program.get("error"), "replaces": program.get("replaces", []), "manifest": program.get("manifest"),
+            "save_s": program.get("save_s"),
             "loader": "load_model.py", "fresh_process": fresh,
             "latency_p50_ms": {b: round(v["p50"], 5) for b, v in lat.items()},
             "first_call_s": {b: v.get("first_call_s") for b, v in lat.items()},
