@@ -120,6 +120,12 @@ def test_fastest_within_and_best_effort():
             _cand("c", within_budget=True, rank_key=7.80, margin=0.30)]
     assert fastest_within(tied).variant == "b"
     assert fastest_within(tied, tie=0.0).variant == "a"
+    # issue 35: the tie is said in the decisions (a rerun that picks "a" is noise, not another answer)
+    from qdeploy.optimize.decide import choose
+    ref = _cand("fp32", reference=True, within_budget=True, rank_key=9.0, margin=1.0)
+    chosen, met, why = choose([ref, *tied], measured=True)
+    assert chosen.variant == "b" and met and any(w.startswith("a tie: a within 3 %") for w in why)
+    assert not any("a tie" in w for w in choose([ref, *tied], measured=False)[2])
 
 # ---------------------------------------------------------------------------- the protocol, end to end
 

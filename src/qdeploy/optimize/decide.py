@@ -168,6 +168,14 @@ def fastest_within(candidates: list, tie: float = LATENCY_TIE):
     return best
 
 
+def latency_ties(chosen, candidates: list, tie: float = LATENCY_TIE) -> list:
+    """The other candidates within budget whose latency key is within ``tie`` of ``chosen``'s (either side)."""
+    if chosen is None or chosen.rank_key is None or chosen.rank_key <= 0:
+        return []
+    return [c for c in candidates if c is not chosen and c.within_budget and c.rank_key is not None and c.rank_key > 0
+            and abs(c.rank_key - chosen.rank_key) <= tie * chosen.rank_key]
+
+
 def best_effort(candidates: list):
     """When none is within budget: the one closest to it (largest margin), then the fastest."""
     scored = [c for c in candidates if c.margin is not None]
@@ -221,6 +229,11 @@ def choose(candidates: list, measured: bool) -> tuple:
                                f"{chosen.variant if chosen else 'none'}"]
     why = slower + [f"chosen: {chosen.variant} (fastest within budget on the search split"
            + ("" if measured else ", by INT8 share of compute") + ")"]
+    ties = latency_ties(chosen, offers) if measured else []
+    if ties:  # said, so that a rerun choosing one of these is read as noise, not as a different answer
+        why.append(f"a tie: {', '.join(c.variant for c in ties)} within {100 * LATENCY_TIE:g} % of {chosen.variant}'s "
+                   f"latency ({_speed(chosen, chosen.rank_key)}), closer than timing noise separates; the largest "
+                   "budget margin decided")
     if measured and ref.reference and fastest_within(offers + [ref]) is ref:
         why.append(f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate within budget (best "
                    f"{chosen.variant}: {_speed(ref, chosen.rank_key)}) on this target: the answer is FP32, "
