@@ -171,7 +171,6 @@ class _Search:
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
     int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
-    program_errors: list = dataclasses.field(default_factory=list)  # saved programs that did not confirm, in order
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -722,8 +721,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
         if program_target:
             program, chosen = _confirm_a_program(s, cctx, chosen, cref, key)
             ref_metric = cref.metrics.get(key)
-            if "error" in program:
-                s.note(f"the chosen program could not be confirmed from --out: {program['error']}", warning=True)
+            if "error" in program:  # every attempt's failure was said by _confirm_a_program
                 chosen_metric, agree = None, None
                 confirm = budget_check(o.budget, ref_metric, None, None)
             else:
@@ -792,24 +790,25 @@ def _confirm_a_program(s: _Search, cctx, chosen: Candidate, cref, key: str) -> t
     is saved and confirmed instead, down to FP32, so that a run never ends without an artifact while one can be saved
     and reloaded. What a failed attempt wrote into --out's staging folder is removed first."""
     staging = cctx.output.staging
-    tried: list = []
+    tried, errors, first_failure = [], [], None
     while True:
         before = {f.name for f in staging.iterdir()}
         program = confirm_program(s, cctx, chosen, cref, key)
         tried.append(chosen)
         if "error" not in program:
             if len(tried) > 1:
-                program["replaces"] = [{"variant": c.variant, "error": e} for c, e in zip(tried, s.program_errors)]
+                program["replaces"] = [{"variant": c.variant, "error": e} for c, e in zip(tried, errors)]
             return program, chosen
-        s.program_errors.append(program["error"])
+        errors.append(program["error"])
+        first_failure = first_failure or program
         s.note(f"{chosen.variant}: its saved program could not be confirmed from --out: {program['error']}",
                warning=True)
         for f in staging.iterdir():
             if f.name not in before and f.is_file():
                 f.unlink()
         nxt = fastest_within([c for c in s.candidates if c.ok and all(c is not t for t in tried)])
-        if nxt is None:
-            return program, tried[0]
+        if nxt is None:  # none could be saved: the answer stays the chosen one, with its own failure
+            return first_failure, tried[0]
         s.note(f"saving the next candidate within budget instead: {nxt.variant} ({nxt.budget})")
         chosen = nxt
 
