@@ -1,11 +1,16 @@
-"""Held-out (non-timm) transformer classifiers for issue 34: torchvision's Swin and a Hugging Face transformers ViT,
-trained from scratch on CIFAR-10 (20k train images) exactly in the spirit of ../shared/models/cifar10-modern/train.py:
+"""Held-out (non-timm) classifiers, trained from scratch on CIFAR-10 (20k train images) exactly in the spirit of ../shared/models/cifar10-modern/train.py:
 GPU-resident data, AdamW (wd 0.05), time-based cosine schedule with 5 % warm-up, label smoothing 0.1, reflect-pad-4
 random crop + horizontal flip, bf16 autocast, grad-clip 5, RGB/255 then ImageNet mean/std, batch 256.
 
 Factories (also the qdeploy model sources; importing this file trains nothing):
   bench/train_heldout.py:tv_swin   torchvision.models.swin_transformer.SwinTransformer, small widths, 32x32
   bench/train_heldout.py:hf_vit    transformers ViTForImageClassification (eager attention), wrapped to return logits
+  issue 35 (the GPU search's table; trained the same way):
+  bench/train_heldout.py:tv_vit    torchvision VisionTransformer, ViT-tiny widths (192 wide, 3 heads), 5 layers, 32x32
+  bench/train_heldout.py:tv_convnext_femto   torchvision ConvNeXt, timm's femto widths (48-384, depths 2-2-6-2), 64x64
+  bench/train_heldout.py:tv_effnet_b0       torchvision efficientnet_b0, 64x64
+  The 64x64 models see the 32x32 CIFAR images upsampled bilinearly (qdeploy's preprocess: resize [64, 64]). Weights above
+  5 MB (ConvNeXt femto 9.7 MB, EfficientNet-B0 8 MB in FP16) are not committed (.gitignore): re-train them with this file.
 
 Training (on a GPU; one process per model, side by side):
   python3 bench/train_heldout.py NAME SECONDS DATA.npz   -> $OUT/NAME.pt (FP16 state_dict) and $OUT/NAME.json
@@ -49,7 +54,31 @@ def hf_vit(**overrides) -> nn.Module:
     return Logits(m)
 
 
-FACTORIES = {"tv_swin": (tv_swin, SWIN_KW), "hf_vit": (hf_vit, VIT_KW)}
+TV_VIT_KW = dict(image_size=32, patch_size=4, num_layers=5, num_heads=3, hidden_dim=192, mlp_dim=768, num_classes=10)
+
+
+def tv_vit(**overrides) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(**{**TV_VIT_KW, **overrides})
+
+
+FEMTO = ((48, 96, 2), (96, 192, 2), (192, 384, 6), (384, None, 2))
+
+
+def tv_convnext_femto(num_classes: int = 10) -> nn.Module:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    return ConvNeXt([CNBlockConfig(*c) for c in FEMTO], num_classes=num_classes)
+
+
+def tv_effnet_b0(num_classes: int = 10) -> nn.Module:
+    import torchvision
+    return torchvision.models.efficientnet_b0(num_classes=num_classes)
+
+
+# name -> (factory, kwargs recorded, input size)
+FACTORIES = {"tv_swin": (tv_swin, SWIN_KW, 32), "hf_vit": (hf_vit, VIT_KW, 32), "tv_vit": (tv_vit, TV_VIT_KW, 32),
+             "tv_convnext_femto": (tv_convnext_femto, {"widths": [48, 96, 192, 384], "depths": [2, 2, 6, 2]}, 64),
+             "tv_effnet_b0": (tv_effnet_b0, {"num_classes": 10}, 64)}
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -65,15 +94,18 @@ def train(name: str, budget: float, npz: str) -> None:
     x = torch.from_numpy(xs).permute(0, 3, 1, 2).contiguous().to(dev); y = torch.from_numpy(d["y"].astype(np.int64)).to(dev)
     mean = torch.tensor(MEAN, device=dev).view(1, 3, 1, 1); std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
 
+    fac, kw, size = FACTORIES[name]
+
     def prep(xb, train):
         xb = xb.float() / 255
         if train:
             xb = F.pad(xb, (4, 4, 4, 4), mode="reflect"); i, j = np.random.randint(0, 9, 2); xb = xb[:, :, i:i + 32, j:j + 32]
             flip = torch.rand(xb.shape[0], device=dev) < 0.5; xb = torch.where(flip.view(-1, 1, 1, 1), xb.flip(3), xb)
+        if size != 32:  # bilinear, half-pixel centres: what PIL's resize does when upsampling
+            xb = F.interpolate(xb, size=(size, size), mode="bilinear", align_corners=False)
         return (xb - mean) / std
 
     torch.manual_seed(0); np.random.seed(0)
-    fac, kw = FACTORIES[name]
     m = fac().to(dev)
     lr = 1e-3
     opt = torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.05)
@@ -102,7 +134,7 @@ def train(name: str, budget: float, npz: str) -> None:
     sd = {k: v.detach().half().cpu() for k, v in m.state_dict().items()}
     torch.save(sd, f"{out}/{name}.pt")
     import torchvision
-    res = {"name": name, "factory": f"bench/train_heldout.py:{name}", "kwargs": kw, "input": 32,
+    res = {"name": name, "factory": f"bench/train_heldout.py:{name}", "kwargs": kw, "input": size,
            "epochs": ep, "steps": step, "train_s": train_s, "batch_size": bs, "peak_lr": lr, "weight_decay": 0.05,
            "params": sum(p.numel() for p in m.parameters()), "train_images": len(x),
            "train_top1_fp32_gpu": round(100 * correct / len(x), 2), "torch": torch.__version__,
@@ -120,13 +152,15 @@ def evaluate(name: str, weights: str, root: str) -> float:
     import glob, json, os
     import numpy as np
     from PIL import Image
-    fac, _ = FACTORIES[name]
+    fac, _, size = FACTORIES[name]
     m = fac(); m.load_state_dict(torch.load(weights, weights_only=True)); m.float().eval()
     classes = sorted(os.listdir(root)); xs, ys = [], []
     for i, c in enumerate(classes):
         for f in sorted(glob.glob(os.path.join(root, c, "*.png"))):
             xs.append(np.asarray(Image.open(f).convert("RGB"))); ys.append(i)
     x = torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2).float() / 255; y = torch.tensor(ys)
+    if size != 32:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     correct = 0
     with torch.no_grad():
