@@ -3,7 +3,9 @@
     python bench/gpu_reference.py effnet --data DIR --out DIR [--json docs/results/gpu_reference.json]
 
 Per model (``effnet`` = cifar10-dev/efficientnet_b0_48, ``convnext`` = cifar10-modern/convnext_atto_64, ``deit`` =
-cifar10-modern/deit_tiny_p4_32; DIR holds cifar-test/ (the CIFAR-10 test set, image folders) and the .pt weights):
+cifar10-modern/deit_tiny_p4_32; issue 35's held-out architectures, trained by bench/train_heldout.py: ``tv_vit``,
+``tv_convnext_femto``, ``hf_vit``, ``tv_effnet_b0`` (64x64), ``tv_swin``; DIR holds cifar-test/ (the CIFAR-10 test set,
+image folders) and the .pt weights):
 1. ``qdeploy optimize`` with ``target: torch-cuda``, ``max_drop: 0.3``, bench batch sizes 1 and 32 and every other
    setting at its default, in its own process (the whole test set: 5,000 search / 5,000 confirm images). Its confirm
    step already loads the saved program in a fresh process with ``load_model.py``; that process's import check and
@@ -42,6 +44,10 @@ MODELS = {
     "deit": ("timm:vit_tiny_patch16_224", {"num_classes": 10, "img_size": 32, "patch_size": 4}, "deit_tiny_p4_32.pt", 32,
              "cifar10-modern"),
 }
+# issue 35: models qdeploy was not tuned on (other implementations of the same layers), built by this repo's factories
+HERE = Path(__file__).resolve().parent
+for _name, _size in (("tv_vit", 32), ("tv_convnext_femto", 64), ("hf_vit", 32), ("tv_effnet_b0", 64), ("tv_swin", 32)):
+    MODELS[_name] = (f"{HERE / 'train_heldout.py'}:{_name}", {}, f"{_name}.pt", _size, "bench/heldout")
 BATCHES = (1, 32)
 
 
@@ -58,8 +64,13 @@ def config(name: str, data: Path, max_drop: float) -> dict:
 
 def build_model(name: str, data: Path) -> torch.nn.Module:
     source, kwargs, weights, _, _ = MODELS[name]
-    lib, arch = source.split(":")
-    if lib == "timm":
+    lib, arch = source.rsplit(":", 1)
+    if lib.endswith(".py"):
+        sys.path.insert(0, str(HERE))
+        import train_heldout
+
+        model = train_heldout.FACTORIES[arch][0](**kwargs)
+    elif lib == "timm":
         import timm
 
         model = timm.create_model(arch, pretrained=False, **kwargs)
@@ -105,6 +116,11 @@ def cuda_graph(model, loader):
 
 def gpu_facts() -> dict:
     d = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for lib in ("torchvision", "timm", "transformers"):
+        try:
+            d[lib] = __import__(lib).__version__
+        except ImportError:
+            pass
     try:
         q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.sm,power.limit",
                             "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
@@ -201,6 +217,7 @@ def main() -> None:
         p50 = fresh_p50 if fresh_p50 is not None else in_process
         rows.append({"model": args.model, "weights": MODELS[args.model][4] + "/" + MODELS[args.model][2],
                      "batch_size": b, "gpu": facts["gpu"], "date": date, "torch": facts["torch"],
+                     "versions": {k: facts.get(k) for k in ("torchvision", "timm", "transformers")},
                      "nvidia_smi": facts.get("nvidia_smi"), "references": refs_p50,
                      "qdeploy": {"variant": chosen["variant"], "artifact": chosen.get("artifact"),
                                  "format": (program.get("manifest") or {}).get("format"), "p50_ms": round(p50, 5),
