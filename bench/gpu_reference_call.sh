@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of bench/gpu_reference.py (issues 22, 35), one or more models, after bench/stage_gpu_reference.sh:
-#   run(command="bash bench/gpu_reference_call.sh hf_vit", carry=[".devgr"])
+#   run(command="bash bench/gpu_reference_call.sh hf_vit", carry=[".devgr"])   (GR_ARGS=--skip-max-autotune: without it)
 # Writes $OUT/<model>.log, $OUT/<model>.optimize.json and $OUT/gpu_reference.json (this call's rows); at most 8 files
 # come back, so at most 3 models per call.
 set -u
@@ -21,7 +21,7 @@ python3 -c "import torch, timm, transformers; print('torch', torch.__version__, 
 python3 -c "import qdeploy.cli" || exit 2
 for m in "$@"; do
   t0=$(date +%s)
-  python3 bench/gpu_reference.py "$m" --data /tmp/dd --out /tmp/gr --json "$OUT/gpu_reference.json" > "$OUT/$m.log" 2>&1
+  python3 bench/gpu_reference.py "$m" ${GR_ARGS:-} --data /tmp/dd --out /tmp/gr --json "$OUT/gpu_reference.json" > "$OUT/$m.log" 2>&1
   echo "$m exit $? in $(( $(date +%s) - t0 )) s"
   grep -E "^ROW|optimize: (chosen|confirm|load_model)|Error|error|optimize exit|^(eager|CUDA|torch.compile|qdeploy) " "$OUT/$m.log" | cut -c1-400 | head -30
   cp /tmp/gr/$m/optimize.json "$OUT/$m.optimize.json" 2>/dev/null
