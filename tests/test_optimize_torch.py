@@ -209,3 +209,21 @@ def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
              C(precision="fp32", tf32=False, channels_last=False, brief_rank=6.0)]
     assert compile_pairs(brief) == [("fp32", True, True), ("fp32", False, False), ("fp16", False, True),
                                     ("bf16", False, False)]
+
+
+def test_layouts_a_brief_timing_cannot_separate_are_both_compiled_after_the_others():
+    """Issue 35's three repeated runs on a ViT: FP16 contiguous 0.226/0.377 ms vs channels_last 0.229/0.379 ms by brief
+    timing in one run (contiguous compiled), channels_last ahead in the next two: a coin toss. Within the latency tie
+    both layouts are compiled, the second ones after every precision's first (the time limit cuts them first)."""
+    from types import SimpleNamespace as C
+
+    from qdeploy.optimize.decide import LATENCY_TIE
+    from qdeploy.optimize.torch_search import compile_pairs
+
+    brief = [C(precision="fp16", tf32=False, channels_last=False, brief_rank=0.292),
+             C(precision="fp16", tf32=False, channels_last=True, brief_rank=0.292 * (1 + LATENCY_TIE / 2)),
+             C(precision="fp32", tf32=True, channels_last=False, brief_rank=0.368),
+             C(precision="fp32", tf32=True, channels_last=True, brief_rank=0.368 * (1 + 2 * LATENCY_TIE)),
+             C(precision="bf16", tf32=False, channels_last=True, brief_rank=0.30)]   # one layout timed only
+    assert compile_pairs(brief) == [("fp16", False, False), ("bf16", False, True), ("fp32", True, False),
+                                    ("fp16", False, True)]

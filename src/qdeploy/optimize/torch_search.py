@@ -9,8 +9,8 @@ minutes per candidate, so:
 1. **Accuracy per precision** (eager, contiguous): the reference and each reduced precision are evaluated on the whole
    search split. A precision outside the budget is dropped with everything built on it.
 2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
-3. **Compilation** of every precision kept in step 1, each in its faster layout by step 2 (``compile_pairs``: brief
-   eager timings do not rank precisions, compiled ones do), in each mode of ``optimize.compile_modes``, with
+3. **Compilation** of every precision kept in step 1, each in its faster layout by step 2, both layouts where step 2
+   cannot separate them (``compile_pairs``: brief eager timings do not rank precisions, compiled ones do), in each mode of ``optimize.compile_modes``, with
    and without CUDA graphs; each compile's time is recorded and counted against ``time_limit``: a compile that would not
    fit in the time left (estimated from the ones before) is skipped, and the log says so.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
@@ -32,6 +32,7 @@ from qdeploy.engines.base import create_engine, resolve_variant
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
                                          TorchaoCandidate, TorchCandidate)
+from qdeploy.optimize.decide import LATENCY_TIE
 
 BRIEF_WARMUP = 10
 BRIEF_ITERATIONS = 40
@@ -79,8 +80,11 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
     # 3. compile the best pairs
     if "compile" in s.target.runtimes and s.o.compile_modes and not s.timed_out:
         pairs = compile_pairs(brief)
-        s.note("compiled: one layout per precision within budget, the faster by brief timing: "
-               + ", ".join(f"{p}{'-tf32' if t else ''}{'-cl' if cl else ''}" for p, t, cl in pairs))
+        primary = len({(p, t) for p, t, _ in pairs})
+        name = [f"{p}{'-tf32' if t else ''}{'-cl' if cl else ''}" for p, t, cl in pairs]
+        s.note("compiled: one layout per precision within budget, the faster by brief timing: " + ", ".join(name[:primary])
+               + (f"; and the other layout where brief timing cannot separate the two (within "
+                  f"{LATENCY_TIE:.0%}): " + ", ".join(name[primary:]) if pairs[primary:] else ""))
         graphs = (False, True) if "cudagraph" in s.target.runtimes else (False,)
         compiled: list[TorchCandidate] = []
         estimate = None
@@ -118,18 +122,27 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
         s.timed_out = True
 
 
-def compile_pairs(brief: list) -> list[tuple]:
+def compile_pairs(brief: list, tie: float = LATENCY_TIE) -> list[tuple]:
     """(precision, tf32, channels_last) to compile: every precision that reached the runtime search (within budget),
-    each in its faster layout by brief timing, fastest first (the time limit cuts from the end).
+    each in its faster layout by brief timing, fastest first; then the other layout of each precision whose brief
+    timing is within ``tie`` of the faster one's (the time limit cuts from the end, so these first).
 
     Why not the best two pairs overall: eager and CUDA-graph timings at small batch sizes are launch-bound and noisy
     and do not predict compiled speed (issue 35: EfficientNet-B0 eager FP16 10.9 ms vs FP32 4.9 ms in one run, while
     FP16 compiled was 1.13-1.28x faster than the FP32-TF32 compiled program chosen; a Hugging Face ViT got FP32 in one run
-    and FP16 in another). Only compiled timings rank the precisions."""
+    and FP16 in another). Only compiled timings rank the precisions.
+    Why both layouts on a tie: where a brief timing cannot separate the layouts (a ViT's, whose only convolution is
+    the patch embedding: 0.226/0.377 ms contiguous vs 0.229/0.379 ms channels_last in one run, channels_last 7 % faster
+    at batch 32 in the next), picking one by it is a coin toss that repeated runs answer differently; compiled, both
+    are timed and the choice is made (or the tie named) among compiled candidates."""
     best: dict = {}
+    layouts: dict = {}
     for c in sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank):
         best.setdefault((c.precision, c.tf32), (c.precision, c.tf32, c.channels_last))
-    return list(best.values())
+        layouts.setdefault((c.precision, c.tf32, c.channels_last), c.brief_rank)
+    tied = [(p, t, not cl) for (p, t, cl) in best.values()
+            if (p, t, not cl) in layouts and layouts[(p, t, not cl)] <= layouts[(p, t, cl)] * (1 + tie)]
+    return list(best.values()) + tied
 
 
 def _torchao_stage(s, compiled: list, estimate) -> list:
