@@ -64,8 +64,7 @@ def test_config_validation_from_the_capability_table():
     assert resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0).artifact_request().kind == ArtifactKind.ONNX_FP32
     with pytest.raises(ConfigError, match="runs on cpu"):
         resolve_variant(VariantSpec(engine="openvino", device="cuda"), 0)
-    with pytest.raises(ConfigError, match="runs fp32, fp16, int8"):
-        resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0)
+    assert resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0).artifact_request().kind == ArtifactKind.ONNX_FP32
     with pytest.raises(ConfigError, match="performance_hint"):
         resolve_variant(VariantSpec(engine="openvino", performanc_hint="latency"), 0)
 
@@ -80,6 +79,35 @@ def test_fp16_runs_only_where_the_cpu_lists_fp16():
             OpenVinoEngine.check(variant, has_torch=False)
         assert ", ".join(caps) in str(e.value) and "FP16" in str(e.value)
     OpenVinoEngine.check(resolve_variant(VariantSpec(engine="openvino"), 0), has_torch=False)  # fp32: always
+
+
+def test_bf16_runs_only_where_the_cpu_lists_bf16_and_then_computes_in_bf16(tmp_path):
+    """Issue 36: BF16 (AMX-BF16 / AVX512-BF16) as a candidate that needs no calibration, never picked on a CPU without
+    native BF16: there the variant is refused with the CPU's capability list."""
+    caps = cpu_capabilities()
+    variant = resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0)
+    if "BF16" not in caps:
+        with pytest.raises(VariantUnavailable, match="OPTIMIZATION_CAPABILITIES") as e:
+            OpenVinoEngine.check(variant, has_torch=False)
+        assert ", ".join(caps) in str(e.value) and "BF16" in str(e.value)
+        from qdeploy.optimize.candidates import engine_floats
+        assert "bf16" not in engine_floats("openvino")
+        pytest.skip(f"this CPU does not run BF16 natively (OpenVINO capabilities {', '.join(caps)}): refusal checked")
+    OpenVinoEngine.check(variant, has_torch=False)
+    path = _onnx(tmp_path / "m.onnx")
+    x = np.random.default_rng(1).normal(0, 1, (5, 3, 8, 8)).astype(np.float32)
+    bf16 = _engine(VariantSpec(engine="openvino", precision="bf16", threads=1), path)
+    ort = _engine(VariantSpec(engine="onnxruntime", threads=1), path)
+    try:
+        y, ref = bf16.infer(x), ort.infer(x)
+        d = bf16.describe()
+        assert d["precision_hint"] == "bf16"
+        # bfloat16 keeps 8 bits of mantissa: close to FP32, but not equal to it (it did compute in BF16)
+        err = np.abs(y - ref).max() / np.abs(ref).max()
+        assert 0 < err < 0.05, err
+    finally:
+        bf16.close()
+        ort.close()
 
 
 def test_fp32_matches_onnxruntime_and_honours_threads(tmp_path):
@@ -402,3 +430,23 @@ def test_missing_openvino_leaves_qdeploy_importable_and_the_engine_unusable():
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_target_cpu_plans_a_bf16_candidate_exactly_where_the_cpu_runs_bf16_and_says_how_to_deploy_it():
+    """Issue 36: optimize --target cpu weighs OpenVINO BF16 (no calibration) beside FP32 and INT8 on CPUs with native
+    BF16, never elsewhere; the chosen BF16 answer is the FP32 ONNX, so optimize.json says the compile call that makes it
+    BF16 (and FP32/INT8 say f32: the plugin's default would be bf16 on such a CPU)."""
+    from qdeploy.config import OptimizeConfig
+    from qdeploy.engines.openvino_engine import deploy_line
+    from qdeploy.optimize.candidates import TARGETS, EngineCandidate, plan
+
+    names = [c.variant for c in plan(OptimizeConfig(target="cpu"), TARGETS["cpu"])]
+    assert "openvino-fp32" in names
+    assert ("openvino-bf16" in names) == ("BF16" in cpu_capabilities())
+    assert ("openvino-fp16" in names) == ("FP16" in cpu_capabilities())
+    bf16 = EngineCandidate.planned_float(TARGETS["cpu"], "openvino", "bf16")
+    assert bf16.deploy("model.onnx") == deploy_line("model.onnx", "bf16")
+    assert "'INFERENCE_PRECISION_HINT': 'bf16'" in bf16.deploy("model.onnx")
+    assert "'INFERENCE_PRECISION_HINT': 'f32'" in deploy_line("int8.onnx", "int8", threads=4)
+    assert "'INFERENCE_NUM_THREADS': 4" in deploy_line("int8.onnx", "int8", threads=4)
+    assert EngineCandidate.planned_float(TARGETS["cpu"], "onnxruntime", "fp32").deploy("model.onnx") is None

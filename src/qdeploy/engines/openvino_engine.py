@@ -31,11 +31,16 @@ try:
 except ImportError:  # a base dependency, but an image may lack it (the GPU machine does): the engine reports itself
     ov = None        # unusable (doctor, a variant asking for it) instead of breaking `import qdeploy` for every engine
 
-# fp16 compiles the FP32 ONNX with an FP16 precision hint: OpenVINO converts the weights and compute internally
-_ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP32, "int8": ArtifactKind.ONNX_INT8}
+# fp16 and bf16 compile the FP32 ONNX with that precision hint: OpenVINO converts the weights and compute internally
+# (bf16: AMX-BF16 tile or AVX512-BF16 dot-product kernels; what the CPU plugin runs by default where the CPU has them)
+_ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP32, "bf16": ArtifactKind.ONNX_FP32,
+              "int8": ArtifactKind.ONNX_INT8}
 # INFERENCE_PRECISION_HINT per precision. fp32 and int8 say f32 explicitly: on CPUs with AMX or AVX512_BF16 the CPU
 # plugin's default hint is bf16, so an unset hint would silently run the float layers in bfloat16.
-_PRECISION_HINT = {"fp32": "f32", "fp16": "f16", "int8": "f32"}
+_PRECISION_HINT = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "f32"}
+# the OPTIMIZATION_CAPABILITIES entry that says the CPU runs a reduced float natively: without it OpenVINO would emulate
+# it or quietly keep FP32, and a "BF16" candidate would be a number about neither
+_NATIVE = {"fp16": "FP16", "bf16": "BF16"}
 _PERFORMANCE_HINT = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 # layer types of the runtime model whose runtimePrecision says whether INT8 kernels ran
 _COMPUTE_LAYERS = ("Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul")
@@ -65,14 +70,24 @@ def cpu_capabilities() -> list[str]:
 
 
 def precision_problem(precision: str) -> Optional[str]:
-    """Why OpenVINO's CPU plugin cannot run ``precision`` here (None: it can)."""
-    if precision != "fp16":
+    """Why OpenVINO's CPU plugin cannot run ``precision`` here (None: it can). FP16 and BF16 only where the CPU runs
+    them natively (OPTIMIZATION_CAPABILITIES: FP16 on AVX512-FP16/AMX-FP16 CPUs, BF16 on AVX512-BF16/AMX-BF16 ones)."""
+    if precision not in _NATIVE:
         return None
     caps = cpu_capabilities()
-    if "FP16" in caps:
+    if _NATIVE[precision] in caps:
         return None
-    return (f"FP16 in OpenVINO needs a CPU whose OPTIMIZATION_CAPABILITIES list FP16, and this CPU's are "
-            f"{', '.join(caps)} (an f16 precision hint would run FP32)")
+    return (f"{precision.upper()} in OpenVINO needs a CPU whose OPTIMIZATION_CAPABILITIES list {_NATIVE[precision]}, "
+            f"and this CPU's are {', '.join(caps)} (a {_PRECISION_HINT[precision]} precision hint would run FP32)")
+
+
+def deploy_line(artifact: str, precision: str, threads: Optional[int] = None) -> str:
+    """How a user runs ``artifact`` as this variant did: the compile call with the variant's precision hint (fp32 and
+    int8 say f32 explicitly: the plugin's default is bf16 on BF16-capable CPUs) and its thread count."""
+    config = {"INFERENCE_PRECISION_HINT": _PRECISION_HINT[precision], "PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    return f"openvino.Core().compile_model({artifact!r}, 'CPU', {config!r})"
 
 
 def signed_activations_as_uint8(model) -> int:
@@ -351,9 +366,10 @@ def _type_name(value) -> str:
 @register_engine
 class OpenVinoEngine(Engine):
     name = "openvino"
-    description = "OpenVINO CPU plugin on the built ONNX (FP32, FP32 with an FP16 precision hint, or INT8 Q/DQ)"
+    description = ("OpenVINO CPU plugin on the built ONNX (FP32, FP32 with an FP16 or BF16 precision hint, or INT8 "
+                   "Q/DQ)")
     Options = OpenVinoOptions
-    precisions = ("fp32", "fp16", "int8")
+    precisions = ("fp32", "fp16", "bf16", "int8")
     devices = ("cpu",)
 
     @classmethod
@@ -366,7 +382,7 @@ class OpenVinoEngine(Engine):
         except Exception as e:  # a broken install: doctor says so rather than failing
             return [{"engine": cls.name, "device": "cpu", "precisions": [], "usable": False,
                      "note": f"openvino {ov.__version__}: CPU plugin unavailable ({type(e).__name__}: {e})"}]
-        runs = ["fp32"] + (["fp16"] if "FP16" in caps else []) + ["int8"]
+        runs = ["fp32"] + [p for p, cap in _NATIVE.items() if cap in caps] + ["int8"]
         return [{"engine": cls.name, "device": "cpu", "precisions": runs, "usable": True,
                  "note": f"openvino {ov.__version__.split('-')[0]}; CPU optimization capabilities: {', '.join(caps)}"}]
 
@@ -394,8 +410,8 @@ class OpenVinoEngine(Engine):
             return "NNCF's Q/DQ placement (OpenVINO's own) run by OpenVINO's CPU plugin"
         if variant.int8 is not None:
             return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)"
-        if variant.precision == "fp16":
-            return "FP32 ONNX compiled with OpenVINO's f16 inference-precision hint"
+        if variant.precision in _NATIVE:
+            return f"FP32 ONNX compiled with OpenVINO's {_PRECISION_HINT[variant.precision]} inference-precision hint"
         return None
 
     def load(self) -> None:

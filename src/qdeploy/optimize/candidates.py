@@ -328,11 +328,12 @@ class PtqCandidate(Candidate):
 
 
 def engine_floats(engine: str) -> tuple[str, ...]:
-    """The float precisions ``engine`` runs on this CPU: FP32, and FP16 where OpenVINO's CPU plugin lists it."""
+    """The float precisions ``engine`` runs on this CPU: FP32, and FP16 / BF16 where OpenVINO's CPU plugin lists them
+    as native (never on a CPU without: engines/openvino_engine.precision_problem)."""
     if engine == "openvino":
         from qdeploy.engines.openvino_engine import precision_problem
 
-        return ("fp32",) + (("fp16",) if precision_problem("fp16") is None else ())
+        return ("fp32",) + tuple(p for p in ("fp16", "bf16") if precision_problem(p) is None)
     return ("fp32",)
 
 
@@ -364,6 +365,15 @@ class EngineCandidate(Candidate):
     def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax") -> "EngineCandidate":
         return cls({**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine,
                     "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"})
+
+    def deploy(self, artifact: str) -> Optional[str]:
+        """The engine call that runs ``artifact`` as this candidate was measured (a BF16 candidate's artifact is the FP32
+        ONNX: the precision hint is what makes it BF16)."""
+        if self.engine != "openvino":
+            return None
+        from qdeploy.engines.openvino_engine import deploy_line
+
+        return deploy_line(artifact, self.precision, self.spec.get("threads"))
 
     def describe(self) -> str:
         name = {"openvino": "OpenVINO"}.get(self.engine, self.engine)

@@ -87,7 +87,7 @@ def chosen_line(summary: Mapping) -> str:
     met = "met" if summary.get("budget_met") else "MISSED"
     return (f"chosen: {chosen_name(c)} ({c.get('artifact') or 'no file'}); {metric} search {T.pct(c.get('search_metric'))} %, "
             f"confirm {T.pct(c.get('confirm_metric'))} % vs FP32 {T.pct(c.get('reference_confirm_metric'))} %; "
-            f"budget {met} on the confirm split")
+            f"budget {met} on the confirm split" + (f"; run it with {c['deploy']}" if c.get("deploy") else ""))
 
 
 def optimize_tables(summary: Mapping) -> list[T.Table]:
