@@ -8,6 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "qdeploy"
 # stage or earlier ones, never a later one.
 LAYERS = [
     {"__init__", "errors", "utils", "sysinfo"},
+    {"tasks"},
     {"config"},
     {"facts"},
     {"models"},

@@ -17,8 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from qdeploy.errors import ConfigError
+from qdeploy.tasks import TASKS, get_task
 
-Task = Literal["classification", "segmentation"]
+Task = Literal[tuple(TASKS)]  # the registered tasks (qdeploy.tasks)
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 Size = Union[int, tuple[int, int]]
 
@@ -539,7 +540,7 @@ class BudgetSpec(_Strict):
     def describe(self, task: str = "classification", default: bool = False) -> str:
         """The budget in words: "at most 1.00 point of top-1 below FP32 (default), agreement with FP32 ≥ 90 % (default)".
         ``default``: this budget is OptimizeConfig's default (no optimize.budget given)."""
-        metric = "mIoU" if task == "segmentation" else "top-1"
+        metric = get_task(task).metric_label
         dflt = " (default)" if default else ""
         agree = f"agreement with FP32 ≥ {100 * self.floor:g} %"
         if self.agreement_only:

@@ -1,0 +1,92 @@
+"""What a task is: one module per task (``classification.py``, ``segmentation.py``) and the registry of them.
+
+Every per-task fact the stages need (the headline metric and its label, how outputs become predictions and
+metrics, how a change against the reference is tested, the words for a prediction) is an attribute or method of a
+:class:`Task`; the stages ask ``get_task(cfg.model.task)`` instead of comparing task names, so a new task touches its
+own module and this registry only (timm's model registry and its ``pretrained_cfg`` record are the model).
+
+This stage comes right after ``errors``/``utils``: config validates ``model.task`` against :data:`TASKS`, and data,
+quantize and preflight read the facts; so a task module imports nothing later than that (the metric classes live
+here, ``qdeploy.evaluate.metrics`` re-exports them).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from qdeploy.errors import ConfigError
+
+
+class Task:
+    """The facts of one task; a subclass per task, registered with :func:`register_task`."""
+
+    name: str
+    # the metric the budget, the verdict and the headline read: its key in a results' ``metrics`` and its name in
+    # sentences ("at most 1.00 point of top-1 below FP32")
+    metric: str
+    metric_label: str
+    # the report's metric columns, headline first: (key in ``metrics``, column header)
+    metric_columns: tuple[tuple[str, str], ...]
+    # a per-class score in ``metrics`` (its own report table), or None
+    per_class_scores: Optional[str] = None
+    # what is compared for agreement, in sentences ("agrees with the reference on 97 % of its predictions")
+    predictions_word: str
+    # labels: one per image (N,), label < 0 = unlabelled; or one map per image (N, H, W) with ignore_index for void
+    pixel_labels: bool
+    # the data.*.format that holds this task's labels (an imagefolder's class folders, a segnet split's label maps)
+    dataset_format: str
+    # the output the saved program's load_model.py returns for evaluation: "logits" or "argmax" (per-pixel classes,
+    # far smaller than logits for a whole split)
+    program_output: str
+    # how a variant's change against the reference is tested on the same images (evaluate/compare.paired_changes):
+    # "mcnemar" (exact McNemar + Agresti–Min interval of a top-1 change, evaluate/stats.accuracy_change_of) or
+    # "bootstrap" (paired bootstrap over images of an mIoU change, evaluate/stats.miou_change)
+    paired_comparison: str
+    # does the metric have a per-sample (binomial) standard error: optimize's paired standard errors of a drop and
+    # its resolution warning need one; without it budgets use the point estimate
+    per_sample_standard_error: bool
+    # is the reference checked for near-chance top-1 (evaluate/compare.reference_chance)
+    reference_chance: bool
+    # images per batch of optimize's layer sensitivity pass (its activations for a whole batch sit in memory)
+    sensitivity_batch_size: int
+
+    def make_metrics(self, num_classes: Optional[int] = None, ignore_index: int = 255,
+                     class_names: Optional[Sequence[str]] = None, topk: Sequence[int] = (1, 5)):
+        """An empty metrics accumulator (``update(logits, labels)``, ``result()``, ``predictions``) of this task.
+        ``num_classes`` is the model's output count; ``topk`` the accuracies kept where the task has them."""
+        raise NotImplementedError
+
+    def metrics_of_program(self, outputs: np.ndarray, labels: np.ndarray, num_classes: Optional[int] = None,
+                           ignore_index: int = 255, class_names: Optional[Sequence[str]] = None):
+        """The metrics of a saved program's outputs (:attr:`program_output`) on a whole split's ``labels``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
+
+
+TASKS: dict[str, Task] = {}
+DEFAULT_TASK = "classification"  # config's model.task default; a results file without a task is read as this one
+
+
+def register_task(task: Task) -> Task:
+    """Add ``task`` to :data:`TASKS` under its name (a second task of the same name is a bug)."""
+    if task.name in TASKS:
+        raise ValueError(f"task {task.name!r} is registered twice")
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name) -> Task:
+    """The registered task called ``name`` (a :class:`Task` is returned as it is)."""
+    if isinstance(name, Task):
+        return name
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown task {name!r}: model.task must be one of {', '.join(TASKS)}") from None
+
+
+# the task modules register themselves; imported last, as they subclass Task
+from qdeploy.tasks import classification, segmentation  # noqa: E402,F401
