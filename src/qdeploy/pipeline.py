@@ -35,6 +35,7 @@ from qdeploy.preflight import check_calibration, check_model, check_qat_data, ch
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
 from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from qdeploy.sysinfo import environment
+from qdeploy.tasks import get_task
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.faults import kill_point
 from qdeploy.utils.hashing import sha256_file
@@ -415,8 +416,8 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
     changes = paired_changes(ctx.eval_batches, task, ref_pred,
                              {r.label: r.predictions for r in records if r.predictions is not None and r.label != reference},
                              cfg.data.eval.ignore_index, num_classes) if ref_pred is not None else {}
-    chance, chance_basis = reference_chance(ctx.eval_batches, ref_pred) if ref_pred is not None and task == "classification" \
-        else (None, "")
+    chance, chance_basis = reference_chance(ctx.eval_batches, ref_pred) \
+        if ref_pred is not None and get_task(task).reference_chance else (None, "")
     variants = []
     for r in records:
         v = r.variant
@@ -595,19 +596,17 @@ def quantize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path
 def _task_metric(batches, task: str, preprocess, ignore_index: int, predict, predictions: Optional[list] = None) -> float:
     """Top-1 (classification) or mIoU (segmentation) of ``predict`` (normalized images → logits) on ``batches``.
     ``predictions`` given: the predicted labels (classes or pixels, as uint8/int16) are appended to it."""
-    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
-
+    task = get_task(task)
     metrics = None
     for x, y in batches:
         out = predict(normalize(x, preprocess))
         if metrics is None:
-            metrics = ClassificationMetrics((1,)) if task == "classification" else \
-                SegmentationMetrics(out.shape[1], ignore_index, getattr(batches, "class_names", None))
+            metrics = task.make_metrics(out.shape[1], ignore_index, getattr(batches, "class_names", None), topk=(1,))
         metrics.update(out, y)
         if predictions is not None:
             predictions.append(out.argmax(1).astype(np.uint8 if out.shape[1] <= 256 else np.int32))
     r = metrics.result()
-    return float(r["top1"] if task == "classification" else r["miou"])
+    return float(r[task.metric])
 
 
 def _torch_metric(model: torch.nn.Module, batches, task: str, preprocess, device: str, ignore_index: int,
@@ -740,7 +739,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
         summary = {"fp32": start["fp32"], "before": start["before"], "after": after, "after_onnx": after_onnx,
                    "onnxruntime": {"artifact": ort_path.name, "metric": ort_metric, "method": q.method,
                                    "structure": ort_result.info.get("structure")},
-                   "metric": "top1" if task == "classification" else "miou",
+                   "metric": get_task(task).metric,
                    # fraction of predictions (classes or pixels) equal to the FP32 model's, on data.eval
                    "agreement": {k: _agreement(preds[k], preds["fp32"]) for k in ("before", "after", "after_onnx", "onnxruntime")},
                    **{k: v for k, v in train_summary(train_log, work, q).items() if k in ("epochs", "images_per_s")},

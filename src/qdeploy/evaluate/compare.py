@@ -13,25 +13,38 @@ import numpy as np
 
 from qdeploy.evaluate.stats import (MAX_CONFUSION_CELLS, accuracy_change_of, miou_change, near_chance,
                                     per_image_confusion)
+from qdeploy.tasks import get_task
 
 
 def paired_changes(batches, task: str, reference_pred: Optional[np.ndarray], predictions: Mapping[str, np.ndarray],
                    ignore_index: int = 255, num_classes: Optional[int] = None) -> dict[str, dict]:
     """``{variant: accuracy_change}`` of every variant in ``predictions`` against ``reference_pred``.
 
-    Classification: top-1 per image, exact McNemar + Agresti–Min interval (:func:`stats.accuracy_change_of`); nothing
-    when no image is labelled. Segmentation: mIoU, paired bootstrap over images from per-image confusion matrices
+    As the task's ``paired_comparison`` says (qdeploy.tasks). ``mcnemar`` (classification): top-1 per image, exact McNemar + Agresti–Min interval (:func:`stats.accuracy_change_of`); nothing
+    when no image is labelled. ``bootstrap`` (segmentation): mIoU, paired bootstrap over images from per-image confusion matrices
     (:func:`stats.miou_change`); nothing when ``num_classes`` is unknown or images × classes² exceeds
     ``MAX_CONFUSION_CELLS`` (then the verdict falls back to agreement, and the report says which rule decided).
     """
     if reference_pred is None or not predictions:
         return {}
+    return _PAIRED_COMPARISONS[get_task(task).paired_comparison](batches, reference_pred, predictions, ignore_index,
+                                                                 num_classes)
+
+
+def _top1_changes(batches, reference_pred: np.ndarray, predictions: Mapping[str, np.ndarray], ignore_index: int,
+                  num_classes: Optional[int]) -> dict[str, dict]:
+    """McNemar's test per variant on the labelled images (:func:`stats.accuracy_change_of`)."""
     from qdeploy.evaluate.runner import eval_labels
 
-    if task == "classification":
-        labels = eval_labels(batches)
-        out = {name: accuracy_change_of(reference_pred, pred, labels) for name, pred in predictions.items()}
-        return {k: v for k, v in out.items() if v is not None}
+    labels = eval_labels(batches)
+    out = {name: accuracy_change_of(reference_pred, pred, labels) for name, pred in predictions.items()}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _miou_changes(batches, reference_pred: np.ndarray, predictions: Mapping[str, np.ndarray], ignore_index: int,
+                  num_classes: Optional[int]) -> dict[str, dict]:
+    """A paired bootstrap over images of each variant's mIoU change (:func:`stats.miou_change`), from per-image
+    confusion matrices."""
     n = len(reference_pred)
     if not num_classes or n * num_classes ** 2 > MAX_CONFUSION_CELLS:
         return {}
@@ -52,6 +65,10 @@ def paired_changes(batches, task: str, reference_pred: Optional[np.ndarray], pre
     ref = np.concatenate(cms.pop("\0reference"))
     out = {k: miou_change(ref, np.concatenate(v), num_classes) for k, v in cms.items()}
     return {k: v for k, v in out.items() if v is not None}
+
+
+# Task.paired_comparison → how the changes are computed
+_PAIRED_COMPARISONS = {"mcnemar": _top1_changes, "bootstrap": _miou_changes}
 
 
 def reference_chance(batches, reference_pred: Optional[np.ndarray]) -> tuple[Optional[dict], str]:

@@ -9,7 +9,7 @@ import numpy as np
 from qdeploy.config import Preprocess
 from qdeploy.data import normalize
 from qdeploy.engines.base import Engine
-from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
+from qdeploy.tasks import get_task
 from qdeploy.utils.log import progress
 
 # Classification labels seen by the last complete evaluate() pass over a Batches object, so that the paired
@@ -27,6 +27,7 @@ def evaluate(
     desc: str = "eval",
 ):
     """Return ``(metrics dict, predictions)``; predictions feed the agreement check."""
+    task = get_task(task)
     metrics = None
     seen = []
     with progress(desc, batches.num_samples) as advance:
@@ -35,13 +36,10 @@ def evaluate(
             if not np.all(np.isfinite(logits)):
                 raise FloatingPointError(f"{engine.variant.label}: the model produced NaN/Inf outputs")
             if metrics is None:
-                if task == "classification":
-                    metrics = ClassificationMetrics()
-                else:
-                    names = class_names if class_names and len(class_names) == logits.shape[1] else None
-                    metrics = SegmentationMetrics(logits.shape[1], ignore_index, names)
+                names = class_names if class_names and len(class_names) == logits.shape[1] else None
+                metrics = task.make_metrics(logits.shape[1], ignore_index, names)
             metrics.update(logits, np.asarray(labels))
-            if task == "classification":
+            if not task.pixel_labels:  # per-image labels are kept for eval_labels (label maps are not)
                 seen.append(np.asarray(labels).astype(np.int64, copy=False).ravel())
             advance(len(images))
     if metrics is None:

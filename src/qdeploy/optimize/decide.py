@@ -15,6 +15,7 @@ import numpy as np
 
 from qdeploy.config import BudgetSpec
 from qdeploy.report.verdict import RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
+from qdeploy.tasks import get_task
 
 
 @dataclass
@@ -137,7 +138,7 @@ def metric_standard_error(metric: float, n: int) -> float:
 
 def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task: str) -> Optional[str]:
     """A sentence when the search split is too small to resolve the budget (max_drop/relative on classification)."""
-    if task != "classification" or budget.agreement_only:
+    if not get_task(task).per_sample_standard_error or budget.agreement_only:
         return None
     allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
     se = metric_standard_error(reference, n_search)

@@ -64,6 +64,7 @@ from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.report.verdict import SIBLING_GAP, SIBLINGS_NEEDED, int8_failure_warning, near_chance_warning
 from qdeploy.sysinfo import cpu_model, dist_version, environment
+from qdeploy.tasks import get_task
 from qdeploy.utils.atomic import OutputDir, write_json
 from qdeploy.utils.cache import default_cache_dir
 from qdeploy.utils.hashing import sha256_json, source_fingerprint
@@ -74,7 +75,7 @@ CPU_TARGETS = ("onnxruntime-cpu", "cpu", "torch-cpu")
 
 
 def _metric_key(task: str) -> str:
-    return "top1" if task == "classification" else "miou"
+    return get_task(task).metric
 
 
 # every library that builds, quantizes, compiles or runs a candidate: another version may give other numbers, or
@@ -200,7 +201,7 @@ class _Search:
             self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
         if cand.reference and self.reference is None:
             self.reference = cand
-            if self.ctx.cfg.model.task == "classification" and self.ctx.cfg.data.eval.labels:
+            if get_task(self.ctx.cfg.model.task).per_sample_standard_error and self.ctx.cfg.data.eval.labels:
                 # for the paired standard error of each drop
                 self.labels = np.concatenate([np.asarray(y) for _, y in self.ctx.eval_batches])
         rescore(cand, self.reference, self.labels, self.o, self.z, sibling_agreements(cand, self.candidates))
@@ -334,8 +335,9 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
         if s.z > 0:
             s.note(f"decisions on the one-sided {100 * o.confidence:g} % bound (z {s.z:.2f}) of each candidate's drop or "
                    "agreement, with its standard error paired over the search split"
-                   + ("; mIoU has no per-sample standard error, so mIoU budgets use the point estimate"
-                      if task == "segmentation" and not o.budget.agreement_only else ""))
+                   + (f"; {get_task(task).metric_label} has no per-sample standard error, so "
+                      f"{get_task(task).metric_label} budgets use the point estimate"
+                      if not get_task(task).per_sample_standard_error and not o.budget.agreement_only else ""))
         try:
             if target.torch_program:
                 evaluate_torch(s, planned)
@@ -658,8 +660,8 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
             if mapping is None:
                 raise QDeployError(f"the compute layers of {art.path.name} cannot be paired with the FP32 ONNX's (different "
                                    "op types or weight shapes in order), so no layer can be named for exclude")
-            seg = ctx.cfg.model.task == "segmentation"
-            report = layer_sensitivity(art.path, sens_images, batch_size=2 if seg else 16)
+            report = layer_sensitivity(art.path, sens_images,
+                                       batch_size=get_task(ctx.cfg.model.task).sensitivity_batch_size)
             ranked[k] = [{**d, "name": mapping.get(d["name"], d["name"])} for d in report]
         return ranked[k]
 

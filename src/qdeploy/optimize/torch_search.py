@@ -33,6 +33,7 @@ from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
                                          TorchaoCandidate, TorchCandidate)
 from qdeploy.optimize.decide import LATENCY_TIE
+from qdeploy.tasks import get_task
 
 BRIEF_WARMUP = 10
 BRIEF_ITERATIONS = 40
@@ -243,7 +244,6 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
 
     from qdeploy.artifacts.torch_program import LOADER_NAME, MANIFEST, run_in_fresh_process, save_program
     from qdeploy.data import normalize
-    from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
     from qdeploy.optimize.candidates import program_settings
     from qdeploy.utils.hashing import sha256_file
     from qdeploy.utils.log import log
@@ -263,7 +263,7 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
         out["error"] = f"saving {chosen.variant} failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         return out
     out["save_s"] = round(time.perf_counter() - t0, 2)
-    task = cfg.model.task
+    task = get_task(cfg.model.task)
     with tempfile.TemporaryDirectory(prefix="qdeploy-confirm-") as tmp:
         tmp = Path(tmp)
         images_npy, labels = tmp / "images.npy", []
@@ -285,20 +285,15 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
             + ", ".join(str(b) for b in s.rank_batches))
         try:
             res = run_in_fresh_process(folder, images_npy, tmp / "outputs.npy",
-                                       "logits" if task == "classification" else "argmax", eval_bs, s.rank_batches,
+                                       task.program_output, eval_bs, s.rank_batches,
                                        tmp / "result.json")
         except (RuntimeError, OSError, ValueError) as e:
             out["error"] = str(e)
             return out
         outputs = np.load(tmp / "outputs.npy")
     labels = np.concatenate(labels)
-    if task == "classification":
-        metrics = ClassificationMetrics()
-        metrics.update(outputs.astype(np.float32), labels.astype(np.int64))
-    else:
-        classes = len((cref.metrics or {}).get("per_class_iou") or {}) or int(outputs.max()) + 1
-        metrics = SegmentationMetrics(classes, cfg.data.eval.ignore_index, cctx.eval_batches.class_names)
-        metrics.update_predictions(outputs.astype(np.int64), labels)
+    metrics = task.metrics_of_program(outputs, labels, len((cref.metrics or {}).get("per_class_iou") or {}) or None,
+                                      cfg.data.eval.ignore_index, cctx.eval_batches.class_names)
     out.update(metrics=metrics.result(), predictions=metrics.predictions, manifest=manifest,
                fresh_process={k: res.get(k) for k in ("load_s", "predict_s", "latency_ms", "environment", "log")})
     for line in res.get("log", []):
