@@ -231,6 +231,7 @@ def _check_data_root(spec) -> None:
 def _first_image(spec, task: str):
     """The first image the data stage decodes from ``spec`` when that is certain (the whole image folder is read and an
     unreadable image stops the run), else None (the data stage checks it, in its own order)."""
+    from qdeploy.tasks import get_task
     from qdeploy.utils.inputs import class_folders, folder_images, has_loose_images, unlabelled_images
 
     if spec.format != "imagefolder" or spec.on_error != "error" or spec.count is not None or spec.subsplit is not None:
@@ -238,7 +239,7 @@ def _first_image(spec, task: str):
     root = Path(spec.root).expanduser()
     if not spec.labels or (spec.labels_optional and has_loose_images(root)):  # data.datasets.UnlabelledImages
         return next(iter(unlabelled_images(root)), None)
-    if task != "classification":
+    if get_task(task).dataset_format != "imagefolder":  # only the image folder of class folders is read here
         return None
     for name in class_folders(root):  # data.datasets.ImageFolderDataset: class folders in order, images sorted
         files = folder_images(root / name)

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from qdeploy.errors import ConfigError
-from qdeploy.tasks import TASKS, get_task
+from qdeploy.tasks import DEFAULT_TASK, TASKS, get_task
 
 Task = Literal[tuple(TASKS)]  # the registered tasks (qdeploy.tasks)
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
@@ -141,7 +141,7 @@ class ModelSpec(_Strict):
                                                "'random': keep the factory's random initialisation on purpose (required "
                                                "for a torchvision:/timm: source without weights)")
     weights_key: Optional[str] = Field(None, description="take the state_dict from this key of the checkpoint")
-    task: Task = "classification"
+    task: Task = DEFAULT_TASK
     output: Optional[Union[str, int]] = Field(None, description="key/index to take when the model returns a dict/tuple")
     preprocess: Preprocess
 
@@ -537,7 +537,7 @@ class BudgetSpec(_Strict):
         """The agreement with FP32 every candidate needs: min_agreement, else DEFAULT_MIN_AGREEMENT."""
         return self.min_agreement if self.min_agreement is not None else DEFAULT_MIN_AGREEMENT
 
-    def describe(self, task: str = "classification", default: bool = False) -> str:
+    def describe(self, task: str = DEFAULT_TASK, default: bool = False) -> str:
         """The budget in words: "at most 1.00 point of top-1 below FP32 (default), agreement with FP32 ≥ 90 % (default)".
         ``default``: this budget is OptimizeConfig's default (no optimize.budget given)."""
         metric = get_task(task).metric_label
@@ -603,7 +603,7 @@ class OptimizeConfig(_Strict):
                            "more than max_float_fraction in float: the objective (the qat: section sets the rest); off: "
                            "never train")
 
-    def budget_text(self, task: str = "classification") -> str:
+    def budget_text(self, task: str = DEFAULT_TASK) -> str:
         """The budget in words, "(default)" on what was not given (BudgetSpec.describe)."""
         return self.budget.describe(task, default="budget" not in self.model_fields_set)
 

@@ -22,6 +22,7 @@ from qdeploy.config import RunConfig
 from qdeploy.data import make_batches, normalize
 from qdeploy.errors import DataError, ModelError, QDeployError
 from qdeploy.models import is_onnx_source
+from qdeploy.tasks import get_task
 from qdeploy.utils.inputs import check_calibration_cache
 from qdeploy.utils.log import log
 from qdeploy.utils.onnx_graph import OnnxGraph
@@ -191,12 +192,12 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
                 static: Optional[dict] = None) -> dict:
     """One real batch through the model; output shape vs task and data. Returns what was checked. ``static``: the
     :func:`fit_static_batch` record of an ONNX model with a static batch (fed exactly that many images)."""
-    task = cfg.model.task
+    task = get_task(cfg.model.task)
     if decode_all:
         label_max = -1
         ignore = cfg.data.eval.ignore_index
         for _, labels in eval_batches:  # decodes (and caches) every image now, so a bad one stops the run here
-            if task == "segmentation":
+            if task.pixel_labels:
                 valid = labels[labels != ignore]
                 if valid.size:
                     label_max = max(label_max, int(valid.max()))
@@ -217,7 +218,7 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
     if not np.all(np.isfinite(out)):
         raise ModelError("the model produces NaN/Inf on real images: check model.preprocess (mean/std) and the weights")
     check = {"batch_shape": list(x.shape), "output_shape": list(out.shape)}
-    if task == "classification":
+    if not task.pixel_labels:  # per-image labels: (N, classes) outputs; else (N, classes, H, W) beside label maps
         if out.ndim != 2:
             raise ModelError(f"model.task classification needs an output of shape (N, classes); the model gives {tuple(out.shape)} "
                              "(set model.output or model.task)")

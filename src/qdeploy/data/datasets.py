@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.transforms import _open, image_to_array, load_image, load_label
 from qdeploy.errors import DataError
+from qdeploy.tasks import TASKS, get_task
 # the checks that need no torch (folders, which files are images, their order, decoding) live in utils.inputs: the
 # command line makes the same ones before it imports this module
 from qdeploy.utils.inputs import IMAGE_EXTENSIONS, class_folders, folder_images, has_loose_images, keyed_data_error
@@ -193,7 +194,7 @@ class UnlabelledImages(Dataset):
 
     def __getitem__(self, i: int):
         image = load_image(self.samples[i][0], self.preprocess)
-        if self.task == "segmentation":
+        if get_task(self.task).pixel_labels:
             return image, np.full(image.shape[1:], self.ignore_index, dtype=np.int64)
         return image, UNLABELLED
 
@@ -241,7 +242,7 @@ def subset(dataset: Dataset, count: Optional[int], seed: int = 0, complement: bo
     return SubsetDataset(dataset, chosen.tolist())
 
 
-_FORMAT_TASK = {"imagefolder": "classification", "segnet": "segmentation"}
+_FORMAT_TASK = {t.dataset_format: name for name, t in TASKS.items()}  # data.*.format → the task its labels are for
 
 
 def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
@@ -280,7 +281,7 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     needed = _FORMAT_TASK.get(spec.format)
     if needed is None:
         raise DataError(f"unknown dataset format '{spec.format}' for {spec.root} (expected one of {sorted(_FORMAT_TASK)})")
-    if task != needed:
+    if get_task(task).dataset_format != spec.format:
         raise DataError(f"dataset {spec.root} has format '{spec.format}', which needs task '{needed}', but the model's task is '{task}'")
     if spec.format == "imagefolder":
         ds = ImageFolderDataset(spec.root, preprocess, spec.classes)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.datasets import build_dataset
 from qdeploy.errors import QDeployError, UnreadableImage
+from qdeploy.tasks import get_task
 from qdeploy.utils.inputs import unreadable_image_message
 from qdeploy.utils.log import is_quiet
 
@@ -111,9 +112,10 @@ class Batches:
         self.input_size = tuple(preprocess.input_size)
         self.class_names = getattr(dataset, "class_names", None)
         self.num_classes = getattr(dataset, "num_classes", None)
-        self.ignore_index = ignore_index if task == "segmentation" else None
+        pixel_labels = get_task(task).pixel_labels
+        self.ignore_index = ignore_index if pixel_labels else None
         h, w = self.input_size
-        label_bytes = h * w * 8 if task == "segmentation" else 8
+        label_bytes = h * w * 8 if pixel_labels else 8
         self.estimated_mb = self.num_samples * (preprocess.channels * h * w + label_bytes) / 2**20
         self.cacheable = self.estimated_mb <= cache_limit_mb
         self._cache: Optional[list[tuple[np.ndarray, np.ndarray]]] = None

@@ -20,8 +20,9 @@ def paired_changes(batches, task: str, reference_pred: Optional[np.ndarray], pre
                    ignore_index: int = 255, num_classes: Optional[int] = None) -> dict[str, dict]:
     """``{variant: accuracy_change}`` of every variant in ``predictions`` against ``reference_pred``.
 
-    As the task's ``paired_comparison`` says (qdeploy.tasks). ``mcnemar`` (classification): top-1 per image, exact McNemar + Agresti–Min interval (:func:`stats.accuracy_change_of`); nothing
-    when no image is labelled. ``bootstrap`` (segmentation): mIoU, paired bootstrap over images from per-image confusion matrices
+    As the task's ``paired_comparison`` says (qdeploy.tasks). ``mcnemar`` (classification): top-1 per image, exact
+    McNemar + Agresti–Min interval (:func:`stats.accuracy_change_of`); nothing when no image is labelled. ``bootstrap``
+    (segmentation): mIoU, paired bootstrap over images from per-image confusion matrices
     (:func:`stats.miou_change`); nothing when ``num_classes`` is unknown or images × classes² exceeds
     ``MAX_CONFUSION_CELLS`` (then the verdict falls back to agreement, and the report says which rule decided).
     """

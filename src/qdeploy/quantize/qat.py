@@ -32,6 +32,7 @@ from torch.nn import functional as F
 from qdeploy.config import QatConfig
 from qdeploy.errors import QDeployError
 from qdeploy.quantize.learned_ranges import PARAM as LEARNED_AMAX
+from qdeploy.tasks import get_task
 from qdeploy.utils.atomic import atomic_path, write_json
 from qdeploy.utils.faults import kill_point
 from qdeploy.utils.log import console, log
@@ -56,16 +57,17 @@ def _augment(x: torch.Tensor, y: Optional[torch.Tensor], task: str, gen: torch.G
     """Seeded random horizontal flip and a crop of the same size from a 1/8-padded image (reflect for images;
     segmentation labels are padded with ignore by the caller's choice of fill)."""
     n, _, h, w = x.shape
+    pixel_labels = get_task(task).pixel_labels  # label maps move with their image
     flip = torch.rand(n, generator=gen) < 0.5
     x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-    if y is not None and task == "segmentation":
+    if y is not None and pixel_labels:
         y = torch.where(flip[:, None, None], y.flip(-1), y)
     ph, pw = max(1, h // 8), max(1, w // 8)
     dy = torch.randint(0, 2 * ph + 1, (n,), generator=gen)
     dx = torch.randint(0, 2 * pw + 1, (n,), generator=gen)
     xp = F.pad(x, (pw, pw, ph, ph), mode="reflect")
     out = torch.stack([xp[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
-    if y is not None and task == "segmentation":
+    if y is not None and pixel_labels:
         yp = F.pad(y, (pw, pw, ph, ph), value=-1)
         y = torch.stack([yp[i, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
     return out, y
@@ -175,7 +177,7 @@ class QatTrainer:
         y = torch.from_numpy(self.data.labels[idx]).long() if self.data.labels is not None else None
         if self.cfg.augment:
             x, y = _augment(x, y, self.task, gen)
-        if y is not None and self.task == "segmentation":
+        if y is not None and get_task(self.task).pixel_labels:
             y = torch.where(y < 0, torch.full_like(y, self.ignore_index), y)
         x = (x.to(self.device) - self.mean) / self.std
         return x, (y.to(self.device) if y is not None else None)

@@ -33,6 +33,7 @@ from qdeploy.quantize.modelopt_quantizer import calibrated_model, export_checked
 from qdeploy.quantize.modelopt_torch import export_qdq_onnx
 from qdeploy.quantize.qat import QatError, QatTrainer, TrainingSet, finished_checkpoint
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, get_quantizer, register_quantizer
+from qdeploy.tasks import get_task
 from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.hashing import sha256_json
 from qdeploy.utils.log import log
@@ -123,7 +124,9 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
         probe, s_probe = teacher(probe_x), student(probe_x)
     n_out = probe.shape[1]
     supervised = q.objective in ("supervised", "both")
-    if supervised and setup.task == "classification" and data.num_classes is not None and data.num_classes != n_out:
+    # per-image labels index the model's outputs (label maps are checked against the outputs by preflight)
+    per_image_labels = not get_task(setup.task).pixel_labels
+    if supervised and per_image_labels and data.num_classes is not None and data.num_classes != n_out:
         names = data.class_names or []
         raise QatError(f"training folder {data.source} has {data.num_classes} classes "
                        f"({', '.join(map(str, names[:8]))}{', …' if len(names) > 8 else ''}) "
