@@ -4,7 +4,7 @@ import pytest
 
 from qdeploy.errors import ConfigError
 from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
-from qdeploy.tasks import TASKS, get_task
+from qdeploy.tasks import TASKS, get_task, task_of_metric
 
 
 def test_the_registry_lists_both_tasks():
@@ -21,6 +21,7 @@ def test_headline_metric_and_labels():
     assert (cls.paired_comparison, seg.paired_comparison) == ("mcnemar", "bootstrap")
     assert cls.reference_chance and not seg.reference_chance
     assert not cls.pixel_labels and seg.pixel_labels
+    assert task_of_metric("top1") is cls and task_of_metric("miou") is seg and task_of_metric("top5") is None
 
 
 def test_classification_metrics_on_a_hand_made_batch():

@@ -9,11 +9,17 @@ from pathlib import Path
 from qdeploy.report import plots
 from qdeploy.report import tables as T
 from qdeploy.report.htmlpage import CSS, _figure, _table
+from qdeploy.tasks import task_of_metric
 from qdeploy.utils.atomic import atomic_path
 
 
+def _metric_label(summary: Mapping) -> str:
+    task = task_of_metric(summary.get("metric"))
+    return task.metric_label if task is not None else "mIoU"  # summaries written before the key was a task's
+
+
 def qat_tables(summary: Mapping) -> list[T.Table]:
-    metric = "top-1" if summary.get("metric") == "top1" else "mIoU"
+    metric = _metric_label(summary)
     agree = T.section(summary, "agreement")
     ort = T.section(summary, "onnxruntime")
     t = T.Table("qat-result", f"{metric} on data.eval", ["Model", metric, "Δ vs FP32", "Agreement with FP32", "Artifact"],
@@ -43,7 +49,7 @@ def qat_tables(summary: Mapping) -> list[T.Table]:
 
 
 def render_qat_html(summary: Mapping, title: str) -> str:
-    metric = "top-1 %" if summary.get("metric") == "top1" else "mIoU %"
+    metric = _metric_label(summary) + " %"
     body = [f"<h1>{escape(title)}</h1>"]
     for t in qat_tables(summary):
         body.append(_table(t))

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from qdeploy.tasks import TASKS as REGISTERED_TASKS
+
 SCHEMA_VERSION = "qdeploy.results/2"
 
-TASKS = ("classification", "segmentation")
+TASKS = tuple(REGISTERED_TASKS)
 # degraded: ran and measured, but its INT8 accuracy collapsed (see report.verdict.mark_degraded).
 STATUSES = ("ok", "degraded", "skipped", "failed")
 # Where a variant stopped: "check" = found unavailable before anything was built.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdeploy.benchmark.latency import NOISY_CV, NOISY_DRIFT, NOISY_P50
+from qdeploy.tasks import DEFAULT_TASK, TASKS, get_task
 
 DASH = "–"
 NOISY_MARK = "⚠"
@@ -30,10 +31,7 @@ NOT_DEPLOYMENT_NOTE = (f"{NOT_DEPLOYMENT_MARK} timed in ONNX Runtime, not in the
 SKIPPED_FILES_SHOWN = 20  # a folder of broken images must not bury the report
 
 # Per task: (metric key, column label); the first one is the headline metric (Δ, plots, terminal).
-METRICS = {
-    "classification": [("top1", "Top-1 %"), ("top5", "Top-5 %")],
-    "segmentation": [("miou", "mIoU %"), ("pixel_acc", "Pixel acc %")],
-}
+METRICS = {name: list(t.metric_columns) for name, t in TASKS.items()}  # task → its metric columns, headline first
 
 
 # ---------------------------------------------------------------------------- values and formats
@@ -74,8 +72,9 @@ def task(results: Mapping) -> str:
     t = section(results, "model").get("task")
     if t in METRICS:
         return t
-    seg = any("miou" in section(v, "metrics") for v in variants(results))
-    return "segmentation" if seg else "classification"
+    # an older results file without model.task: the task whose headline metric a variant has
+    return next((name for name, t in TASKS.items() if t.name != DEFAULT_TASK
+                 and any(t.metric in section(v, "metrics") for v in variants(results))), DEFAULT_TASK)
 
 
 def variants(results: Mapping) -> list[dict]:
@@ -364,7 +363,7 @@ def memory_table(results: Mapping) -> Table:
 
 def iou_table(results: Mapping) -> Table | None:
     """Per-class IoU (segmentation only): one row per class, one column per variant."""
-    if task(results) != "segmentation":
+    if get_task(task(results)).per_class_scores != "per_class_iou":
         return None
     names = list(section(section(results, "data"), "eval").get("class_names") or [])
     cols = []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from qdeploy.config import DEFAULT_MIN_AGREEMENT
 from qdeploy.evaluate.stats import ratio_of_medians
 from qdeploy.report import tables as T
+from qdeploy.tasks import DEFAULT_TASK, get_task
 
 # An INT8 variant whose agreement is this far (as a fraction) below the median of its INT8 siblings is
 # degraded even above min_agreement: its calibration went wrong where the others' did not.
@@ -39,7 +40,7 @@ NEAR_CHANCE_CAUSES = ("input size (model.preprocess input_size/resize/crop: a 32
 
 
 def _metric(task: str) -> tuple[str, str]:
-    key = T.METRICS.get(task, T.METRICS["classification"])[0][0]
+    key = T.METRICS.get(task, T.METRICS[DEFAULT_TASK])[0][0]
     return key, METRIC_NAMES.get(key, key)
 
 
@@ -128,7 +129,7 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAUL
     ``variants``. Degraded variants keep all their measurements; they are never recommended.
     """
     key, metric = _metric(task)
-    what = "predictions" if task == "classification" else "pixel predictions"
+    what = get_task(task).predictions_word
     tolerance = float(tolerance)
     candidates = [v for v in variants if v.get("precision") == "int8" and v.get("status") == "ok"]
     reasons: dict[int, list[str]] = {}

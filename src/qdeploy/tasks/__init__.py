@@ -88,5 +88,13 @@ def get_task(name) -> Task:
         raise ConfigError(f"unknown task {name!r}: model.task must be one of {', '.join(TASKS)}") from None
 
 
+def task_of_metric(key) -> Optional[Task]:
+    """The task whose headline metric is ``key`` (a QAT summary records the metric, not the task), or None."""
+    return next((t for t in TASKS.values() if t.metric == key), None)
+
+
 # the task modules register themselves; imported last, as they subclass Task
-from qdeploy.tasks import classification, segmentation  # noqa: E402,F401
+from qdeploy.tasks import classification, segmentation  # noqa: E402
+
+__all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task", "register_task", "task_of_metric",
+           "classification", "segmentation"]
