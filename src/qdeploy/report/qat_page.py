@@ -15,7 +15,7 @@ from qdeploy.utils.atomic import atomic_path
 
 def _metric_label(summary: Mapping) -> str:
     task = task_of_metric(summary.get("metric"))
-    return task.metric_label if task is not None else "mIoU"  # summaries written before the key was a task's
+    return task.metric_label if task is not None else "mIoU"  # any other key reads as mIoU, as this page always did
 
 
 def qat_tables(summary: Mapping) -> list[T.Table]:
