@@ -9,16 +9,20 @@ ResNet-20/44 (../shared/models/cifar10-resnet and its module file), EfficientNet
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("QDEPLOY_SHARED") or REPO.parent / "shared")  # QDEPLOY_SHARED: a copy elsewhere (the device)
 NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transformer_int8 import MODELS as MODERN  # noqa: E402
 from transformer_int8 import config as modern_config  # noqa: E402
+import transformer_int8  # noqa: E402
+
+transformer_int8.SHARED = SHARED  # its config() reads the weights and data from there: the same override
 
 GOAL_MODELS = ["resnet20", "resnet44", "efficientnet_b0_48", "mobilenet_v3_large_64", "deeplabv3",
                "deit", "swin", "convnext", "mobilevit"]

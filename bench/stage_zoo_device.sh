@@ -42,14 +42,8 @@ done > "$list"
 T=$(mktemp -d); S=$T/zsite
 mkdir -p "$S"
 while read -r w; do $V -m zipfile -e "$w" "$S"; done < "$list"
-L=$S/openvino/libs
-rm -f $L/libopenvino_intel_gpu_plugin.so $L/libopenvino_intel_npu_plugin.so $L/libopenvino_auto_batch_plugin.so \
-      $L/libopenvino_auto_plugin.so $L/libopenvino_hetero_plugin.so $L/cache.json $L/libopenvino_c.so.* $L/tbb.pc \
-      $L/libopenvino_{tensorflow,tensorflow_lite,pytorch,paddle,jax,gguf}_frontend.so.*
-rm -rf $S/openvino/include $S/openvino/tools $S/openvino/frontend/{tensorflow,pytorch,paddle,jax} \
-       $S/openvino-*.dist-info/licenses/licensing
 rm -rf $S/pulp/solverdir/cbc $S/pulp/tests
-find "$S" -name '__pycache__' -prune -exec rm -rf {} + ; find "$S" -name '*.pyi' -delete
+. bench/site_trim.sh; trim_site "$S"  # OpenVINO trimmed to its CPU plugin + ONNX/IR frontends; no __pycache__, .pyi
 chmod -R u+rwX,go+rX "$S"
 tar -C "$T" -cf - zsite | xz -9 -T2 > "$OUT"
 echo "packed $(wc -l < "$list") wheels: $(du -sm "$S" | cut -f1) MiB unpacked -> $OUT $(du -m --apparent-size "$OUT" | cut -f1) MiB"
