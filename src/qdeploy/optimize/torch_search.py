@@ -11,8 +11,9 @@ minutes per candidate, so:
 2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
 3. **Compilation** of every precision kept in step 1, each in its faster layout by step 2, both layouts where step 2
    cannot separate them (``compile_pairs``: brief eager timings do not rank precisions, compiled ones do), in each
-   mode of ``optimize.compile_modes``, with and without CUDA graphs; each compile's time is recorded and counted against ``time_limit``: a compile that would not
-   fit in the time left (estimated from the ones before) is skipped, and the log says so.
+   mode of ``optimize.compile_modes``, with and without CUDA graphs; each compile's time is recorded and counted
+   against ``time_limit``: a compile that would not fit in the time left (estimated from the ones before) is skipped,
+   and the log says so.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
    brief timing: layout, capture and compilation change the kernels and so the numerics a little, so a candidate's
    own predictions decide its budget verdict, never its precision's.
