@@ -188,6 +188,11 @@ class Candidate:
     def describe(self) -> str:
         return self.variant
 
+    def deploy(self, artifact: str) -> Optional[str]:
+        """The engine call that runs ``artifact`` as this candidate was measured, where the artifact alone does not say
+        it (None: loading the file is enough)."""
+        return None
+
     # ---- how it is measured
     def measure(self, record, key: str, batch_size: int, measured: bool, seconds: float,
                 macs: Optional[dict] = None, fp32_onnx: Optional[Path] = None,

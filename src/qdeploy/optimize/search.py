@@ -333,11 +333,12 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
         if target.note:
             s.note(target.note)
         if s.z > 0:
+            the_task = get_task(task)
             s.note(f"decisions on the one-sided {100 * o.confidence:g} % bound (z {s.z:.2f}) of each candidate's drop or "
                    "agreement, with its standard error paired over the search split"
-                   + (f"; {get_task(task).metric_label} has no per-sample standard error, so "
-                      f"{get_task(task).metric_label} budgets use the point estimate"
-                      if not get_task(task).per_sample_standard_error and not o.budget.agreement_only else ""))
+                   + (f"; {the_task.metric_label} has no per-sample standard error, so {the_task.metric_label} budgets "
+                      "use the point estimate" if not the_task.per_sample_standard_error and not o.budget.agreement_only
+                      else ""))
         try:
             if target.torch_program:
                 evaluate_torch(s, planned)
@@ -764,7 +765,7 @@ def _confirm(s: _Search, cfg: RunConfig, o: OptimizeConfig, base: dict, chosen: 
                        "float_macs_share": getattr(c, "float_macs_share", None),
                        "stage": c.stage if c else None, "setting": c.spec if c else None,
                        "description": c.describe() if c else None, "best_so_far": s.timed_out,
-                       **({"deploy": c.deploy(chosen_file)} if c is not None and hasattr(c, "deploy") else {})},
+                       **({"deploy": c.deploy(chosen_file)} if c is not None and c.deploy(chosen_file) else {})},
             "budget_met": bool(budget_met_search and confirm.within), "budget_met_search": budget_met_search,
             **({"program": _program_summary(program, s)} if program is not None else {}),
             "confirm": {"why": confirm.why, "margin": confirm.margin},
