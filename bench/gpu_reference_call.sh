@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # One device call of bench/gpu_reference.py (issues 22, 35), one or more models, after bench/stage_gpu_reference.sh:
 #   run(command="bash bench/gpu_reference_call.sh hf_vit", carry=[".devgr"])   (GR_ARGS=--skip-max-autotune: without it)
+# DEVGR=.devgr2 reads another staging (stage_gpu_reference.sh with DEST=.devgr2): the next call is staged while one runs.
 # Writes $OUT/<model>.log, $OUT/<model>.optimize.json and $OUT/gpu_reference.json (this call's rows); at most 8 files
 # come back, so at most 3 models per call.
 set -u
+DEVGR=${DEVGR:-.devgr}
 OUT=${OUT:-/tmp/gr-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devgr/wheels/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DEVGR"/wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=200 HF_HUB_OFFLINE=1
-python3 - <<'PY' || exit 1
+DEVGR=$DEVGR python3 - <<'PY' || exit 1
 import os, numpy as np
-d = np.load(".devgr/cifar-test.npz"); buf = d["data"].tobytes(); off = d["off"]
+d = np.load(os.environ["DEVGR"] + "/cifar-test.npz"); buf = d["data"].tobytes(); off = d["off"]
 for i, (y, n) in enumerate(zip(d["y"], d["names"])):
     p = os.path.join("/tmp/dd/cifar-test", str(d["classes"][y])); os.makedirs(p, exist_ok=True)
     open(os.path.join(p, str(n)), "wb").write(buf[off[i]:off[i + 1]])
 print("cifar-test:", len(d["y"]), "images")
 PY
-cp .devgr/*.pt bench/heldout/*.pt /tmp/dd/ 2>/dev/null
+cp "$DEVGR"/*.pt bench/heldout/*.pt /tmp/dd/ 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader; nproc; lscpu | grep 'Model name'
 python3 -c "import torch, timm, transformers; print('torch', torch.__version__, 'timm', timm.__version__, 'transformers', transformers.__version__)"
 python3 -c "import qdeploy.cli" || exit 2

@@ -7,28 +7,30 @@
 #   .devgr/*.pt      the weights of the models named (../shared's or .devheld/'s; bench/heldout/*.pt travel with the repo)
 #   bash bench/stage_gpu_reference.sh effnet convnext      # ../shared's weights for these
 #   HF=1 bash bench/stage_gpu_reference.sh hf_vit
+# DEST=.devgr2 stages into another folder (gpu_reference_call.sh reads it with DEVGR=.devgr2).
 # A call carries 64 MiB with the repo: keep to ~25 MB of weights per call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .devgr && mkdir -p .devgr/wheels
-for w in pydantic-2 pydantic_core annotated_types typing_inspection typing_extensions; do cp .whl-zoo/$w*.whl .devgr/wheels/; done
-[ "${HF:-0}" = 1 ] && cp .whl-zoo/transformers-*.whl .whl-zoo/regex-*.whl .devgr/wheels/
-.venv/bin/python - <<'PY'
+DEST=${DEST:-.devgr}
+rm -rf "$DEST" && mkdir -p "$DEST"/wheels
+for w in pydantic-2 pydantic_core annotated_types typing_inspection typing_extensions; do cp .whl-zoo/$w*.whl "$DEST"/wheels/; done
+[ "${HF:-0}" = 1 ] && cp .whl-zoo/transformers-*.whl .whl-zoo/regex-*.whl "$DEST"/wheels/
+DEST=$DEST .venv/bin/python - <<'PY'
 import os, numpy as np
 root = "../shared/data/cifar10/test"; classes = sorted(os.listdir(root)); blobs, labels, names = [], [], []
 for i, c in enumerate(classes):
     for f in sorted(os.listdir(os.path.join(root, c))):
         blobs.append(open(os.path.join(root, c, f), "rb").read()); labels.append(i); names.append(f)
 off = np.cumsum([0] + [len(b) for b in blobs])
-np.savez(".devgr/cifar-test.npz", data=np.frombuffer(b"".join(blobs), np.uint8), off=off, y=np.array(labels),
+np.savez(os.environ["DEST"] + "/cifar-test.npz", data=np.frombuffer(b"".join(blobs), np.uint8), off=off, y=np.array(labels),
          names=np.array(names), classes=np.array(classes))
 PY
 for m in "$@"; do
   case $m in
-    effnet) cp ../shared/models/cifar10-dev/efficientnet_b0_48.pt .devgr/ ;;
-    convnext) cp ../shared/models/cifar10-modern/convnext_atto_64.pt .devgr/ ;;
-    deit) cp ../shared/models/cifar10-modern/deit_tiny_p4_32.pt .devgr/ ;;
-    *) [ -f bench/heldout/$m.pt ] || cp .devheld/$m.pt .devgr/ ;;
+    effnet) cp ../shared/models/cifar10-dev/efficientnet_b0_48.pt "$DEST"/ ;;
+    convnext) cp ../shared/models/cifar10-modern/convnext_atto_64.pt "$DEST"/ ;;
+    deit) cp ../shared/models/cifar10-modern/deit_tiny_p4_32.pt "$DEST"/ ;;
+    *) [ -f bench/heldout/$m.pt ] || cp .devheld/$m.pt "$DEST"/ ;;
   esac
 done
-du -sh .devgr; ls .devgr
+du -sh "$DEST"; ls "$DEST"
