@@ -231,6 +231,10 @@ def test_coco_unknown_class_missing_image_duplicate_id(tmp_path):
     raises([str(path), "gone.jpg", "does not exist"], read_coco, path, tmp_path / "img")
     path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg"}, {"id": 7, "file_name": "b.jpg"}])
     raises([str(path), "image id 7 is listed twice"], read_coco, path, tmp_path / "img")
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg", "width": "wide", "height": 48}])
+    raises([str(path), "gives image size 'wide'x48, not numbers"], read_coco, path, tmp_path / "img")
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg", "width": 640, "height": 480}])
+    raises([str(path), "gives image size 640x480", "is 64x48"], read_coco, path, tmp_path / "img")
 
 
 # ---------------------------------------------------------------------------------------------------------- YOLO

@@ -83,7 +83,7 @@ class DetectionSample:
 
 # ------------------------------------------------------------------------------------------------- shared checks
 def _image_size(path: Path, decode: bool, source: Path) -> tuple[int, int]:
-    """(width, height) of the image file; missing → DataError naming the annotation, undecodable → UnreadableImage."""
+    """(width, height) of the image file; missing: DataError naming the annotation; undecodable: UnreadableImage."""
     if not path.is_file():
         raise DataError(f"annotation {source} refers to image {path}, which does not exist")
     if decode:
@@ -98,6 +98,10 @@ def _image_size(path: Path, decode: bool, source: Path) -> tuple[int, int]:
 
 def _resolve_size(source: Path, image: Path, width, height, decode: bool) -> tuple[int, int]:
     actual = _image_size(image, decode, source)
+    try:
+        width, height = (float(width or 0), float(height or 0))
+    except (TypeError, ValueError):
+        raise DataError(f"annotation {source} gives image size {width!r}x{height!r}, not numbers") from None
     if width and height:  # given and non-zero: must match the file
         if (int(width), int(height)) != actual:
             raise DataError(f"annotation {source} gives image size {int(width)}x{int(height)} but image {image} is "
@@ -120,7 +124,8 @@ def _check_boxes(boxes: np.ndarray, width: int, height: int, source: Path, where
             problem = f"{box} has xmax <= xmin"
         elif y1 <= y0:
             problem = f"{box} has ymax <= ymin"
-        elif x0 < -EDGE_TOLERANCE or y0 < -EDGE_TOLERANCE or x1 > width + EDGE_TOLERANCE or y1 > height + EDGE_TOLERANCE:
+        elif (x0 < -EDGE_TOLERANCE or y0 < -EDGE_TOLERANCE
+              or x1 > width + EDGE_TOLERANCE or y1 > height + EDGE_TOLERANCE):
             problem = f"{box} lies outside the {width}x{height} image by more than {EDGE_TOLERANCE:g} pixel"
         elif min(x1, width) <= max(x0, 0) or min(y1, height) <= max(y0, 0):
             problem = f"{box} has no area inside the {width}x{height} image"

@@ -7,8 +7,8 @@ runs ``COCOeval(iouType="bbox")`` with its default parameters, so the numbers ar
 
 * ``map`` (mAP@[.5:.95]), ``map50``, ``map75``, ``ar100`` (AR with at most 100 detections per image), all over the
   area range "all"; COCOeval keeps at most 100 detections per image *and class* (its ``maxDets``), the highest scored;
-* ``per_class_ap``: class name → AP@[.5:.95], None for a class without ground truth boxes; the mAP is the mean over the
-  classes with ground truth (a detection of a class absent from the ground truth changes nothing, COCO's rule);
+* ``per_class_ap``: class name → AP@[.5:.95], None for a class without ground truth boxes; the mAP is the mean over
+  the classes with ground truth (a detection of a class absent from the ground truth changes nothing, COCO's rule);
 * every metric is None where COCOeval gives -1 (no ground truth box at all).
 
 Ground truth areas are the boxes' ``w*h`` (COCO's own files use the mask area: only the small/medium/large ranges,
