@@ -68,6 +68,14 @@ class RunContext:
     builder: Builder
     model_check: dict = field(default_factory=dict)
     _bench_inputs: Optional[np.ndarray] = None
+    _task: Optional[object] = None
+
+    @property
+    def task(self):
+        """The model's task bound to the model (detection: its decoder and NMS settings), made once per run."""
+        if self._task is None:
+            self._task = get_task(self.cfg.model.task).bind(self.cfg.model)
+        return self._task
 
     def bench_inputs(self) -> np.ndarray:
         """Real preprocessed images for timing, made once per run (every variant is timed on the same ones)."""
@@ -274,7 +282,7 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
                 with _stage(record, "eval"):
                     kill_point("eval")
                     record.metrics, record.predictions = evaluate(
-                        engine, ctx.eval_batches, cfg.model.preprocess, cfg.model.task, cfg.data.eval.ignore_index,
+                        engine, ctx.eval_batches, cfg.model.preprocess, ctx.task, cfg.data.eval.ignore_index,
                         ctx.eval_batches.class_names, desc=f"eval {variant.label}")
             if record.ok and "bench" in ctx.stages:
                 with _stage(record, "bench"):

@@ -141,3 +141,115 @@ class DetectionMetrics:
             p = p[p > -1]
             out["per_class_ap"][self.class_names[cat - 1]] = float(p.mean()) if p.size else None
         return out
+
+
+# ------------------------------------------------------------------------------------------ paired bootstrap of mAP
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
+
+
+class _ClassMatches:
+    """One class's detections over the split as COCOeval matched them (area "all", 100 detections per image): in
+    COCOeval's score order, each detection's image, its match per IoU threshold, its ignore flag; and each image's
+    count of non-ignored ground-truth boxes. :meth:`ap` recomputes COCOeval's accumulate() for any image weights."""
+
+    def __init__(self, scores, images, tp, ignored, gt_per_image):
+        order = np.argsort(-scores, kind="mergesort")
+        self.images, self.tp, self.ignored = images[order], tp[:, order], ignored[:, order]
+        self.gt_per_image = gt_per_image
+
+    def ap(self, weights: np.ndarray) -> Optional[float]:
+        """The class's AP (mean over IoU thresholds of 101-point interpolated precision) with image i counted
+        ``weights[i]`` times; None where the weighted split has no ground truth of the class (COCOeval's -1)."""
+        npig = float(weights @ self.gt_per_image)
+        if npig == 0:
+            return None
+        w = weights[self.images]
+        aps = []
+        for t in range(self.tp.shape[0]):
+            keep = (~self.ignored[t]) & (w > 0)
+            wt = w[keep]
+            tp = np.cumsum(self.tp[t, keep] * wt)
+            fp = np.cumsum((~self.tp[t, keep]) * wt)
+            recall = tp / npig
+            precision = tp / np.maximum(tp + fp, np.spacing(1))
+            precision = np.maximum.accumulate(precision[::-1])[::-1] if precision.size else precision
+            idx = np.searchsorted(recall, RECALL_POINTS, side="left")
+            q = np.zeros(len(RECALL_POINTS))
+            ok = idx < len(precision)
+            q[ok] = precision[idx[ok]]
+            aps.append(q.mean())
+        return float(np.mean(aps))
+
+
+def class_matches(metrics: DetectionMetrics) -> list[_ClassMatches]:
+    """COCOeval's per-image matching of ``metrics`` (evaluate() once), per class with ground truth or detections."""
+    from pycocotools.cocoeval import COCOeval
+
+    gt, dt = metrics._coco_objects()
+    ev = COCOeval(gt, dt, iouType="bbox")
+    ev.params.areaRng, ev.params.areaRngLbl = [ev.params.areaRng[0]], ["all"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev.evaluate()
+    n_img, n_t = len(ev.params.imgIds), len(ev.params.iouThrs)
+    out = []
+    for k, cat in enumerate(ev.params.catIds):
+        scores, images, tp, ignored = [], [], [], []
+        gt_count = np.zeros(n_img)
+        for i in range(n_img):
+            e = ev.evalImgs[k * n_img + i]
+            if e is None:
+                continue
+            gt_count[i] = int(np.sum(np.asarray(e["gtIgnore"]) == 0))
+            d = len(e["dtScores"])
+            if d:
+                scores.extend(e["dtScores"])
+                images.extend([i] * d)
+                tp.append(np.asarray(e["dtMatches"]) > 0)
+                ignored.append(np.asarray(e["dtIgnore"], bool))
+        if not gt_count.any() and not scores:
+            continue
+        tp = np.concatenate(tp, 1) if tp else np.zeros((n_t, 0), bool)
+        ignored = np.concatenate(ignored, 1) if ignored else np.zeros((n_t, 0), bool)
+        out.append(_ClassMatches(np.asarray(scores, float), np.asarray(images, int), tp, ignored, gt_count))
+    return out
+
+
+def mean_ap(classes: list[_ClassMatches], weights: np.ndarray) -> Optional[float]:
+    """mAP@0.5:0.95 over the classes with ground truth under ``weights`` (COCOeval's stats[0] at weights 1)."""
+    aps = [a for a in (c.ap(weights) for c in classes) if a is not None]
+    return float(np.mean(aps)) if aps else None
+
+
+def map_change(reference: DetectionMetrics, variant: DetectionMetrics, alpha: float = 0.05, resamples: int = 1000,
+               seed: int = 0) -> Optional[dict]:
+    """The mAP change of a variant against the reference on the same images: a paired percentile bootstrap over images
+    (Efron & Tibshirani 1993, ch. 13; as ``evaluate.stats.miou_change`` for mIoU): images are resampled with
+    replacement, the same images for both models, and each model's mAP is recomputed from COCOeval's per-image matches
+    (the matching is per image, so resampling reuses it; AP as COCOeval's accumulate, area "all", 100 detections).
+    None without images or ground truth."""
+    n = reference.count
+    if n == 0 or variant.count != n:
+        return None
+    ref_c, var_c = class_matches(reference), class_matches(variant)
+    ones = np.ones(n)
+    ref, var = mean_ap(ref_c, ones), mean_ap(var_c, ones)
+    if ref is None or var is None:
+        return None
+    rng = np.random.default_rng(seed)
+    drops = []
+    for _ in range(resamples):
+        w = np.bincount(rng.integers(0, n, n), minlength=n).astype(float)
+        a, b = mean_ap(ref_c, w), mean_ap(var_c, w)
+        if a is not None and b is not None:
+            drops.append(a - b)
+    if not drops:
+        return None
+    drops = np.asarray(drops)
+    lo, hi = np.percentile(drops, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    p = float(min(1.0, 2 * min(np.mean(drops <= 0), np.mean(drops >= 0))))
+    drop = ref - var
+    significant = bool(lo > 0 or hi < 0)
+    return {"metric": "map", "test": "paired bootstrap over images", "n": int(n), "reference": ref, "variant": var,
+            "drop_points": 100 * drop, "ci_low_points": 100 * float(lo), "ci_high_points": 100 * float(hi),
+            "confidence": 1 - alpha, "resamples": int(len(drops)), "p_value": p,
+            "verdict": "no detectable change" if not significant else ("worse" if drop > 0 else "better")}
