@@ -6,6 +6,8 @@ quietly change what gets measured.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import difflib
 import hashlib
 import re
@@ -64,7 +66,10 @@ class Preprocess(_Strict):
     preset: Optional[Literal[tuple(PREPROCESS_PRESETS)]] = Field(
         None, description="the normalisation a model was trained with, by name (sets mean, std and channel_order): "
                           + "; ".join(f"{k}: {v[3]}" for k, v in PREPROCESS_PRESETS.items()))
-    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    interpolation: Literal["bilinear", "bicubic", "nearest", "cv2-linear"] = Field(
+        "bilinear", description="bilinear/bicubic/nearest: PIL's (antialiased when shrinking, as torchvision's); cv2-linear: "
+                                "OpenCV's cv2.resize INTER_LINEAR (no antialiasing), what YOLO and most detectors' own "
+                                "pipelines use")
     letterbox: bool = Field(False, description="detection: scale the image to fit input_size keeping its aspect ratio and "
                                                "pad the rest with grey 114, centred (Ultralytics' letterbox); boxes are "
                                                "mapped back through the same scale and padding. Else input_size is an "
@@ -84,6 +89,9 @@ class Preprocess(_Strict):
             if self.mode != "RGB":
                 raise ValueError(f"preset {self.preset} is for RGB images (mode: RGB)")
             self.__dict__.update(mean=list(mean), std=list(std), channel_order=order)
+        if self.interpolation == "cv2-linear" and importlib.util.find_spec("cv2") is None:
+            raise ValueError("interpolation cv2-linear resizes with OpenCV, which is not installed: pip install "
+                             "'qdeploy[opencv]' (or opencv-python-headless)")
         if self.letterbox and (self.resize is not None or self.crop is not None or self.input_size is None):
             raise ValueError("letterbox scales and pads to input_size: give input_size and leave out resize and crop")
         if self.mode == "L" and self.channel_order == "BGR":
