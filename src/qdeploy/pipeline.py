@@ -403,9 +403,13 @@ def _rename_in_details(details: dict, old: str, new: str) -> None:
 
 
 def _data_summary(batches, spec) -> dict:
-    return {"format": spec.format, "root": spec.root, "samples": batches.num_samples,
-            "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
-            "skipped_files": list(batches.skipped)}
+    out = {"format": spec.format, "root": spec.root, "samples": batches.num_samples,
+           "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
+           "skipped_files": list(batches.skipped)}
+    boxes = getattr(getattr(batches, "dataset", None), "skipped_boxes", None)
+    if boxes is not None:  # detection: boxes left out by bad_boxes: skip, one message each
+        out["skipped_boxes"] = list(boxes)
+    return out
 
 
 def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: list[dict]) -> dict:

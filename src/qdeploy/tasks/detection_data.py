@@ -132,7 +132,7 @@ def _check_boxes(boxes: np.ndarray, width: int, height: int, source: Path, where
         if problem is None:
             kept.append(i)
         elif bad_boxes == "error":
-            raise DataError(f"annotation {source}: {problem} (to leave such boxes out, listed, pass bad_boxes='skip')")
+            raise DataError(f"annotation {source}: {problem} (to leave such boxes out, listed, set bad_boxes: skip)")
         else:
             skipped.append(f"annotation {source}: {problem}")
     clipped = boxes[kept].copy()
@@ -279,7 +279,7 @@ def read_voc(root: PathLike, split: Optional[str] = None, classes: Optional[Sequ
         if img.resolve() not in used:
             if unannotated == "error":
                 raise DataError(f"image {img} has no annotation {img.with_suffix('.xml').name} beside it (an image "
-                                "without objects needs an XML without <object>; or pass unannotated='empty')")
+                                "without objects needs an XML without <object>; or set unannotated: empty)")
             w, h = _image_size(img, decode, img)
             samples.append(DetectionSample(img, w, h, np.zeros((0, 4), np.float32), [], None))
     return sorted(samples, key=lambda s: s.image.name)
@@ -412,7 +412,7 @@ def read_yolo(images: PathLike, names: Union[Sequence[str], PathLike], labels: O
         if not txt.is_file():
             if unannotated == "error":
                 raise DataError(f"image {img} has no label file {txt} (an image without objects needs an empty "
-                                ".txt; or pass unannotated='empty')")
+                                ".txt; or set unannotated: empty)")
             w, h = _image_size(img, decode, img)
             samples.append(DetectionSample(img, w, h, np.zeros((0, 4), np.float32), [], None))
             continue
