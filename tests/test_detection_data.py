@@ -303,7 +303,7 @@ def test_map_classes_lists_every_unknown_name():
 @pytest.mark.realdata
 def test_bccd_splits_counts_and_two_point_boxes():
     root = shared_path("data", "detection", "bccd")
-    raises(["BloodImage_00343.xml", "box 4 [181 329 181 329] has xmax <= xmin", "bad_boxes='skip'"],
+    raises(["BloodImage_00343.xml", "box 4 [181 329 181 329] has xmax <= xmin", "bad_boxes: skip"],
            read_voc, root, "train")
     counts, boxes, classes, skipped = {}, 0, set(), []
     for split in ("train", "val", "test"):
