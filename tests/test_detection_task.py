@@ -300,3 +300,43 @@ def test_fastestdet_fp32_map_equals_an_evaluation_written_without_qdeploy(tmp_pa
     for v in int8:  # each INT8 variant measured, its change tested by the bootstrap, its agreement given
         assert v["metrics"]["map"] is not None and v["agreement"] is not None
         assert v["accuracy_change"]["test"] == "paired bootstrap over images"
+
+
+# ------------------------------------------------------------------------------------ placement of the prediction head
+class _Head(torch.nn.Module):
+    """A FastestDet-like head: backbone convs, then obj (sigmoid), box (raw) and class (softmax) convs concatenated."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+        self.obj, self.box, self.cls = torch.nn.Conv2d(8, 1, 1), torch.nn.Conv2d(8, 4, 1), torch.nn.Conv2d(8, 3, 1)
+
+    def forward(self, x):
+        h = self.body(x)
+        return torch.cat([torch.sigmoid(self.obj(h)), self.box(h), torch.softmax(self.cls(h), 1)], 1)
+
+
+def _onnx_of(model, tmp_path, name):
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(model.eval(), torch.zeros(1, 3, 16, 16), str(path), opset_version=13, dynamo=False)
+    return onnx.load(str(path))
+
+
+def test_the_prediction_head_stays_float_and_classifiers_and_segmenters_do_not_change(tmp_path):
+    from qdeploy.lint.placement import placement_plan, prediction_head
+
+    det = _onnx_of(_Head(), tmp_path, "det")
+    for placement in ("tensorrt", "onnxruntime"):
+        plan = placement_plan(det, placement)
+        rules = {n.op_type + ":" + (plan.decisions[n.name].rule if n.name in plan.decisions else "-") for n in det.graph.node}
+        assert {"Conv:conv", "Conv:prediction-conv"} <= rules  # the backbone's convs stay INT8
+        convs = [n for n in det.graph.node if n.op_type == "Conv"]
+        assert [plan.decisions[n.name].rule for n in convs].count("prediction-conv") == 3
+        assert "Concat:prediction-output" in rules and "Sigmoid:prediction-output" in rules
+    cls = _onnx_of(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                       torch.nn.Flatten(), torch.nn.Linear(8, 5), torch.nn.Softmax(1)), tmp_path, "cls")
+    seg = _onnx_of(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1),
+                                       torch.nn.Upsample(scale_factor=2, mode="bilinear")), tmp_path, "seg")
+    from qdeploy.lint.qdq_graph import QdqGraph
+    assert prediction_head(QdqGraph(cls)) == (set(), set()) and prediction_head(QdqGraph(seg)) == (set(), set())
