@@ -300,6 +300,12 @@ def test_fastestdet_fp32_map_equals_an_evaluation_written_without_qdeploy(tmp_pa
     for v in int8:  # each INT8 variant measured, its change tested by the bootstrap, its agreement given
         assert v["metrics"]["map"] is not None and v["agreement"] is not None
         assert v["accuracy_change"]["test"] == "paired bootstrap over images"
+    # the report: per-class AP of the classes present, and the picture of a few images with every variant's boxes
+    assert len(results["examples"]) == 4 and set(results["examples"][0]["detections"]) == set(rows)
+    html = (out / "report.html").read_text()
+    assert "Per-class AP@0.5:0.95 %" in html and "Detections, reference and INT8" in html
+    i = html.index("Detections, reference and INT8")
+    assert html.rfind("data:image/png;base64,", 0, i) > html.find("Per-class AP@0.5:0.95 %")
 
 
 # ------------------------------------------------------------------------------------ placement of the prediction head

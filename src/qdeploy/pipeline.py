@@ -485,6 +485,10 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
         "variants": variants,
         "artifacts": artifacts,
     }
+    examples = ctx.task.examples(ctx.eval_batches, {r.label: r.predictions for r in records if r.predictions is not None},
+                                 reference) if reference is not None else None
+    if examples:  # detection: a few images with each variant's boxes, for the report's picture
+        results["examples"] = examples
     results["recommendation"] = recommend(results, cfg.report.tolerance, cfg.report.batch_size)
     results["warnings"] = run_warnings(results, chance, chance_basis)
     return results

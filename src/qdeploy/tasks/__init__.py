@@ -85,6 +85,10 @@ class Task:
         it out, agreement still counts it."""
         raise NotImplementedError
 
+    def examples(self, batches, predictions: dict, reference: Optional[str], count: int = 4) -> Optional[list]:
+        """A few images with each variant's predictions for the report's picture (detection: boxes), or None."""
+        return None
+
     @staticmethod
     def names_for(class_names: Optional[Sequence[str]], outputs: int) -> Optional[list]:
         """The class names to report for a model of ``outputs`` classes (None where the list does not fit)."""

@@ -208,6 +208,36 @@ class Detection(Task):
         return {"outputs": len(class_names), "decoder": getattr(self.decoder, "__name__", str(self.decoder)),
                 "detections_on_check_batch": int((dets.predictions[..., 5] >= 0).sum())}
 
+    def examples(self, batches, predictions: dict, reference: Optional[str], count: int = 4) -> Optional[list]:
+        """Up to ``count`` labelled images for the report's picture, those where the variants disagree most with the
+        reference first: the image file, its ground truth and each variant's detections scoring at least
+        ``nms.agreement_score`` (original pixels)."""
+        ref = predictions.get(reference)
+        samples = getattr(getattr(batches, "dataset", None), "samples", None)
+        if ref is None or samples is None or len(samples) != len(ref):
+            return None
+        tables = np.concatenate([np.asarray(y) for _, y in batches])
+        if len(tables) != len(ref):
+            return None
+        t = ref.agreement_score
+        others = [k for k, p in predictions.items() if k != reference and p is not None and len(p) == len(ref)]
+        labelled = [i for i in range(len(ref)) if tables[i, 0, LABELLED]]
+        disagreement = {i: sum(1.0 - (predictions[k][i:i + 1].agreement_with(ref[i:i + 1]) or 0.0) for k in others)
+                        for i in labelled}
+        picked = sorted(labelled, key=lambda i: (-disagreement[i], i))[:count]
+        out = []
+        for i in picked:
+            gt = tables[i, 1:][tables[i, 1:, 0] >= 0]
+            dets = {}
+            for k in [reference, *others]:
+                p = np.asarray(predictions[k][i])
+                p = p[(p[:, 5] >= 0) & (p[:, 4] >= t)]
+                dets[k] = [[round(float(v), 2) for v in row] for row in p]
+            out.append({"image": str(samples[i][0]), "width": int(tables[i, 0, WIDTH]), "height": int(tables[i, 0, HEIGHT]),
+                        "ground_truth": [[int(r[0]), *[round(float(v), 2) for v in r[1:5]]] for r in gt],
+                        "detections": dets, "score_threshold": t})
+        return out
+
     def unlabelled_label(self, image: np.ndarray, ignore_index: int = 255) -> np.ndarray:
         return unlabelled_table(image)
 
