@@ -124,7 +124,7 @@ class NncfQuantizer(Quantizer):
                 "model_type": "transformer" if model_type else None,
                 "attention_matmuls": [n.name for n in attention],
                 "ignored_scope": {"names": excluded, "types": list(cfg.exclude_ops), "patterns": list(cfg.exclude),
-                                  "prediction_head": head},
+                                  **({"prediction_head": head} if head else {})},
                 "excluded_by_user": excluded, "unmatched_patterns": unmatched,
                 "batch_per_inference": chunk, "nncf_warnings": nncf_warnings, "time_s": seconds}
         log(f"quantize: NNCF done in {seconds:.1f} s")
