@@ -346,3 +346,31 @@ def test_the_prediction_head_stays_float_and_classifiers_and_segmenters_do_not_c
                                        torch.nn.Upsample(scale_factor=2, mode="bilinear")), tmp_path, "seg")
     from qdeploy.lint.qdq_graph import QdqGraph
     assert prediction_head(QdqGraph(cls)) == (set(), set()) and prediction_head(QdqGraph(seg)) == (set(), set())
+
+
+@pytest.mark.slow
+def test_a_tensorrt_detector_variant_says_where_its_nms_runs(tmp_path):
+    """Without TensorRT the variant is skipped, and still gets its trtexec lines and where the NMS runs."""
+    from qdeploy.cli import main
+
+    if not (SHARED / "models/detection/fastestdet/FastestDet.onnx").is_file():
+        pytest.skip("../shared/models/detection/fastestdet is absent")
+    (tmp_path / "voc").mkdir()
+    from PIL import Image
+    for i in range(2):
+        Image.new("RGB", (64, 48), (i * 60, 90, 120)).save(tmp_path / "voc" / f"{i}.png")
+        (tmp_path / "voc" / f"{i}.xml").write_text(
+            f"<annotation><filename>{i}.png</filename><size><width>64</width><height>48</height></size><object>"
+            "<name>apple</name><bndbox><xmin>5</xmin><ymin>5</ymin><xmax>30</xmax><ymax>30</ymax></bndbox></object>"
+            "</annotation>")
+    cfg = {"model": {"source": str(SHARED / "models/detection/fastestdet/FastestDet.onnx"), "task": "detection",
+                     "decode": "fastestdet", "preprocess": {"input_size": [352, 352], "channel_order": "BGR"}},
+           "data": {"eval": {"format": "voc", "root": str(tmp_path / "voc"), "batch_size": 1,
+                             "classes": str(SHARED / "models/detection/fastestdet/coco.names")}},
+           "variants": [{"engine": "tensorrt", "precision": "fp16"}], "bench": {"batch_sizes": [1], "iterations": 2}}
+    import yaml
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--quiet", "run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"),
+                 "--cache-dir", str(tmp_path / "cache")]) in (0, 1)
+    v = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]
+    assert v["trtexec"] and "NMS" in v["details"]["postprocess"] and "EfficientNMS_TRT" in v["details"]["postprocess"]

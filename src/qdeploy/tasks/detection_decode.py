@@ -15,6 +15,9 @@ The built-in heads (their output layouts, as their authors' export code writes t
 * ``yolov5`` — YOLOv5/v7 ``Detect`` export: (N, A, 5 + C), ``cx cy w h`` in input pixels, objectness, C class
   probabilities (sigmoids applied); a candidate's score is objectness × class probability (YOLOv5's
   ``non_max_suppression``).
+* ``xyxy-scores`` — boxes already decoded by the network, (N, A, 4 + C): ``xmin ymin xmax ymax`` in input pixels then
+  C per-class scores (torchvision's SSD/RetinaNet/FCOS heads with their box coder and anchors in the graph and
+  their NMS left out, as bench/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
 * ``fastestdet`` — dog-qiuqiu/FastestDet's single-scale anchor-free head: (N, 5 + C, H, W) per grid cell: objectness
   (sigmoid applied), box-centre offsets (tanh, added to the cell index, over the grid size), width and height
   (sigmoid, a fraction of the image), C class probabilities (softmax applied); score = obj^0.6 × max(class)^0.4 (its
@@ -127,6 +130,18 @@ def decode_yolov5(output: np.ndarray, input_hw: tuple[int, int]) -> list:
     return out
 
 
+@register_decoder("xyxy-scores")
+def decode_xyxy_scores(output: np.ndarray, input_hw: tuple[int, int]) -> list:
+    _check_rank(output, 3, "xyxy-scores", "(N, anchors, 4 + classes)")
+    if output.shape[2] < 5:
+        raise ValueError(f"decoder xyxy-scores expects (N, anchors, 4 + classes); the model gives {tuple(output.shape)}")
+    out = []
+    for o in output:  # (A, 4 + C)
+        classes = o[:, 4:].argmax(1)
+        out.append((o[:, :4].astype(np.float32), o[:, 4:][np.arange(len(classes)), classes], classes))
+    return out
+
+
 @register_decoder("fastestdet")
 def decode_fastestdet(output: np.ndarray, input_hw: tuple[int, int]) -> list:
     _check_rank(output, 4, "fastestdet", "(N, 5 + classes, H, W)")
@@ -228,4 +243,4 @@ def matched(reference: Sequence[np.ndarray], other: Sequence[np.ndarray], iou: f
 
 
 __all__ = ["DECODERS", "Detections", "box_iou", "check_decode_name", "decode_fastestdet", "decode_yolov5",
-           "decode_yolov8", "load_decoder", "matched", "nms", "postprocess", "register_decoder"]
+           "decode_xyxy_scores", "decode_yolov8", "load_decoder", "matched", "nms", "postprocess", "register_decoder"]
