@@ -103,14 +103,16 @@ def test_residual_add_quantizes_only_the_skip_input(downsample, tmp_path):
 
 
 class ActAct(nn.Module):
-    """An Add of two activations that no Conv fuses into: both inputs quantized with one scale."""
+    """An Add of two activations that no Conv fuses into: both inputs quantized with one scale. (A conv after it: with
+    the softmaxes and the Add leading straight to the output, they would be a prediction head, float by its rule.)"""
 
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(3, 16, 3, padding=1)
+        self.c = nn.Conv2d(16, 4, 1)
 
     def forward(self, x):  # a softmax is no conv epilogue (QdqGraph.backbone): neither input is a conv path
-        return torch.softmax(self.a(x), 1) + torch.softmax(torch.relu(self.b(x)) * 3.0, 1)
+        return self.c(torch.softmax(self.a(x), 1) + torch.softmax(torch.relu(self.b(x)) * 3.0, 1))
 
 
 def test_add_of_two_activations_quantizes_both_with_one_scale(tmp_path):

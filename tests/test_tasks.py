@@ -7,8 +7,8 @@ from qdeploy.evaluate.metrics import ClassificationMetrics, SegmentationMetrics
 from qdeploy.tasks import TASKS, get_task, task_of_metric
 
 
-def test_the_registry_lists_both_tasks():
-    assert list(TASKS) == ["classification", "segmentation"]
+def test_the_registry_lists_the_three_tasks():
+    assert list(TASKS) == ["classification", "detection", "segmentation"]
     assert all(get_task(name).name == name for name in TASKS)
     assert get_task(TASKS["segmentation"]) is TASKS["segmentation"]
 
@@ -46,5 +46,6 @@ def test_segmentation_metrics_on_a_hand_made_batch():
 
 
 def test_an_unknown_task_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown task 'detection': model.task must be one of classification, segmentation"):
-        get_task("detection")
+    with pytest.raises(ConfigError, match="unknown task 'keypoints': model.task must be one of classification, detection, "
+                                          "segmentation"):
+        get_task("keypoints")

@@ -6,6 +6,8 @@ quietly change what gets measured.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import difflib
 import hashlib
 import re
@@ -64,7 +66,14 @@ class Preprocess(_Strict):
     preset: Optional[Literal[tuple(PREPROCESS_PRESETS)]] = Field(
         None, description="the normalisation a model was trained with, by name (sets mean, std and channel_order): "
                           + "; ".join(f"{k}: {v[3]}" for k, v in PREPROCESS_PRESETS.items()))
-    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    interpolation: Literal["bilinear", "bicubic", "nearest", "cv2-linear"] = Field(
+        "bilinear", description="bilinear/bicubic/nearest: PIL's (antialiased when shrinking, as torchvision's); cv2-linear: "
+                                "OpenCV's cv2.resize INTER_LINEAR (no antialiasing), what YOLO and most detectors' own "
+                                "pipelines use")
+    letterbox: bool = Field(False, description="detection: scale the image to fit input_size keeping its aspect ratio and "
+                                               "pad the rest with grey 114, centred (Ultralytics' letterbox); boxes are "
+                                               "mapped back through the same scale and padding. Else input_size is an "
+                                               "exact resize")
 
     @model_validator(mode="after")
     def _check(self) -> "Preprocess":
@@ -80,6 +89,11 @@ class Preprocess(_Strict):
             if self.mode != "RGB":
                 raise ValueError(f"preset {self.preset} is for RGB images (mode: RGB)")
             self.__dict__.update(mean=list(mean), std=list(std), channel_order=order)
+        if self.interpolation == "cv2-linear" and importlib.util.find_spec("cv2") is None:
+            raise ValueError("interpolation cv2-linear resizes with OpenCV, which is not installed: pip install "
+                             "'qdeploy[opencv]' (or opencv-python-headless)")
+        if self.letterbox and (self.resize is not None or self.crop is not None or self.input_size is None):
+            raise ValueError("letterbox scales and pads to input_size: give input_size and leave out resize and crop")
         if self.mode == "L" and self.channel_order == "BGR":
             raise ValueError("channel_order BGR needs mode RGB")
         channels = 1 if self.mode == "L" else 3
@@ -130,6 +144,21 @@ def source_format(source: str) -> Literal["onnx", "keras", "pytorch"]:
     return "pytorch"
 
 
+class NmsSpec(_Strict):
+    """Detection post-processing after a built-in decoder (or a ``model.decode`` function that returns candidates):
+    class-wise non-maximum suppression. The defaults are those of a mAP evaluation (YOLOv5's val.py: keep nearly every
+    candidate, the precision-recall curve needs the low scores); a deployment filters at its own score afterwards."""
+
+    score_threshold: float = Field(0.001, ge=0, lt=1, description="candidates scoring below this are dropped before NMS")
+    iou_threshold: float = Field(0.6, gt=0, le=1, description="a box overlapping a higher-scoring box of the same class by "
+                                                              "this IoU or more is suppressed")
+    max_detections: int = Field(100, gt=0, description="detections kept per image, highest scores first (COCO's AP reads "
+                                                       "100)")
+    agreement_score: float = Field(0.25, gt=0, lt=1, description="agreement with the reference counts its detections "
+                                                                 "scoring at least this (a deployment's confidence "
+                                                                 "threshold; Ultralytics' predict default)")
+
+
 class ModelSpec(_Strict):
     """Where the model comes from and how to feed it (see ``qdeploy.models``)."""
 
@@ -144,6 +173,27 @@ class ModelSpec(_Strict):
     task: Task = DEFAULT_TASK
     output: Optional[Union[str, int]] = Field(None, description="key/index to take when the model returns a dict/tuple")
     preprocess: Preprocess
+    decode: Optional[str] = Field(None, description="task detection: how the model's raw output becomes boxes: a built-in "
+                                                    "decoder (yolov8, yolov5, fastestdet; qdeploy.tasks.detection_decode) "
+                                                    "or file.py:function for any other head")
+    nms: NmsSpec = Field(default_factory=NmsSpec, description="task detection: NMS and score thresholds")
+
+    @model_validator(mode="after")
+    def _decode_for_detection(self) -> "ModelSpec":
+        from qdeploy.tasks.detection_decode import check_decode_name
+
+        detection = self.task == "detection"
+        if detection and self.decode is None:
+            raise ValueError("model.task detection needs model.decode: a built-in decoder (" + check_decode_name.names() +
+                             ") or file.py:function")
+        if not detection and self.decode is not None:
+            raise ValueError(f"model.decode applies to task detection only (model.task is {self.task})")
+        if detection:
+            check_decode_name(self.decode)
+            if self.preprocess.crop is not None:
+                raise ValueError("model.preprocess.crop would cut boxes off: a detector takes the whole image (input_size, "
+                                 "letterbox: true or false)")
+        return self
 
     @field_validator("weights")
     @classmethod
@@ -187,7 +237,7 @@ class DatasetSpec(_Strict):
 
     _key: Optional[str] = PrivateAttr(None)
 
-    format: Literal["imagefolder", "segnet"] = "imagefolder"
+    format: Literal["imagefolder", "segnet", "voc", "coco", "yolo"] = "imagefolder"
     root: str
     labels: bool = Field(True, description="false: images without labels (every image under root, any layout, for either "
                                            "task): only agreement with a reference can be measured (optimize: "
@@ -219,7 +269,18 @@ class DatasetSpec(_Strict):
     def classes_file(self) -> Optional[str]:
         """``classes`` when it names a file (a path to read), else None."""
         return self.classes if isinstance(self.classes, str) else None
-    split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/)")
+    split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/); voc: the split file "
+                                           "ImageSets/Main/<split>.txt (a flat folder of images + XMLs has none)")
+    annotations: Optional[str] = Field(None, description="coco: the annotation JSON (root: its images); yolo: the label "
+                                                         "folder (default: images/ → labels/, else beside each image)")
+    names: Optional[Union[str, list[str]]] = Field(None, description="yolo: the data set's class names (a list or its "
+                                                                     "data.yaml) that its txt files' indices refer to")
+    bad_boxes: Literal["error", "skip"] = Field("error", description="detection: a box outside its image or of no area "
+                                                                     "stops the run (error) or is left out and listed "
+                                                                     "(skip)")
+    unannotated: Literal["error", "empty"] = Field("error", description="detection (VOC flat folder, YOLO): an image "
+                                                                        "without an annotation file is an error, or an "
+                                                                        "image with no boxes (empty)")
     ignore_index: int = Field(255, description="segmentation label that is excluded from metrics")
     count: Optional[int] = Field(None, gt=0, description="seeded random subset of this many samples")
     seed: int = 0
@@ -437,8 +498,10 @@ class BenchSpec(_Strict):
 class EvalSpec(_Strict):
     enabled: bool = True
     reference: Optional[str] = Field(None, description="variant name that agreement is measured against (default: first FP32 variant)")
-    min_agreement: float = Field(0.9, ge=0, le=1, description="an INT8 variant agreeing less than this with the reference is marked degraded, with "
-                                                              "labels too (whatever its accuracy change)")
+    min_agreement: Optional[float] = Field(None, ge=0, le=1, description="an INT8 variant agreeing less than this with the "
+                                                                         "reference is marked degraded, with labels too "
+                                                                         "(whatever its accuracy change); default: the "
+                                                                         "task's (0.9; detection 0.8)")
 
 
 class ReportSpec(_Strict):
@@ -532,10 +595,13 @@ class BudgetSpec(_Strict):
         """The budget is agreement with FP32 alone (min_agreement without max_drop or relative)."""
         return self.max_drop is None and self.relative is None
 
+    _default_floor: float = PrivateAttr(DEFAULT_MIN_AGREEMENT)  # the task's (RunConfig sets it)
+
     @property
     def floor(self) -> float:
-        """The agreement with FP32 every candidate needs: min_agreement, else DEFAULT_MIN_AGREEMENT."""
-        return self.min_agreement if self.min_agreement is not None else DEFAULT_MIN_AGREEMENT
+        """The agreement with FP32 every candidate needs: min_agreement, else the task's default
+        (``Task.default_min_agreement``: DEFAULT_MIN_AGREEMENT, detection's lower)."""
+        return self.min_agreement if self.min_agreement is not None else self._default_floor
 
     def describe(self, task: str = DEFAULT_TASK, default: bool = False) -> str:
         """The budget in words: "at most 1.00 point of top-1 below FP32 (default), agreement with FP32 ≥ 90 % (default)".
@@ -618,6 +684,16 @@ class RunConfig(_Strict):
     report: ReportSpec = Field(default_factory=ReportSpec)
     qat: Optional[QatConfig] = None
     optimize: Optional[OptimizeConfig] = None
+
+    @model_validator(mode="after")
+    def _task_defaults(self) -> "RunConfig":
+        """The agreement floors the task sets where the config gives none (eval.min_agreement, budget.min_agreement)."""
+        floor = get_task(self.model.task).default_min_agreement
+        if self.eval.min_agreement is None:
+            self.eval.__dict__["min_agreement"] = floor
+        if self.optimize is not None:
+            self.optimize.budget._default_floor = floor
+        return self
 
     def qat_settings(self) -> QatConfig:
         return self.qat or QatConfig()
@@ -729,6 +805,10 @@ def _resolve_paths(data: dict, base: Path) -> dict:
             model["source"] = str(Path(fix(path)).expanduser()) + (sep + factory if sep else "")
         if isinstance(model.get("weights"), str) and model["weights"] != RANDOM_WEIGHTS:
             model["weights"] = fix(model["weights"])
+        dec = model.get("decode")
+        if isinstance(dec, str) and ".py:" in dec:  # model.decode: file.py:function
+            path, _, fn = dec.rpartition(":")
+            model["decode"] = f"{fix(path)}:{fn}"
     for variant in data.get("variants") or []:
         if isinstance(variant, dict):
             for holder in (variant, variant.get("int8")):
@@ -740,7 +820,7 @@ def _resolve_paths(data: dict, base: Path) -> dict:
         specs.append(data["qat"].get("data"))  # qat.data is a dataset spec too
     for part in specs:
         if isinstance(part, dict):
-            for key in ("root", "classes"):
+            for key in ("root", "classes", "annotations", "names"):
                 if isinstance(part.get(key), str):
                     part[key] = fix(part[key])
     return data
@@ -755,6 +835,8 @@ def input_paths(cfg: RunConfig) -> list[tuple[str, Path]]:
         out.append(("model.source", Path(source.rpartition(":")[0] if ".py:" in source else source)))
     if cfg.model.weights_file and not cfg.model.weights_file.startswith("pkg:"):
         out.append(("model.weights", Path(cfg.model.weights_file)))
+    if cfg.model.decode and ".py:" in cfg.model.decode:
+        out.append(("model.decode", Path(cfg.model.decode.rpartition(":")[0])))
     specs = [("data.eval", cfg.data.eval), ("data.calibration", cfg.data.calibration), ("data.train", cfg.data.train)]
     if cfg.qat is not None:
         specs.append(("qat.data", cfg.qat.data))
@@ -763,6 +845,9 @@ def input_paths(cfg: RunConfig) -> list[tuple[str, Path]]:
             out.append((key, Path(spec.root)))
             if spec.classes_file:
                 out.append((f"{key}.classes", Path(spec.classes_file)))
+            for name in ("annotations", "names"):
+                if isinstance(getattr(spec, name), str):
+                    out.append((f"{key}.{name}", Path(getattr(spec, name))))
     for i, v in enumerate(cfg.variants):
         if v.int8 is not None and v.int8.calibration_cache:
             out.append((f"variants[{i}].calibration_cache", Path(v.int8.calibration_cache)))

@@ -68,6 +68,14 @@ class RunContext:
     builder: Builder
     model_check: dict = field(default_factory=dict)
     _bench_inputs: Optional[np.ndarray] = None
+    _task: Optional[object] = None
+
+    @property
+    def task(self):
+        """The model's task bound to the model (detection: its decoder and NMS settings), made once per run."""
+        if self._task is None:
+            self._task = get_task(self.cfg.model.task).bind(self.cfg.model)
+        return self._task
 
     def bench_inputs(self) -> np.ndarray:
         """Real preprocessed images for timing, made once per run (every variant is timed on the same ones)."""
@@ -274,7 +282,7 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
                 with _stage(record, "eval"):
                     kill_point("eval")
                     record.metrics, record.predictions = evaluate(
-                        engine, ctx.eval_batches, cfg.model.preprocess, cfg.model.task, cfg.data.eval.ignore_index,
+                        engine, ctx.eval_batches, cfg.model.preprocess, ctx.task, cfg.data.eval.ignore_index,
                         ctx.eval_batches.class_names, desc=f"eval {variant.label}")
             if record.ok and "bench" in ctx.stages:
                 with _stage(record, "bench"):
@@ -395,9 +403,13 @@ def _rename_in_details(details: dict, old: str, new: str) -> None:
 
 
 def _data_summary(batches, spec) -> dict:
-    return {"format": spec.format, "root": spec.root, "samples": batches.num_samples,
-            "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
-            "skipped_files": list(batches.skipped)}
+    out = {"format": spec.format, "root": spec.root, "samples": batches.num_samples,
+           "num_classes": getattr(batches, "num_classes", None), "class_names": batches.class_names,
+           "skipped_files": list(batches.skipped)}
+    boxes = getattr(getattr(batches, "dataset", None), "skipped_boxes", None)
+    if boxes is not None:  # detection: boxes left out by bad_boxes: skip, one message each
+        out["skipped_boxes"] = list(boxes)
+    return out
 
 
 def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: list[dict]) -> dict:
@@ -473,6 +485,10 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
         "variants": variants,
         "artifacts": artifacts,
     }
+    examples = ctx.task.examples(ctx.eval_batches, {r.label: r.predictions for r in records if r.predictions is not None},
+                                 reference) if reference is not None else None
+    if examples:  # detection: a few images with each variant's boxes, for the report's picture
+        results["examples"] = examples
     results["recommendation"] = recommend(results, cfg.report.tolerance, cfg.report.batch_size)
     results["warnings"] = run_warnings(results, chance, chance_basis)
     return results

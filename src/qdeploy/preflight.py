@@ -218,7 +218,12 @@ def check_model(cfg: RunConfig, builder: Builder, eval_batches, decode_all: bool
     if not np.all(np.isfinite(out)):
         raise ModelError("the model produces NaN/Inf on real images: check model.preprocess (mean/std) and the weights")
     check = {"batch_shape": list(x.shape), "output_shape": list(out.shape)}
-    if not task.pixel_labels:  # per-image labels: (N, classes) outputs; else (N, classes, H, W) beside label maps
+    if task.check_output is not None:  # a task that decodes its outputs checks them itself (detection)
+        try:
+            check.update(task.bind(cfg.model).check_output(out, labels, eval_batches.class_names))
+        except ValueError as e:
+            raise ModelError(f"model.task {task.name}: {e}") from None
+    elif not task.pixel_labels:  # per-image labels: (N, classes) outputs; else (N, classes, H, W) beside label maps
         if out.ndim != 2:
             raise ModelError(f"model.task classification needs an output of shape (N, classes); the model gives {tuple(out.shape)} "
                              "(set model.output or model.task)")

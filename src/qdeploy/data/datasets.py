@@ -194,9 +194,65 @@ class UnlabelledImages(Dataset):
 
     def __getitem__(self, i: int):
         image = load_image(self.samples[i][0], self.preprocess)
-        if get_task(self.task).pixel_labels:
-            return image, np.full(image.shape[1:], self.ignore_index, dtype=np.int64)
-        return image, UNLABELLED
+        return image, get_task(self.task).unlabelled_label(image, self.ignore_index)
+
+
+class DetectionDataset(Dataset):
+    """Images with boxes (Pascal VOC, COCO JSON or YOLO txt, read and checked by ``tasks.detection_data``): samples are
+    ``(uint8 CHW image resized or letterboxed to input_size, label table)`` (``tasks.detection.label_table``: the
+    boxes in original pixels with the model's class ids, and the geometry that maps the model's boxes back).
+    ``classes``: the model's class names in output order; the data set's class names are mapped onto them by name
+    (``map_classes``: exact, else ignoring case and separators), a name the model lacks is one DataError."""
+
+    def __init__(self, spec: DatasetSpec, preprocess: Preprocess, classes: Sequence[str]):
+        from qdeploy.tasks import detection_data as dd
+
+        self.preprocess = preprocess
+        self.class_names = list(classes)
+        self.num_classes = len(self.class_names)
+        options = {"bad_boxes": spec.bad_boxes}
+        if spec.format == "voc":
+            samples = dd.read_voc(spec.root, spec.split if _voc_layout(Path(spec.root)) else None,
+                                  unannotated=spec.unannotated, **options)
+        elif spec.format == "coco":
+            if spec.annotations is None:
+                raise DataError(f"format coco needs annotations: the COCO JSON of the images under {spec.root}")
+            samples = dd.read_coco(spec.annotations, spec.root, **options)
+        else:
+            if spec.names is None:
+                raise DataError("format yolo needs names: the data set's class names (a list or its data.yaml), "
+                                "which its txt files' class indices refer to")
+            samples = dd.read_yolo(spec.root, spec.names, spec.annotations, unannotated=spec.unannotated, **options)
+        if not samples:
+            raise DataError(f"no annotated images under {spec.root}")
+        names = sorted({c for smp in samples for c in smp.classes})
+        index = dict(zip(names, dd.map_classes(names, self.class_names).tolist())) if names else {}
+        self.records = samples
+        self.skipped_boxes = dd.skipped_boxes(samples)
+        self.max_boxes = max(len(smp.boxes) for smp in samples)
+        self.samples = [(str(smp.image), np.array([index[c] for c in smp.classes], np.int64)) for smp in samples]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int):
+        from qdeploy.data.transforms import box_geometry
+        from qdeploy.tasks.detection import label_table
+
+        smp = self.records[i]
+        img = _open(str(smp.image))
+        if img.size != (smp.width, smp.height):  # the readers checked it; a file changed since is not scored wrongly
+            raise DataError(f"image {smp.image} is {img.width}x{img.height} but its annotation says "
+                            f"{smp.width}x{smp.height}")
+        image = image_to_array(img, self.preprocess, smp.image)
+        table = label_table(smp.width, smp.height, box_geometry(smp.width, smp.height, self.preprocess), smp.boxes,
+                            self.samples[i][1], self.max_boxes)
+        return image, table
+
+
+def _voc_layout(root: Path) -> bool:
+    """A VOC folder (Annotations/ + JPEGImages/: split files apply) rather than a flat folder of images and XMLs."""
+    return (root / "Annotations").is_dir() and (root / "JPEGImages").is_dir()
 
 
 class SubsetDataset(Dataset):
@@ -242,7 +298,7 @@ def subset(dataset: Dataset, count: Optional[int], seed: int = 0, complement: bo
     return SubsetDataset(dataset, chosen.tolist())
 
 
-_FORMAT_TASK = {t.dataset_format: name for name, t in TASKS.items()}  # data.*.format → the task its labels are for
+_FORMAT_TASK = {f: name for name, t in TASKS.items() for f in t.dataset_formats}  # data.*.format → its labels' task
 
 
 def build_dataset(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
@@ -281,7 +337,7 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
     needed = _FORMAT_TASK.get(spec.format)
     if needed is None:
         raise DataError(f"unknown dataset format '{spec.format}' for {spec.root} (expected one of {sorted(_FORMAT_TASK)})")
-    if get_task(task).dataset_format != spec.format:
+    if spec.format not in get_task(task).dataset_formats:
         raise DataError(f"dataset {spec.root} has format '{spec.format}', which needs task '{needed}', but the model's task is '{task}'")
     if spec.format == "imagefolder":
         ds = ImageFolderDataset(spec.root, preprocess, spec.classes)
@@ -290,6 +346,12 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
                 raise DataError(f"class_names has {len(spec.class_names)} names but {spec.root} has {ds.num_classes} classes: "
                                 "give one name per class, in label order")
             ds.class_names = list(spec.class_names)
+    elif spec.format in ("voc", "coco", "yolo"):
+        if spec.classes is None:
+            raise DataError("detection needs classes: the model's class names in output order (a list, or a file "
+                            "with one name per line, e.g. coco.names), onto which the annotations' names are mapped")
+        names = [line for _, line in _class_file_lines(spec.classes)]
+        ds = DetectionDataset(spec, preprocess, names)
     else:
         # For segmentation the class-list file only names the classes: line order = label id,
         # the whole line is the name ("Road marking").

@@ -68,7 +68,9 @@ class _Guarded(Dataset):
 
 def _stack(items: list):
     images = np.stack([im for im, _ in items])
-    labels = np.stack([np.asarray(lab, dtype=np.int64) for _, lab in items])
+    labels = [np.asarray(lab) for _, lab in items]
+    # class ids and label maps as int64; detection's label tables (float32 box coordinates) as they are
+    labels = np.stack(labels if labels[0].dtype == np.float32 else [lab.astype(np.int64) for lab in labels])
     return images, labels
 
 
@@ -116,6 +118,8 @@ class Batches:
         self.ignore_index = ignore_index if pixel_labels else None
         h, w = self.input_size
         label_bytes = h * w * 8 if pixel_labels else 8
+        if getattr(dataset, "max_boxes", None) is not None:  # detection: a table of boxes per image
+            label_bytes = (1 + dataset.max_boxes) * 7 * 4
         self.estimated_mb = self.num_samples * (preprocess.channels * h * w + label_bytes) / 2**20
         self.cacheable = self.estimated_mb <= cache_limit_mb
         self._cache: Optional[list[tuple[np.ndarray, np.ndarray]]] = None

@@ -127,9 +127,18 @@ def reproduction(variant: Variant, builder, name_of: Callable) -> tuple[list, di
     lines = trtexec_lines(variant, names, profiles, installed, caches)
     for major, problem in problems.items():
         lines[f"{major}.x"] = f"not possible: {problem}"
-    return artifacts, {"trtexec": lines, "onnx": {f"{m}.x": n for m, n in names.items()},
-                       "profiles": [p.to_json() for p in profiles],
-                       "tensorrt": installed or "not installed: one command line per supported major version"}
+    out = {"trtexec": lines, "onnx": {f"{m}.x": n for m, n in names.items()},
+           "profiles": [p.to_json() for p in profiles],
+           "tensorrt": installed or "not installed: one command line per supported major version"}
+    spec = getattr(builder, "spec", None)
+    if getattr(spec, "decode", None):  # a detector: where its NMS runs
+        nms = spec.nms
+        out["postprocess"] = (f"the engine ends at the raw head output; decoding ({spec.decode}) and class-wise NMS "
+                              f"(IoU {nms.iou_threshold:g}, score >= {nms.score_threshold:g}, {nms.max_detections} per "
+                              "image) run after it on the host, as qdeploy evaluated them: no NMS plugin in the engine "
+                              "(TensorRT's EfficientNMS_TRT would move NMS into it; not added, so the accuracy measured "
+                              "is the engine's)")
+    return artifacts, out
 
 
 def deserialize_engine(path: Path, source_onnx: Optional[str], runtime=None):

@@ -68,8 +68,29 @@ def _miou_changes(batches, reference_pred: np.ndarray, predictions: Mapping[str,
     return {k: v for k, v in out.items() if v is not None}
 
 
+def _map_changes(batches, reference_pred: np.ndarray, predictions: Mapping[str, np.ndarray], ignore_index: int,
+                 num_classes: Optional[int]) -> dict[str, dict]:
+    """A paired bootstrap over images of each variant's mAP change (tasks.detection_metrics.map_change), against the
+    label tables of the split (read again: a replay when the batches are cached)."""
+    from qdeploy.tasks.detection import metrics_of_detections
+    from qdeploy.tasks.detection_metrics import map_change
+
+    names = getattr(batches, "class_names", None)
+    tables = [np.asarray(y) for _, y in batches]
+    if not names or not tables:
+        return {}
+    tables = np.concatenate(tables)
+    n = len(tables)
+    if reference_pred is None or len(reference_pred) != n:
+        return {}
+    ref = metrics_of_detections(tables, reference_pred, names)
+    out = {k: map_change(ref, metrics_of_detections(tables, p, names))
+           for k, p in predictions.items() if p is not None and len(p) == n}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 # Task.paired_comparison → how the changes are computed
-_PAIRED_COMPARISONS = {"mcnemar": _top1_changes, "bootstrap": _miou_changes}
+_PAIRED_COMPARISONS = {"mcnemar": _top1_changes, "bootstrap": _miou_changes, "bootstrap-map": _map_changes}
 
 
 def reference_chance(batches, reference_pred: Optional[np.ndarray]) -> tuple[Optional[dict], str]:

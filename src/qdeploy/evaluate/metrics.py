@@ -13,7 +13,11 @@ __all__ = ["ClassificationMetrics", "SegmentationMetrics", "agreement"]
 
 
 def agreement(pred: np.ndarray, reference: np.ndarray) -> Optional[float]:
-    """Fraction of predictions (labels or pixels) equal to the reference variant's."""
+    """Fraction of predictions (labels or pixels) equal to the reference variant's; predictions that define their own
+    agreement (detections: ``tasks.detection.DetectionPredictions``) are asked for it."""
+    own = getattr(pred, "agreement_with", None)
+    if own is not None and reference is not None:
+        return own(reference)
     if pred is None or reference is None or pred.shape != reference.shape or pred.size == 0:
         return None
     return float(np.mean(pred == reference))

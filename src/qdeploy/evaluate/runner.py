@@ -36,10 +36,9 @@ def evaluate(
             if not np.all(np.isfinite(logits)):
                 raise FloatingPointError(f"{engine.variant.label}: the model produced NaN/Inf outputs")
             if metrics is None:
-                names = class_names if class_names and len(class_names) == logits.shape[1] else None
-                metrics = task.make_metrics(logits.shape[1], ignore_index, names)
+                metrics = task.make_metrics(logits.shape[1], ignore_index, class_names)
             metrics.update(logits, np.asarray(labels))
-            if not task.pixel_labels:  # per-image labels are kept for eval_labels (label maps are not)
+            if task.paired_comparison == "mcnemar":  # per-image labels are kept for eval_labels (McNemar's test)
                 seen.append(np.asarray(labels).astype(np.int64, copy=False).ravel())
             advance(len(images))
     if metrics is None:

@@ -217,6 +217,8 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
         raise ModelError(f"ONNX model {path} keeps its weights in {missing[0].relative_to(path.parent)}, which is not in "
                          f"{path.parent}: put the external data file(s) beside the .onnx file, under the name the model "
                          "gives them")
+    if not data and opset < QDQ_MIN_OPSET:
+        return _opset_upgraded(path, inputs[0], proto.graph.output[0].name, opset, cache_dir)
     if not data:
         return OnnxArtifact(path, inputs[0], proto.graph.output[0].name, opset, "user")
     digest = hashlib.sha256()
@@ -250,6 +252,48 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
             log(f"model: {path.name} is {size / 2**30:.2f} GB with external data: working from a copy in the cache "
                 "(its data files beside it)")
     return OnnxArtifact(copy, inputs[0], proto.graph.output[0].name, opset, "user", fingerprint=fingerprint)
+
+
+# Q/DQ with per-channel weight scales (QuantizeLinear's axis) needs opset 13; so do TensorRT's explicit quantization and
+# ONNX Runtime's QDQ quantizer. Detectors are often exported at opset 11 or 12 (FastestDet: 11; YOLOv5's default: 12).
+QDQ_MIN_OPSET = 13
+
+
+def _opset_upgraded(path: Path, input_name: str, output_name: str, opset: int, cache_dir: Optional[Path]) -> OnnxArtifact:
+    """A user's ONNX below :data:`QDQ_MIN_OPSET` converted by onnx's own version converter into the cache (the user's
+    file untouched), checked by onnx's checker and against the original in ONNX Runtime on one random input; a
+    conversion that fails or changes the outputs is one ModelError naming both opsets."""
+    from onnx import version_converter
+
+    fingerprint = hashlib.sha256(path.read_bytes() + f"opset{QDQ_MIN_OPSET} onnx {onnx.__version__}".encode()).hexdigest()
+    folder = Path(cache_dir or default_cache_dir()) / "sources" / f"{_safe_name(path.stem)}-{fingerprint[:16]}"
+    copy = folder / f"{_safe_name(path.stem)}-opset{QDQ_MIN_OPSET}.onnx"
+    if not copy.is_file():
+        why = None
+        try:
+            converted = version_converter.convert_version(onnx.load(str(path)), QDQ_MIN_OPSET)
+            onnx.checker.check_model(converted)
+        except Exception as e:  # onnx's converter lacks an adapter for some op, or leaves an invalid graph
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        if why is None:
+            a = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            b = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"])
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in a.get_inputs()[0].shape]
+            x = np.random.default_rng(0).random(shape, dtype=np.float32)
+            ya, yb = a.run(None, {input_name: x})[0], b.run(None, {input_name: x})[0]
+            err = float(np.max(np.abs(ya - yb))) / max(float(np.max(np.abs(ya))), 1e-12) if ya.size else 0.0
+            if ya.shape != yb.shape or err > 1e-5:
+                why = f"its outputs differ from the original's (relative difference {err:.2g})"
+        if why is not None:
+            raise ModelError(f"ONNX model {path} is opset {opset}; INT8 Q/DQ needs opset {QDQ_MIN_OPSET} and onnx's "
+                             f"version converter could not upgrade it ({why}): export it again with opset "
+                             f"{QDQ_MIN_OPSET} or newer")
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(copy) as tmp:
+            onnx.save_model(converted, str(tmp))
+        log(f"model: {path.name} is opset {opset}: working from a copy converted to opset {QDQ_MIN_OPSET} by "
+            "onnx.version_converter (outputs checked equal in ONNX Runtime)")
+    return OnnxArtifact(copy, input_name, output_name, QDQ_MIN_OPSET, "user", fingerprint=fingerprint)
 
 
 def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, spec: VerifySpec) -> dict:

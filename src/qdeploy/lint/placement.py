@@ -145,6 +145,66 @@ def conv_runs_int8_in_tensorrt(g: QdqGraph, conv: onnx.NodeProto) -> Optional[bo
     return conv_int8_supported(w[0], w[1], int(g.attr(conv, "group", 1)), kernel, first)
 
 
+# A detector's prediction head: what lies between its last compute ops and a graph output when the way there decodes or
+# merges predictions (Sigmoid/Softmax/Exp/Tanh of scores and box offsets, the Concat of scales or of box and class
+# rows) — and only data movement and elementwise arithmetic otherwise. A classifier's Gemm → (Softmax) and a segmenter's
+# conv → Resize are not heads here (no Conv, or a Resize on the way), so their plans do not change.
+_HEAD_DECODE_OPS = ("Concat", "Sigmoid", "Softmax", "Exp", "Tanh")
+_HEAD_TAIL_OPS = _HEAD_DECODE_OPS + _PASS_THROUGH + ("Split", "Slice", "Gather", "Mul", "Add", "Sub", "Div", "Pow")
+
+
+def prediction_head(g: OnnxGraph) -> tuple[set, set]:
+    """(prediction convs, tail nodes) of ``g``'s prediction head, by name: walking back from every graph output through
+    :data:`_HEAD_TAIL_OPS`, the tail is what is passed and the Convs where each path stops are the prediction convs;
+    both empty unless the tail holds one of :data:`_HEAD_DECODE_OPS` and a path stops at a Conv."""
+    cached = g.__dict__.get("_prediction_head")
+    if cached is not None:
+        return cached
+    producers = {o: n for n in g.nodes for o in n.output}
+    tail, convs, seen = set(), set(), set()
+    frontier = [o for o in g.output_names]
+    while frontier:
+        t = frontier.pop()
+        n = producers.get(t)
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        name = n.name or n.output[0]
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            frontier.extend(n.input[:1])
+        elif n.op_type in ("Conv", "ConvTranspose"):
+            convs.add(name)
+        elif n.op_type in _HEAD_TAIL_OPS:
+            tail.add(name)
+            frontier.extend(i for i in n.input if i and not g.is_constant(i))
+    decodes = any(n.op_type in _HEAD_DECODE_OPS for n in g.nodes if (n.name or n.output[0]) in tail)
+    out = (convs, tail) if decodes and convs else (set(), set())
+    g.__dict__["_prediction_head"] = out
+    return out
+
+
+def _prediction_conv(g: OnnxGraph, node: onnx.NodeProto) -> bool:
+    return (node.name or node.output[0]) in prediction_head(g)[0]
+
+
+def _prediction_tail(g: OnnxGraph, node: onnx.NodeProto) -> bool:
+    return (node.name or node.output[0]) in prediction_head(g)[1]
+
+
+PREDICTION_CONV_WHY = (
+    "a detector's prediction conv (its output reaches the model output through decoding and concatenation only) stays "
+    "float: TensorRT runs a network's last convolution with FP32 output anyway, NVIDIA's YOLOv7 QAT recipe "
+    "(NVIDIA-AI-IOT/yolo_deepstream, yolov7_qat: --ignore_layers model.105.m, the Detect head's output convs) keeps "
+    "them float, and their outputs are box offsets and scores compared down to 0.001, where an INT8 step matters; "
+    "they are a small share of the MACs")
+PREDICTION_TAIL_WHY = (
+    "a detector's output decoding (Sigmoid/Softmax/Exp/Tanh of scores and box offsets, the arithmetic with grids and "
+    "strides, the Concat of scales or of box and class rows) stays float: OpenVINO's YOLOv8 INT8 recipe (NNCF "
+    "IgnoredScope of the head's Sigmoid/Mul/Sub/Add/Concat and DFL conv) does, and one INT8 scale over a Concat of "
+    "probabilities in [0, 1] and box offsets of several units rounds the scores to a few levels (FastestDet, ONNX Runtime "
+    "placement: mAP 32.95 → 27.43 with its output Concat quantized)")
+
+
 def _in_squeeze_excitation(g: QdqGraph, node: onnx.NodeProto) -> bool:
     nodes = g.__dict__.get("_se_nodes")
     if nodes is None:
@@ -163,6 +223,10 @@ RULES: list[OpRule] = [
     # pattern rules first: earlier rules win, and these take nodes the op-class rules below would make INT8
     OpRule("squeeze-excitation", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, (ANY_OP,), applies=_in_squeeze_excitation,
            why=SQUEEZE_EXCITATION_WHY),
+    OpRule("prediction-conv", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("Conv", "ConvTranspose"),
+           applies=_prediction_conv, compute=True, why=PREDICTION_CONV_WHY),
+    OpRule("prediction-output", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, _HEAD_TAIL_OPS, applies=_prediction_tail,
+           why=PREDICTION_TAIL_WHY),
     OpRule("narrow-conv", {"tensorrt": FLOAT}, ("Conv",), applies=lambda g, n: conv_runs_int8_in_tensorrt(g, n) is False,
            compute=True, why=NARROW_CONV_WHY),
     OpRule("conv", {"tensorrt": INT8, "onnxruntime": INT8}, ("Conv", "ConvTranspose"),

@@ -264,7 +264,7 @@ def confirm_program(s, cctx, chosen: Candidate, cref, key: str) -> dict:
         out["error"] = f"saving {chosen.variant} failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         return out
     out["save_s"] = round(time.perf_counter() - t0, 2)
-    task = get_task(cfg.model.task)
+    task = get_task(cfg.model.task).bind(cfg.model)  # detection: the decoder of the raw head outputs
     with tempfile.TemporaryDirectory(prefix="qdeploy-confirm-") as tmp:
         tmp = Path(tmp)
         images_npy, labels = tmp / "images.npy", []

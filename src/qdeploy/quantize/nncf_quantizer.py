@@ -57,6 +57,8 @@ class NncfQuantizer(Quantizer):
 
         from qdeploy.lint.placement import attention_matmuls
         from qdeploy.quantize.calibrate import ranges_from_qdq
+        from qdeploy.lint.placement import prediction_head
+        from qdeploy.lint.qdq_graph import QdqGraph
         from qdeploy.quantize.qdq import select_excluded
         from qdeploy.utils.atomic import atomic_path
         from qdeploy.utils.onnx_graph import OnnxGraph
@@ -81,7 +83,12 @@ class NncfQuantizer(Quantizer):
         # qdeploy's exclude rule (module names, or regexes *searched* in node names: quantize/exclude.py) resolved here,
         # then handed to NNCF by name: NNCF's own patterns are re.match'ed (anchored), which would read "conv1" differently
         excluded, unmatched = select_excluded(model, cfg.exclude, cfg.exclude_ops)
-        ignored = nncf.IgnoredScope(names=excluded, types=list(cfg.exclude_ops), validate=False)
+        # a detector's prediction convs and decoding tail (lint/placement.prediction_head: the rules prediction-conv and
+        # prediction-output): ignored as OpenVINO's own YOLOv8 INT8 recipe ignores the head's decoding and DFL conv
+        head_convs, head_tail = prediction_head(QdqGraph(model))
+        head = sorted(head_convs | head_tail)
+        ignored = nncf.IgnoredScope(names=list(dict.fromkeys(excluded + head)), types=list(cfg.exclude_ops),
+                                    validate=False)
         chunk = _static_batch(model, input_name)
         dataset_source = _CalibrationImages(inputs.calibration, inputs.preprocess, chunk)
         samples = int(inputs.calibration.num_samples)
@@ -94,6 +101,7 @@ class NncfQuantizer(Quantizer):
             f"model_type {'transformer' if model_type else 'default'}"
             + (f" ({len(attention)} attention matmuls)" if attention else "")
             + (f", {len(excluded)} nodes excluded" if excluded else "")
+            + (f", prediction head float ({len(head_convs)} convs, {len(head_tail)} decoding nodes)" if head else "")
             + (f", {len(cfg.exclude_ops)} op types excluded" if cfg.exclude_ops else ""))
         with _nncf_output(nncf) as nncf_warnings:
             try:
@@ -115,7 +123,8 @@ class NncfQuantizer(Quantizer):
         info = {"method": cfg.method, "samples": samples, "nncf": nncf.__version__,
                 "model_type": "transformer" if model_type else None,
                 "attention_matmuls": [n.name for n in attention],
-                "ignored_scope": {"names": excluded, "types": list(cfg.exclude_ops), "patterns": list(cfg.exclude)},
+                "ignored_scope": {"names": excluded, "types": list(cfg.exclude_ops), "patterns": list(cfg.exclude),
+                                  **({"prediction_head": head} if head else {})},
                 "excluded_by_user": excluded, "unmatched_patterns": unmatched,
                 "batch_per_inference": chunk, "nncf_warnings": nncf_warnings, "time_s": seconds}
         log(f"quantize: NNCF done in {seconds:.1f} s")

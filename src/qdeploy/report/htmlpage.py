@@ -96,6 +96,11 @@ def render_html(results: Mapping) -> str:
             body.append(_figure(plots.qat_curves([(n, q.get("log") or []) for n, q in T.qat_runs(results)], metric),
                                 "QAT curves", "Training loss per epoch of each QAT variant (and the data.eval metric per "
                                 "epoch where it was measured)."))
+        if t.key == "per-class-ap":
+            body.append(_figure(plots.detection_examples(results), "Detections, reference and INT8",
+                                "The images where the variants disagree most with the reference: each variant's "
+                                "detections scoring at least the agreement threshold (model.nms.agreement_score), "
+                                "ground truth dashed white."))
         if t.key == "skipped":
             body += [f"<details><summary>Traceback of {escape(str(v.get('name')))}</summary>"
                      f"<pre>{escape(str(T.section(v, 'details')['traceback']))}</pre></details>"

@@ -9,6 +9,7 @@ import io
 from collections.abc import Mapping
 
 import matplotlib
+import matplotlib.patches
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -178,4 +179,48 @@ def qat_curves(runs: list[tuple[str, list]], metric_name: str = "metric") -> byt
     for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def detection_examples(results: Mapping, variants: int = 3) -> bytes | None:
+    """The report's picture of a detector: a few images (results["examples"]), one row each, the reference's boxes and
+    up to ``variants`` - 1 other variants' side by side (ground truth dashed white; detections coloured by class,
+    with their scores). None without examples or when no image file can be opened any more."""
+    from PIL import Image
+
+    examples = results.get("examples") or []
+    names = list((examples[0].get("detections") or {}) if examples else {})[:variants]
+    if not names:
+        return None
+    class_names = list(T.section(T.section(results, "data"), "eval").get("class_names") or [])
+    rows = []
+    for ex in examples:
+        try:
+            with Image.open(ex["image"]) as im:
+                rows.append((ex, im.convert("RGB").copy()))
+        except (OSError, KeyError):
+            continue
+    if not rows:
+        return None
+    fig = Figure(figsize=(3.6 * len(names), 3.0 * len(rows)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rows), len(names), squeeze=False)
+    colours = matplotlib.colormaps["tab10"]
+    for r, (ex, im) in enumerate(rows):
+        for c, name in enumerate(names):
+            ax = axes[r][c]
+            ax.imshow(im)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for cls, x0, y0, x1, y1 in ex.get("ground_truth") or []:
+                ax.add_patch(matplotlib.patches.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="white", lw=1.2,
+                                                          ls="--"))
+            for x0, y0, x1, y1, score, cls in (ex.get("detections") or {}).get(name) or []:
+                colour = colours(int(cls) % 10)
+                ax.add_patch(matplotlib.patches.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec=colour, lw=1.5))
+                text = class_names[int(cls)] if 0 <= int(cls) < len(class_names) else str(int(cls))
+                ax.text(x0, y0, f"{text} {score:.2f}", fontsize=6, color="black", va="bottom",
+                        bbox={"facecolor": colour, "alpha": 0.7, "pad": 1, "lw": 0})
+            if r == 0:
+                ax.set_title(name, fontsize=8)
     return _png(fig)

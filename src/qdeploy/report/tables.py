@@ -361,27 +361,39 @@ def memory_table(results: Mapping) -> Table:
     return t
 
 
-def iou_table(results: Mapping) -> Table | None:
-    """Per-class IoU (segmentation only): one row per class, one column per variant."""
-    if get_task(task(results)).per_class_scores != "per_class_iou":
+def per_class_table(results: Mapping) -> Table | None:
+    """The task's per-class score (segmentation: IoU, detection: AP@0.5:0.95), one row per class, one column per
+    variant. With many classes (COCO's 80 for a detector measured on a few), classes no variant has a score for are
+    left out and the caption says how many."""
+    t_ = get_task(task(results))
+    key = t_.per_class_scores
+    if key is None:
         return None
     names = list(section(section(results, "data"), "eval").get("class_names") or [])
     cols = []
     for v in variants(results):
-        ious = section(v, "metrics").get("per_class_iou")
-        if isinstance(ious, list):  # tolerate index order instead of a name -> IoU map
-            ious = {str(names[i]) if i < len(names) else str(i): x for i, x in enumerate(ious)}
-        if isinstance(ious, Mapping) and ious:
-            cols.append((v, ious))
+        scores = section(v, "metrics").get(key)
+        if isinstance(scores, list):  # tolerate index order instead of a name -> score map
+            scores = {str(names[i]) if i < len(names) else str(i): x for i, x in enumerate(scores)}
+        if isinstance(scores, Mapping) and scores:
+            cols.append((v, scores))
     if not cols:
         return None
     classes = [str(n) for n in names]
-    classes += [c for _, ious in cols for c in ious if c not in classes]  # classes the data section misses
+    classes += [c for _, scores in cols for c in scores if c not in classes]  # classes the data section misses
     classes = list(dict.fromkeys(classes))
-    t = Table("per-class-iou", "Per-class IoU %", ["Class", *[label(v) for v, _ in cols]], [False] + [True] * len(cols),
-              caption="– means the class does not occur in the evaluation data (or was not measured).")
+    caption = "– means the class does not occur in the evaluation data (or was not measured)."
+    if len(classes) > 20:
+        measured = [c for c in classes if any(num(scores.get(c)) is not None for _, scores in cols)]
+        if len(measured) < len(classes):
+            caption = (f"The {len(measured)} of the model's {len(classes)} classes that occur in the evaluation data; "
+                       + caption)
+            classes = measured
+    what = {"per_class_iou": ("per-class-iou", "Per-class IoU %"),
+            "per_class_ap": ("per-class-ap", "Per-class AP@0.5:0.95 %")}.get(key, (key.replace("_", "-"), key))
+    t = Table(what[0], what[1], ["Class", *[label(v) for v, _ in cols]], [False] + [True] * len(cols), caption=caption)
     for c in classes:
-        t.add([c, *[pct(ious.get(c)) for _, ious in cols]])
+        t.add([c, *[pct(scores.get(c)) for _, scores in cols]])
     t.notes = _degraded_notes([v for v, _ in cols])
     return t
 
@@ -571,7 +583,7 @@ def tensorrt_table(results: Mapping) -> Table | None:
 def all_tables(results: Mapping) -> list[Table]:
     """Every report table, in report order (per-class IoU only for segmentation)."""
     tables = [accuracy_table(results), *latency_tables(results), memory_table(results), quantization_table(results),
-              qat_table(results), tensorrt_table(results), calibration_table(results), lint_table(results), iou_table(results), skipped_table(results), details_table(results), artifacts_table(results),
+              qat_table(results), tensorrt_table(results), calibration_table(results), lint_table(results), per_class_table(results), skipped_table(results), details_table(results), artifacts_table(results),
               skipped_files_table(results)]
     return [t for t in tables if t is not None]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from qdeploy.config import DEFAULT_MIN_AGREEMENT
 from qdeploy.evaluate.stats import ratio_of_medians
 from qdeploy.report import tables as T
-from qdeploy.tasks import DEFAULT_TASK, get_task
+from qdeploy.tasks import DEFAULT_TASK, TASKS, get_task
 
 # An INT8 variant whose agreement is this far (as a fraction) below the median of its INT8 siblings is
 # degraded even above min_agreement: its calibration went wrong where the others' did not.
@@ -28,7 +28,9 @@ SIBLINGS_NEEDED = 2  # with one sibling there is no telling which of the two is 
 CLOSE_P50 = 0.05
 _EPS = 1e-9  # a difference of exactly the threshold (0.5 points, 0.10) is not "beyond" it
 
-METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "miou": "mIoU", "pixel_acc": "pixel accuracy"}
+# a metric key's name in sentences: each task's headline, and the report's other columns
+METRIC_NAMES = {**{t.metric: t.metric_label for t in TASKS.values()},
+                "top5": "top-5", "pixel_acc": "pixel accuracy", "map50": "mAP@0.5"}
 
 # results["warnings"][i]["code"]: what the headline opens with (and what `qdeploy run`'s exit code reads)
 NEAR_CHANCE = "reference-near-chance"

@@ -1,4 +1,4 @@
-"""What a task is: one module per task (``classification.py``, ``segmentation.py``) and the registry of them.
+"""What a task is: one module per task (``classification.py``, ``segmentation.py``, ``detection.py``) and the registry of them.
 
 Every per-task fact the stages need (the headline metric and its label, how outputs become predictions and
 metrics, how a change against the reference is tested, the words for a prediction) is an attribute or method of a
@@ -48,8 +48,16 @@ class Task:
     per_sample_standard_error: bool
     # is the reference checked for near-chance top-1 (evaluate/compare.reference_chance)
     reference_chance: bool
+    # the agreement with the reference below which an INT8 variant is degraded / not within budget, where the config
+    # gives none (config.DEFAULT_MIN_AGREEMENT's reasoning: healthy INT8 far above it, a collapsed model far below)
+    default_min_agreement: float = 0.9
     # images per batch of optimize's layer sensitivity pass (its activations for a whole batch sit in memory)
     sensitivity_batch_size: int
+
+    # a task whose raw outputs are decoded checks one batch of them itself in preflight: check_output(outputs, labels,
+    # class_names) -> facts for the results (raising ValueError with the reason); None: preflight's shape checks of
+    # per-image and per-pixel class scores
+    check_output = None
 
     def make_metrics(self, num_classes: Optional[int] = None, ignore_index: int = 255,
                      class_names: Optional[Sequence[str]] = None, topk: Sequence[int] = (1, 5)):
@@ -61,6 +69,30 @@ class Task:
                            ignore_index: int = 255, class_names: Optional[Sequence[str]] = None):
         """The metrics of a saved program's outputs (:attr:`program_output`) on a whole split's ``labels``."""
         raise NotImplementedError
+
+    @property
+    def dataset_formats(self) -> tuple[str, ...]:
+        """Every data.*.format that holds this task's labels (detection: voc, coco, yolo)."""
+        return (self.dataset_format,)
+
+    def bind(self, model, base=None) -> "Task":
+        """This task with what it needs of the model (``cfg.model``; ``base``: the config's folder): detection's
+        decoder and NMS settings. Tasks that need nothing return themselves."""
+        return self
+
+    def unlabelled_label(self, image: np.ndarray, ignore_index: int = 255):
+        """The label of an image read without one (``labels: false``, a flat calibration folder): every metric leaves
+        it out, agreement still counts it."""
+        raise NotImplementedError
+
+    def examples(self, batches, predictions: dict, reference: Optional[str], count: int = 4) -> Optional[list]:
+        """A few images with each variant's predictions for the report's picture (detection: boxes), or None."""
+        return None
+
+    @staticmethod
+    def names_for(class_names: Optional[Sequence[str]], outputs: int) -> Optional[list]:
+        """The class names to report for a model of ``outputs`` classes (None where the list does not fit)."""
+        return list(class_names) if class_names and len(class_names) == outputs else None
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
@@ -94,7 +126,7 @@ def task_of_metric(key) -> Optional[Task]:
 
 
 # the task modules register themselves; imported last, as they subclass Task
-from qdeploy.tasks import classification, segmentation  # noqa: E402
+from qdeploy.tasks import classification, detection, segmentation  # noqa: E402
 
 __all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task", "register_task", "task_of_metric",
-           "classification", "segmentation"]
+           "classification", "detection", "segmentation"]

@@ -62,6 +62,9 @@ class Classification(Task):
                      class_names: Optional[Sequence[str]] = None, topk: Sequence[int] = (1, 5)) -> ClassificationMetrics:
         return ClassificationMetrics(topk)
 
+    def unlabelled_label(self, image: np.ndarray, ignore_index: int = 255) -> int:
+        return -1  # data.datasets.UNLABELLED
+
     def metrics_of_program(self, outputs: np.ndarray, labels: np.ndarray, num_classes: Optional[int] = None,
                            ignore_index: int = 255, class_names: Optional[Sequence[str]] = None) -> ClassificationMetrics:
         metrics = ClassificationMetrics()

@@ -76,7 +76,10 @@ class Segmentation(Task):
 
     def make_metrics(self, num_classes: Optional[int] = None, ignore_index: int = 255,
                      class_names: Optional[Sequence[str]] = None, topk: Sequence[int] = (1, 5)) -> SegmentationMetrics:
-        return SegmentationMetrics(num_classes, ignore_index, class_names)
+        return SegmentationMetrics(num_classes, ignore_index, self.names_for(class_names, num_classes))
+
+    def unlabelled_label(self, image: np.ndarray, ignore_index: int = 255) -> np.ndarray:
+        return np.full(image.shape[1:], ignore_index, dtype=np.int64)
 
     def metrics_of_program(self, outputs: np.ndarray, labels: np.ndarray, num_classes: Optional[int] = None,
                            ignore_index: int = 255, class_names: Optional[Sequence[str]] = None) -> SegmentationMetrics:

@@ -1,0 +1,333 @@
+"""Detection annotations (tasks/detection_data.py): VOC XML, COCO JSON and YOLO txt readers, their validation messages,
+class mapping; real data: ../shared/data/detection (BCCD, fruit-test)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import shared_path
+from qdeploy.errors import DataError, UnreadableImage
+from qdeploy.tasks.detection_data import (COCO80, DetectionSample, map_classes, read_coco, read_voc, read_voc_xml,
+                                          read_yolo, skipped_boxes, yolo_names)
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def image(path: Path, size=(64, 48)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (90, 120, 30)).save(path)
+    return path
+
+
+def voc_xml(path: Path, objects=(("cat", (10, 10, 30, 30)),), size=(64, 48), filename=None) -> Path:
+    size_xml = "" if size is None else (f"<size><width>{size[0]}</width><height>{size[1]}</height>"
+                                        "<depth>3</depth></size>")
+    objs = "".join(f"<object><name>{n}</name><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin><xmax>{b[2]}</xmax>"
+                   f"<ymax>{b[3]}</ymax></bndbox></object>" for n, b in objects)
+    fn = f"<filename>{filename}</filename>" if filename else ""
+    path.write_text(f"<annotation>{fn}{size_xml}{objs}</annotation>")
+    return path
+
+
+def one_voc(tmp_path, objects=(("cat", (10, 10, 30, 30)),), size=(64, 48), image_size=(64, 48)) -> Path:
+    image(tmp_path / "a.jpg", image_size)
+    return voc_xml(tmp_path / "a.xml", objects, size)
+
+
+def raises(match_parts, fn, *args, error=DataError, **kwargs) -> str:
+    with pytest.raises(error) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    for part in match_parts:
+        assert part in msg, f"{part!r} not in {msg!r}"
+    assert "\n" not in msg
+    return msg
+
+
+# ------------------------------------------------------------------------------------------------------ VOC good
+def test_voc_xml_reads_boxes_and_size(tmp_path):
+    s = read_voc_xml(one_voc(tmp_path, (("cat", (10, 10, 30, 30)), ("dog", (1.5, 2, 63, 47)))))
+    assert isinstance(s, DetectionSample)
+    assert s.image == tmp_path / "a.jpg" and (s.width, s.height) == (64, 48)
+    assert s.boxes.dtype == np.float32 and s.boxes.shape == (2, 4)
+    np.testing.assert_array_equal(s.boxes, [[10, 10, 30, 30], [1.5, 2, 63, 47]])
+    assert s.classes == ["cat", "dog"] and s.skipped == []
+
+
+def test_voc_zero_boxes_is_a_valid_sample(tmp_path):
+    s = read_voc_xml(one_voc(tmp_path, objects=()))
+    assert s.boxes.shape == (0, 4) and s.classes == []
+
+
+def test_voc_size_zero_or_missing_taken_from_image(tmp_path):
+    image(tmp_path / "a.jpg", (80, 50))
+    assert read_voc_xml(voc_xml(tmp_path / "a.xml", size=(0, 0))).width == 80
+    s = read_voc_xml(voc_xml(tmp_path / "a.xml", size=None))
+    assert (s.width, s.height) == (80, 50)
+
+
+def test_box_beyond_the_image_by_at_most_one_pixel_is_clipped(tmp_path):
+    s = read_voc_xml(one_voc(tmp_path, (("cat", (-1, -0.5, 65, 49)),)))
+    np.testing.assert_array_equal(s.boxes, [[0, 0, 64, 48]])
+
+
+def test_voc_flat_folder_and_unannotated_images(tmp_path):
+    one_voc(tmp_path)
+    image(tmp_path / "b.png")
+    raises(["b.png", "has no annotation"], read_voc, tmp_path)
+    samples = read_voc(tmp_path, unannotated="empty")
+    assert [s.image.name for s in samples] == ["a.jpg", "b.png"]
+    assert len(samples[1].boxes) == 0
+
+
+def test_voc_image_found_by_filename(tmp_path):
+    image(tmp_path / "photo.jpg")
+    s = read_voc_xml(voc_xml(tmp_path / "ann.xml", filename="photo.jpg"))
+    assert s.image == tmp_path / "photo.jpg"
+
+
+def test_bad_boxes_skip_lists_every_box_left_out(tmp_path):
+    s = read_voc_xml(one_voc(tmp_path, (("cat", (5, 5, 5, 5)), ("dog", (1, 1, 9, 9)), ("cat", (0, 0, 90, 9)))),
+                     bad_boxes="skip")
+    assert s.classes == ["dog"] and len(s.boxes) == 1
+    assert len(s.skipped) == 2 and all("a.xml" in m for m in s.skipped)
+    assert "xmax <= xmin" in s.skipped[0] and "outside" in s.skipped[1]
+    assert skipped_boxes([s, s]) == s.skipped * 2
+
+
+# ------------------------------------------------------------------------------------------------------- VOC bad
+def test_voc_box_outside_image(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (10, 10, 66, 30)),))
+    raises([str(xml), "box 1", "outside the 64x48 image by more than 1 pixel"], read_voc_xml, xml)
+
+
+def test_voc_xmax_not_above_xmin(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (1, 1, 5, 5)), ("cat", (30, 10, 20, 30))))
+    raises([str(xml), "box 2", "xmax <= xmin"], read_voc_xml, xml)
+
+
+def test_voc_ymax_not_above_ymin(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (10, 30, 20, 30)),))
+    raises([str(xml), "box 1", "ymax <= ymin"], read_voc_xml, xml)
+
+
+def test_voc_box_without_area_inside_the_image(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (64, 10, 64.5, 20)),))
+    raises([str(xml), "no area inside"], read_voc_xml, xml)
+
+
+def test_voc_unknown_class(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (1, 1, 5, 5)), ("zebra", (1, 1, 5, 5))))
+    raises([str(xml), "box 2", "'zebra'", "'cat', 'dog'"], read_voc_xml, xml, classes=["cat", "dog"])
+
+
+def test_voc_empty_file(tmp_path):
+    image(tmp_path / "a.jpg")
+    (tmp_path / "a.xml").write_text("")
+    raises([str(tmp_path / "a.xml"), "is empty"], read_voc_xml, tmp_path / "a.xml")
+
+
+def test_voc_unparsable_file(tmp_path):
+    image(tmp_path / "a.jpg")
+    (tmp_path / "a.xml").write_text("<annotation><object>")
+    raises([str(tmp_path / "a.xml"), "not valid XML"], read_voc_xml, tmp_path / "a.xml")
+
+
+def test_voc_not_an_annotation(tmp_path):
+    image(tmp_path / "a.jpg")
+    (tmp_path / "a.xml").write_text("<svg></svg>")
+    raises([str(tmp_path / "a.xml"), "not a Pascal VOC annotation"], read_voc_xml, tmp_path / "a.xml")
+
+
+def test_voc_coordinate_not_a_number(tmp_path):
+    xml = one_voc(tmp_path, (("cat", (1, 1, "ten", 5)),))
+    raises([str(xml), "object 1 (cat) <xmax>", "'ten', not a number"], read_voc_xml, xml)
+
+
+def test_voc_object_without_name(tmp_path):
+    xml = one_voc(tmp_path, (("", (1, 1, 5, 5)),))
+    raises([str(xml), "object 1 has no <name>"], read_voc_xml, xml)
+
+
+def test_voc_annotation_without_its_image(tmp_path):
+    xml = voc_xml(tmp_path / "a.xml")
+    raises([str(xml), "refers to image", "a.jpg", "does not exist"], read_voc_xml, xml)
+
+
+def test_voc_image_that_does_not_decode(tmp_path):
+    xml = one_voc(tmp_path)
+    data = (tmp_path / "a.jpg").read_bytes()
+    (tmp_path / "a.jpg").write_bytes(data[: len(data) // 2])
+    raises([str(tmp_path / "a.jpg")], read_voc_xml, xml, error=UnreadableImage)
+    (tmp_path / "a.jpg").write_bytes(b"not an image at all")
+    raises([str(tmp_path / "a.jpg"), "corrupt or not an image"], read_voc_xml, xml, error=UnreadableImage)
+
+
+def test_voc_size_differs_from_image(tmp_path):
+    xml = one_voc(tmp_path, size=(48, 64))
+    raises([str(xml), "gives image size 48x64", "is 64x48"], read_voc_xml, xml)
+
+
+def test_voc_layout_missing_split_names_the_splits(tmp_path):
+    (tmp_path / "Annotations").mkdir()
+    (tmp_path / "JPEGImages").mkdir()
+    (tmp_path / "ImageSets" / "Main").mkdir(parents=True)
+    (tmp_path / "ImageSets" / "Main" / "train.txt").write_text("x\n")
+    raises(["val.txt", "does not exist", "splits here: train"], read_voc, tmp_path, "val")
+    raises(["lists x", "x.xml", "does not exist"], read_voc, tmp_path, "train")
+
+
+# ---------------------------------------------------------------------------------------------------------- COCO
+def coco(tmp_path, annotations=None, images=None, categories=None, raw=None) -> Path:
+    image(tmp_path / "img" / "a.jpg")
+    image(tmp_path / "img" / "b.jpg", (32, 32))
+    data = {"images": images if images is not None else
+            [{"id": 7, "file_name": "a.jpg", "width": 64, "height": 48},
+             {"id": 9, "file_name": "b.jpg", "width": 32, "height": 32}],
+            "annotations": annotations if annotations is not None else
+            [{"id": 1, "image_id": 7, "category_id": 3, "bbox": [10, 5, 20, 10]}],
+            "categories": categories if categories is not None else [{"id": 3, "name": "cat"}]}
+    path = tmp_path / "ann.json"
+    path.write_text(raw if raw is not None else json.dumps(data))
+    return path
+
+
+def test_coco_reads_xywh_as_xyxy_and_images_without_boxes(tmp_path):
+    a, b = read_coco(coco(tmp_path), tmp_path / "img")
+    np.testing.assert_array_equal(a.boxes, [[10, 5, 30, 15]])
+    assert a.classes == ["cat"] and b.image.name == "b.jpg" and b.boxes.shape == (0, 4)
+
+
+@pytest.mark.parametrize("raw, parts", [
+    ("", ["is empty"]),
+    ("{not json", ["not valid JSON"]),
+    ("[]", ["not a COCO annotation file"]),
+    ('{"images": [], "categories": []}', ["no 'annotations' list"]),
+])
+def test_coco_unparsable(tmp_path, raw, parts):
+    path = coco(tmp_path, raw=raw)
+    raises([str(path), *parts], read_coco, path, tmp_path / "img")
+
+
+@pytest.mark.parametrize("ann, parts", [
+    ({"id": 4, "image_id": 8, "category_id": 3, "bbox": [1, 1, 2, 2]}, ["annotation 4", "image id 8"]),
+    ({"id": 4, "image_id": 7, "category_id": 5, "bbox": [1, 1, 2, 2]}, ["annotation 4", "category_id 5"]),
+    ({"id": 4, "image_id": 7, "category_id": 3, "bbox": [1, 1, 2]}, ["annotation 4", "expected [x, y, width"]),
+    ({"id": 4, "image_id": 7, "category_id": 3, "bbox": [1, 1, 0, 2]}, ["annotation 4", "xmax <= xmin"]),
+    ({"id": 4, "image_id": 7, "category_id": 3, "bbox": [50, 1, 20, 2]}, ["annotation 4", "outside the 64x48"]),
+])
+def test_coco_bad_annotation(tmp_path, ann, parts):
+    path = coco(tmp_path, annotations=[ann])
+    raises([str(path), *parts], read_coco, path, tmp_path / "img")
+
+
+def test_coco_unknown_class_missing_image_duplicate_id(tmp_path):
+    path = coco(tmp_path)
+    raises([str(path), "annotation 1", "'cat'", "'dog'"], read_coco, path, tmp_path / "img", classes=["dog"])
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "gone.jpg", "width": 64, "height": 48}])
+    raises([str(path), "gone.jpg", "does not exist"], read_coco, path, tmp_path / "img")
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg"}, {"id": 7, "file_name": "b.jpg"}])
+    raises([str(path), "image id 7 is listed twice"], read_coco, path, tmp_path / "img")
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg", "width": "wide", "height": 48}])
+    raises([str(path), "gives image size 'wide'x48, not numbers"], read_coco, path, tmp_path / "img")
+    path = coco(tmp_path, images=[{"id": 7, "file_name": "a.jpg", "width": 640, "height": 480}])
+    raises([str(path), "gives image size 640x480", "is 64x48"], read_coco, path, tmp_path / "img")
+
+
+# ---------------------------------------------------------------------------------------------------------- YOLO
+def yolo(tmp_path, lines: str = "0 0.5 0.5 0.25 0.5\n", name="a") -> Path:
+    image(tmp_path / "images" / "train" / f"{name}.jpg", (64, 48))
+    txt = tmp_path / "labels" / "train" / f"{name}.txt"
+    txt.parent.mkdir(parents=True, exist_ok=True)
+    txt.write_text(lines)
+    return txt
+
+
+def test_yolo_normalized_to_pixels_with_ultralytics_layout(tmp_path):
+    yolo(tmp_path, "0 0.5 0.5 0.25 0.5\n1 0.25 0.25 0.5 0.5\n")
+    yolo(tmp_path, "", name="b")  # an empty label file: no boxes
+    (tmp_path / "data.yaml").write_text("names: {0: cat, 1: dog}\n")
+    a, b = read_yolo(tmp_path / "images", tmp_path / "data.yaml")
+    np.testing.assert_allclose(a.boxes, [[24, 12, 40, 36], [0, 0, 32, 24]])
+    assert a.classes == ["cat", "dog"] and a.annotation == tmp_path / "labels" / "train" / "a.txt"
+    assert b.boxes.shape == (0, 4)
+
+
+def test_yolo_labels_beside_images_and_explicit_labels_folder(tmp_path):
+    image(tmp_path / "x" / "a.jpg")
+    (tmp_path / "x" / "a.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    assert read_yolo(tmp_path / "x", ["cat"])[0].classes == ["cat"]
+    image(tmp_path / "pics" / "a.jpg")
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "a.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    assert read_yolo(tmp_path / "pics", ["cat"], labels=tmp_path / "lab")[0].annotation == tmp_path / "lab" / "a.txt"
+
+
+@pytest.mark.parametrize("lines, parts", [
+    ("0 0.5 0.5 0.2 0.2 0.9\n", ["line 1", "has 6 fields, expected 5"]),
+    ("0 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.2 0.2\n", ["line 2", "class index 2", "2 classes"]),
+    ("cat 0.5 0.5 0.2 0.2\n", ["line 1", "not 'class cx cy w h' numbers"]),
+    ("0 0.9 0.5 0.4 0.2\n", ["line 1", "outside the 64x48 image"]),
+    ("0 0.5 0.5 0 0.2\n", ["line 1", "xmax <= xmin"]),
+])
+def test_yolo_bad_lines(tmp_path, lines, parts):
+    txt = yolo(tmp_path, lines)
+    raises([str(txt), *parts], read_yolo, tmp_path / "images", ["cat", "dog"])
+
+
+def test_yolo_missing_label_file_and_names(tmp_path):
+    image(tmp_path / "images" / "a.jpg")
+    raises([str(tmp_path / "images" / "a.jpg"), "has no label file"], read_yolo, tmp_path / "images", ["cat"])
+    assert read_yolo(tmp_path / "images", ["cat"], unannotated="empty")[0].boxes.shape == (0, 4)
+    (tmp_path / "data.yaml").write_text("nc: 2\n")
+    raises([str(tmp_path / "data.yaml"), "no 'names' list"], yolo_names, tmp_path / "data.yaml")
+
+
+# --------------------------------------------------------------------------------------------------- map_classes
+def test_map_classes_to_coco80():
+    assert len(COCO80) == 80 and len(set(COCO80)) == 80
+    np.testing.assert_array_equal(map_classes(["banana", "apple", "orange", "person"], COCO80), [46, 47, 49, 0])
+    np.testing.assert_array_equal(map_classes(["Dining_Table", "TV", "teddy-bear"], COCO80), [60, 62, 77])
+
+
+def test_map_classes_lists_every_unknown_name():
+    msg = raises(["2 annotation class name(s)", "'RBC'", "'WBC'", "80 classes", "'person'"],
+                 map_classes, ["RBC", "apple", "WBC", "RBC"], COCO80)
+    assert msg.count("'RBC'") == 1
+
+
+# ----------------------------------------------------------------------------------------------------- real data
+@pytest.mark.realdata
+def test_bccd_splits_counts_and_two_point_boxes():
+    root = shared_path("data", "detection", "bccd")
+    raises(["BloodImage_00343.xml", "box 4 [181 329 181 329] has xmax <= xmin", "bad_boxes: skip"],
+           read_voc, root, "train")
+    counts, boxes, classes, skipped = {}, 0, set(), []
+    for split in ("train", "val", "test"):
+        samples = read_voc(root, split, classes=["RBC", "WBC", "Platelets"], bad_boxes="skip")
+        counts[split] = len(samples)
+        boxes += sum(len(s.boxes) for s in samples)
+        classes |= {c for s in samples for c in s.classes}
+        skipped += skipped_boxes(samples)
+        assert all((s.width, s.height) == (640, 480) for s in samples)
+    assert counts == {"train": 205, "val": 87, "test": 72}
+    assert classes == {"RBC", "WBC", "Platelets"}
+    assert len(skipped) == 2 and boxes + len(skipped) == 4888  # the README's 4,888: two are zero-size points
+    assert len(read_voc(root, "trainval", decode=False, bad_boxes="skip")) == 292
+
+
+@pytest.mark.realdata
+def test_fruit_test_sizes_from_images_and_coco80_mapping():
+    root = shared_path("data", "detection", "fruit-test")
+    samples = read_voc(root, classes=["apple", "banana", "orange"])
+    assert len(samples) == 60 and sum(len(s.boxes) for s in samples) == 117
+    zero = [s for s in samples if "<width>0</width>" in s.annotation.read_text()]
+    assert zero, "the README says some XMLs give width/height 0"
+    for s in zero:
+        with Image.open(s.image) as img:
+            assert (s.width, s.height) == img.size
+    ids = map_classes([c for s in samples for c in s.classes], COCO80)
+    assert set(ids.tolist()) == {46, 47, 49}
