@@ -374,3 +374,30 @@ def test_a_tensorrt_detector_variant_says_where_its_nms_runs(tmp_path):
                  "--cache-dir", str(tmp_path / "cache")]) in (0, 1)
     v = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]
     assert v["trtexec"] and "NMS" in v["details"]["postprocess"] and "EfficientNMS_TRT" in v["details"]["postprocess"]
+
+
+@pytest.mark.realdata
+@pytest.mark.slow
+def test_the_bccd_detector_trained_here_reaches_its_recorded_map(tmp_path):
+    """bench/heldout/bccd_yolo.pt (bench/train_bccd.py) through qdeploy: BCCD's test split, FP32 in PyTorch, mAP@0.5 ≥ 0.80
+    (issue 37's bar) and equal to what the training script recorded."""
+    if not (SHARED / "data/detection/bccd").is_dir():
+        pytest.skip("../shared/data/detection/bccd is absent")
+    import yaml
+
+    from qdeploy.cli import main
+
+    cfg = yaml.safe_load((ROOT / "examples/detection_bccd.yaml").read_text())
+    cfg["variants"] = [{"engine": "torch", "precision": "fp32"}]
+    cfg["data"].pop("calibration")
+    cfg["bench"] = {"batch_sizes": [1], "iterations": 2, "warmup": 1}
+    cfg["model"]["source"] = str(ROOT / "bench/bccd_models.py:bccd_yolo")
+    cfg["model"]["weights"] = str(ROOT / "bench/heldout/bccd_yolo.pt")
+    cfg["data"]["eval"]["root"] = str(SHARED / "data/detection/bccd")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--quiet", "run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"),
+                 "--cache-dir", str(tmp_path / "cache")]) in (0, 1)
+    m = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]["metrics"]
+    recorded = json.loads((ROOT / "bench/heldout/bccd_yolo.json").read_text())["test_split"]
+    assert m["map50"] >= 0.80
+    assert m["map50"] == pytest.approx(recorded["map50"], abs=2e-3) and m["map"] == pytest.approx(recorded["map"], abs=2e-3)
