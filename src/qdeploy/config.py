@@ -182,7 +182,7 @@ class ModelSpec(_Strict):
     def _decode_for_detection(self) -> "ModelSpec":
         from qdeploy.tasks.detection_decode import check_decode_name
 
-        detection = self.task == "detection"
+        detection = get_task(self.task).needs_decoder
         if detection and self.decode is None:
             raise ValueError("model.task detection needs model.decode: a built-in decoder (" + check_decode_name.names() +
                              ") or file.py:function")

@@ -54,6 +54,8 @@ class Task:
     # images per batch of optimize's layer sensitivity pass (its activations for a whole batch sit in memory)
     sensitivity_batch_size: int
 
+    # the model's raw output needs model.decode (detection's head decoder); config checks it
+    needs_decoder: bool = False
     # a task whose raw outputs are decoded checks one batch of them itself in preflight: check_output(outputs, labels,
     # class_names) -> facts for the results (raising ValueError with the reason); None: preflight's shape checks of
     # per-image and per-pixel class scores

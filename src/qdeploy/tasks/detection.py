@@ -161,6 +161,7 @@ class Detection(Task):
     pixel_labels = False
     dataset_format = "voc"
     dataset_formats = ("voc", "coco", "yolo")
+    needs_decoder = True
     program_output = "logits"  # the raw head output, decoded here
     # mAP is a statistic of the whole split (ranked detections of every image), no per-image binomial error: a paired
     # bootstrap over images (detection_metrics.map_change) tests a change; budgets read the point estimate (as mIoU's)
