@@ -20,6 +20,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from qdeploy.utils.bootstrap import change_verdict, paired_bootstrap_change
+
 ALPHA = 0.05             # two-sided level of the accuracy-change tests (95 % intervals)
 CONFIDENCE = 1 - ALPHA
 BOOTSTRAP_RESAMPLES = 2000
@@ -67,12 +69,6 @@ def paired_drop_interval(n: int, b: int, c: int, confidence: float = CONFIDENCE)
     return max(-1.0, d - z * se), min(1.0, d + z * se)
 
 
-def _verdict(significant: bool, drop: float) -> str:
-    if not significant:
-        return "no detectable change"
-    return "worse" if drop > 0 else "better"
-
-
 def accuracy_change(n: int, reference_correct: int, b: int, c: int, alpha: float = ALPHA) -> dict:
     """The top-1 change of a variant against the reference on the same ``n`` labelled images.
 
@@ -99,7 +95,7 @@ def accuracy_change(n: int, reference_correct: int, b: int, c: int, alpha: float
     return {"metric": "top1", "test": "exact McNemar", "n": int(n), "reference": reference_correct / n,
             "variant": (reference_correct - b + c) / n, "drop_points": 100 * drop, "ci_low_points": 100 * lo,
             "ci_high_points": 100 * hi, "confidence": 1 - alpha, "reference_only_correct": int(b),
-            "variant_only_correct": int(c), "p_value": p, "verdict": _verdict(p < alpha, drop)}
+            "variant_only_correct": int(c), "p_value": p, "verdict": change_verdict(p < alpha, drop)}
 
 
 def accuracy_change_of(reference_pred: np.ndarray, variant_pred: np.ndarray, labels: np.ndarray,
@@ -173,14 +169,7 @@ def miou_change(reference_cm: np.ndarray, variant_cm: np.ndarray, num_classes: i
     ref, var = float(_miou(ref_cm.sum(0), c)), float(_miou(var_cm.sum(0), c))
     if not drops.size or not (math.isfinite(ref) and math.isfinite(var)):
         return None
-    lo, hi = np.percentile(drops, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    p = float(min(1.0, 2 * min(np.mean(drops <= 0), np.mean(drops >= 0))))
-    drop = ref - var
-    significant = bool(lo > 0 or hi < 0)
-    return {"metric": "miou", "test": "paired bootstrap over images", "n": int(n), "reference": ref, "variant": var,
-            "drop_points": 100 * drop, "ci_low_points": 100 * float(lo), "ci_high_points": 100 * float(hi),
-            "confidence": 1 - alpha, "resamples": int(resamples), "p_value": p,
-            "verdict": _verdict(significant, drop)}
+    return paired_bootstrap_change("miou", n, ref, var, drops, alpha, resamples)
 
 
 # ---------------------------------------------------------------------------- speed-up

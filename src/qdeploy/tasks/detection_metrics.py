@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from qdeploy.utils.bootstrap import paired_bootstrap_change
+
 
 def _boxes(a, what: str) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
@@ -244,12 +246,4 @@ def map_change(reference: DetectionMetrics, variant: DetectionMetrics, alpha: fl
             drops.append(a - b)
     if not drops:
         return None
-    drops = np.asarray(drops)
-    lo, hi = np.percentile(drops, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    p = float(min(1.0, 2 * min(np.mean(drops <= 0), np.mean(drops >= 0))))
-    drop = ref - var
-    significant = bool(lo > 0 or hi < 0)
-    return {"metric": "map", "test": "paired bootstrap over images", "n": int(n), "reference": ref, "variant": var,
-            "drop_points": 100 * drop, "ci_low_points": 100 * float(lo), "ci_high_points": 100 * float(hi),
-            "confidence": 1 - alpha, "resamples": int(len(drops)), "p_value": p,
-            "verdict": "no detectable change" if not significant else ("worse" if drop > 0 else "better")}
+    return paired_bootstrap_change("map", n, ref, var, np.asarray(drops), alpha, len(drops))
