@@ -184,7 +184,11 @@ class _ClassMatches:
 
 
 def class_matches(metrics: DetectionMetrics) -> list[_ClassMatches]:
-    """COCOeval's per-image matching of ``metrics`` (evaluate() once), per class with ground truth or detections."""
+    """COCOeval's per-image matching of ``metrics`` (evaluate() once), per class with ground truth or detections. Kept
+    on ``metrics`` until it gets another image: the reference's is read once for every variant compared with it."""
+    cached = metrics.__dict__.get("_class_matches")
+    if cached is not None and cached[0] == metrics.count:
+        return cached[1]
     from pycocotools.cocoeval import COCOeval
 
     gt, dt = metrics._coco_objects()
@@ -213,6 +217,7 @@ def class_matches(metrics: DetectionMetrics) -> list[_ClassMatches]:
         tp = np.concatenate(tp, 1) if tp else np.zeros((n_t, 0), bool)
         ignored = np.concatenate(ignored, 1) if ignored else np.zeros((n_t, 0), bool)
         out.append(_ClassMatches(np.asarray(scores, float), np.asarray(images, int), tp, ignored, gt_count))
+    metrics._class_matches = (metrics.count, out)
     return out
 
 
