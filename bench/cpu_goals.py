@@ -17,6 +17,11 @@ from the same process and run, so every ratio below is within one run:
 - ONNX Runtime INT8 (the fastest ONNX Runtime INT8 candidate) / ONNX Runtime FP32 (MobileViT's goal: <= 1.0 at 32);
 - NNCF's PTQ in OpenVINO (candidate openvino-int8-mean-minmax-nncf) next to qdeploy's best INT8 (accuracy, speed).
 The CPU's name, flags (`lscpu`) and the versions are printed and stored with the rows.
+
+On the device machine's Xeon the models travel a few per call (bench/stage_cpu_device.sh); the calls' JSONs become one
+file by this script, not by hand (every part must name the same machine and versions):
+
+    python bench/cpu_goals.py --merge /work/.device/1/cpu_goals.json ... --json docs/results/cpu_goals_xeon.json
 """
 from __future__ import annotations
 
@@ -101,7 +106,42 @@ def fmt(v, d=3):
     return "–" if v is None else f"{v:.{d}f}"
 
 
+def merge(parts: list[Path], json_out: Optional[Path]) -> None:
+    """One file from the JSONs of several runs on one machine (the device machine's calls each carry a few models):
+    every part must name the same machine (CPU, flags, versions); each keeps its command; a (model, batch, threads)
+    row of a later part replaces an earlier one's."""
+    docs = [json.loads(p.read_text()) for p in parts]
+    machines = {d["machine"] for d in docs}
+    if len(machines) != 1:
+        raise SystemExit("cpu_goals --merge: the parts were measured on different machines or versions:\n  "
+                         + "\n  ".join(sorted(machines)))
+    rows: dict = {}
+    for d in docs:
+        for r in d["rows"]:
+            rows[(r["model"], r["batch"], r["threads"])] = r
+    order = {m: i for i, m in enumerate(GOAL_MODELS)}
+    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 99), r["batch"], r["threads"] or 0))
+    print(docs[0]["machine"])
+    for r in merged:
+        print(f"| {r['model']} | {r['batch']} | {r['threads']} | {r['chosen']} | {fmt(r['chosen_p50_ms'])} | "
+              f"{r['best_fp32']} {fmt(r['best_fp32_p50_ms'])} | **{fmt(r['speedup_vs_best_fp32'], 2)}x** |")
+    print_summary(merged)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"machine": docs[0]["machine"], "cpu_flags": docs[0]["cpu_flags"],
+                                        "environment": docs[0]["environment"],
+                                        "commands": [d["command"] for d in docs],
+                                        "merged_by": "python bench/cpu_goals.py --merge " + " ".join(map(str, parts)),
+                                        "rows": merged}, indent=1))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--merge"]:
+        ap = argparse.ArgumentParser(prog="cpu_goals.py --merge")
+        ap.add_argument("parts", nargs="+", type=Path)
+        ap.add_argument("--json", type=Path, default=None)
+        a = ap.parse_args(sys.argv[2:])
+        return merge(a.parts, a.json)
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+", choices=GOAL_MODELS)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -148,6 +188,10 @@ def main() -> None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"machine": head, "cpu_flags": flags, "environment": env,
                                                  "command": " ".join(sys.argv), "rows": out_rows}, indent=1))
+    print_summary(out_rows)
+
+
+def print_summary(out_rows: list) -> None:
     speedups = [r["speedup_vs_best_fp32"] for r in out_rows if r["speedup_vs_best_fp32"]]
     if speedups:
         print(f"\nmedian speed-up over the best FP32: {statistics.median(speedups):.2f}x over {len(speedups)} rows; "

@@ -32,7 +32,9 @@ SHARED=${SHARED:-/tmp/cshared}
 RUNS=${RUNS:-/tmp/cg}
 BUDGET=${BUDGET:-600}
 OUT=${OUT:-/tmp/cg-out}; mkdir -p "$OUT"
-[ -f "$SITE" ] || { echo "no $SITE: run bash bench/stage_cpu_device.sh MODEL... here and carry .devcpu"; exit 3; }
+# no site carried (NO_SITE=1 staging): a warm machine keeps the one an earlier call unpacked
+[ -f "$SITE" ] || [ -f "$SITEDIR/.unpacked" ] || {
+  echo "no $SITE and none unpacked in $SITEDIR (a fresh machine): run bash bench/stage_cpu_device.sh MODEL... here"; exit 3; }
 unxz_py() {  # xz and tar -J where the xz tool is missing: Python's lzma reads the same files
   python3 -c "
 import lzma, shutil, sys, tarfile
@@ -47,7 +49,7 @@ untar() { if command -v xz > /dev/null; then tar -C "$2" -xJf "$1"; else unxz_py
 unxz_to() { if command -v xz > /dev/null; then xz -dc "$1" > "$2"; else unxz_py file "$1" "$2"; fi; }
 
 # the site: once per machine, again if the tar differs from the one unpacked
-sum=$(sha256sum "$SITE" | cut -c1-16)
+sum=$( [ -f "$SITE" ] && sha256sum "$SITE" | cut -c1-16 || cat "$SITEDIR/.unpacked")
 if [ "$(cat "$SITEDIR/.unpacked" 2>/dev/null)" != "$sum" ]; then
   rm -rf "$SITEDIR" && d=$(mktemp -d) && untar "$SITE" "$d" && mv "$d/csite" "$SITEDIR" && rmdir "$d" &&
     echo "$sum" > "$SITEDIR/.unpacked" || { echo "could not unpack $SITE into $SITEDIR"; exit 3; }

@@ -5,6 +5,12 @@
 #
 #   bash bench/stage_cpu_device.sh mobilenet_v3_large_64 resnet20   # the models of one call: their weights + their data
 #   REBUILD_SITE=1 bash bench/stage_cpu_device.sh ...               # also rebuild .devcpu/site.tar.xz (else kept)
+#   TRAIN_PER_CLASS=52 bash bench/stage_cpu_device.sh ...         # 520 train images (cpu_goals calibrates on 512):
+#                                                                    # 1.1 MB less than the default 100 a class
+#   NO_SITE=1 DEST=.devcpu3 bash bench/stage_cpu_device.sh ...      # no site.tar.xz: for a call made right after
+#                                                                    # another, on the still-warm machine that unpacked it
+#   HALF="mobilenet_v3_large_64" bash bench/stage_cpu_device.sh ...  # these models' weights rounded to FP16 (the repo's
+#                                                                    # growth to 23 MiB left no room for FP32 ones)
 #   PY=3.11 WHL=/tmp/whl311 SITE=/tmp/csite311.tar.xz DEST=/tmp/devcpu311 bash bench/stage_cpu_device.sh resnet20
 #                                                                    # the same for this machine's Python (a local test)
 #
@@ -101,7 +107,8 @@ build_site() {
   echo "site: $(du -sm "$S" | cut -f1) MiB unpacked -> $SITE $(stat -c %s "$SITE") bytes"
   rm -rf "$T" "$list"
 }
-if [ ! -f "$SITE" ] || [ -n "${REBUILD_SITE:-}" ]; then build_site; else echo "site: kept $SITE ($(stat -c %s "$SITE") bytes; REBUILD_SITE=1 rebuilds)"; fi
+if [ -n "${NO_SITE:-}" ]; then rm -f "$SITE"; echo "site: none (NO_SITE: the call must find it unpacked on a warm machine)"
+elif [ ! -f "$SITE" ] || [ -n "${REBUILD_SITE:-}" ]; then build_site; else echo "site: kept $SITE ($(stat -c %s "$SITE") bytes; REBUILD_SITE=1 rebuilds)"; fi
 
 # ---- data and weights ---------------------------------------------------------------------------------------------
 rm -rf "$DEST/shared" "$DEST"/cifar10.tar* "$DEST"/camvid.tar*
@@ -110,7 +117,7 @@ for m in "$@"; do if [ "$m" = deeplabv3 ]; then camvid=1; else cifar=1; fi; done
 T=$(mktemp -d)
 # seeded picks: per class (CIFAR) or per split (CamVid), of the sorted names, random.Random(0).sample, in name order
 $V - "$SRC/data" "$T" "$cifar" "$camvid" <<'EOF'
-import random, shutil, sys
+import os, random, shutil, sys
 from pathlib import Path
 src, dst, cifar, camvid = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 
@@ -126,7 +133,7 @@ def copy(files, to: Path):
         shutil.copyfile(f, to / f.name)
 
 if cifar:
-    for split, k in (("test", 200), ("train", 100)):
+    for split, k in (("test", 200), ("train", int(os.environ.get("TRAIN_PER_CLASS", "100")))):
         classes = sorted(p for p in (src / "cifar10" / split).iterdir() if p.is_dir())
         assert len(classes) == 10, classes
         for c in classes:
@@ -142,10 +149,25 @@ EOF
 if [ $cifar = 1 ]; then tar -C "$T" --sort=name -cf - data/cifar10 | xz -9 -T2 > "$DEST/cifar10.tar.xz"; fi
 if [ $camvid = 1 ]; then tar -C "$T" --sort=name -cf - data/camvid | xz -9 -T2 > "$DEST/camvid.tar.xz"; fi
 M=$DEST/shared/models
-put() {  # put DIR FILE: ../shared/models/DIR/FILE as $M/DIR/FILE.xz (xz takes 8-10 % off the weights)
-  mkdir -p "$M/$1" && xz -9 -T2 -c "$SRC/models/$1/$2" > "$M/$1/$2.xz"
+rounded() {  # rounded FILE OUT DTYPE: the state_dict with its floating tensors as DTYPE (load_state_dict casts back)
+  $V -c "
+import sys, torch
+sd = torch.load(sys.argv[1], map_location='cpu', weights_only=True)
+dt = {'bf16': torch.bfloat16, 'fp16': torch.float16}[sys.argv[3]]
+torch.save({k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}, sys.argv[2])
+" "$1" "$2" "$3"
+}
+put() {  # put DIR FILE: ../shared/models/DIR/FILE as $M/DIR/FILE.xz (xz takes 8-10 % off the weights); FP16 where
+  # the model is named in HALF (its drops are then measured against the FP32 model built from the rounded weights)
+  mkdir -p "$M/$1"
+  if [[ " ${HALF:-} " == *" $CUR "* ]]; then
+    rounded "$SRC/models/$1/$2" "$T/$2" fp16 && xz -9 -T2 -c "$T/$2" > "$M/$1/$2.xz"
+  else
+    xz -9 -T2 -c "$SRC/models/$1/$2" > "$M/$1/$2.xz"
+  fi
 }
 for m in "$@"; do
+  CUR=$m
   case $m in
     resnet20|resnet44) put cifar10-resnet "$m.pt"; cp "$SRC/models/cifar10-resnet/cifar_resnet.py" $M/cifar10-resnet/ ;;
     efficientnet_b0_48|mobilenet_v3_large_64) put cifar10-dev "$m.pt" ;;
@@ -158,12 +180,7 @@ for m in "$@"; do
       case ${DEEPLAB_DTYPE:-bf16} in
         fp32) put camvid-deeplabv3 $f ;;
         bf16|fp16) mkdir -p $M/camvid-deeplabv3
-          $V -c "
-import sys, torch
-sd = torch.load(sys.argv[1], map_location='cpu', weights_only=True)
-dt = {'bf16': torch.bfloat16, 'fp16': torch.float16}[sys.argv[3]]
-torch.save({k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}, sys.argv[2])
-" "$SRC/models/camvid-deeplabv3/$f" "$T/$f" "${DEEPLAB_DTYPE:-bf16}"
+          rounded "$SRC/models/camvid-deeplabv3/$f" "$T/$f" "${DEEPLAB_DTYPE:-bf16}"
           xz -9 -T2 -c "$T/$f" > $M/camvid-deeplabv3/$f.xz ;;
         *) echo "DEEPLAB_DTYPE: bf16 (default), fp16 or fp32"; exit 2 ;;
       esac ;;
@@ -171,7 +188,7 @@ torch.save({k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()},
 done
 rm -rf "$T"
 chmod -R u+rwX,go+rX "$DEST"
-echo "staged for: $*$([[ " $* " == *" deeplabv3 "* ]] && echo " (deeplabv3's weights as ${DEEPLAB_DTYPE:-bf16})")"
+echo "staged for: $*$([[ " $* " == *" deeplabv3 "* ]] && echo " (deeplabv3's weights as ${DEEPLAB_DTYPE:-bf16})")$([ -n "${HALF:-}" ] && echo " (as FP16: $HALF)")"
 (cd "$DEST" && find . -type f -printf '  %10s  %p\n' | sort -k2)
 
 # ---- what a call would carry ----------------------------------------------------------------------------------------
