@@ -154,6 +154,8 @@ class NmsSpec(_Strict):
                                                               "this IoU or more is suppressed")
     max_detections: int = Field(100, gt=0, description="detections kept per image, highest scores first (COCO's AP reads "
                                                        "100)")
+    class_agnostic: bool = Field(False, description="one suppression over all classes instead of one per class (TensorRT "
+                                                    "EfficientNMS_TRT's class_agnostic)")
     agreement_score: float = Field(0.25, gt=0, lt=1, description="agreement with the reference counts its detections "
                                                                  "scoring at least this (a deployment's confidence "
                                                                  "threshold; Ultralytics' predict default)")
@@ -174,7 +176,8 @@ class ModelSpec(_Strict):
     output: Optional[Union[str, int]] = Field(None, description="key/index to take when the model returns a dict/tuple")
     preprocess: Preprocess
     decode: Optional[str] = Field(None, description="task detection: how the model's raw output becomes boxes: a built-in "
-                                                    "decoder (yolov8, yolov5, fastestdet; qdeploy.tasks.detection_decode) "
+                                                    "decoder (yolov8, yolov5, fastestdet, xyxy-scores; onnx-nms for an ONNX with "
+                                                    "NMS inside; qdeploy.tasks.detection_decode) "
                                                     "or file.py:function for any other head")
     nms: NmsSpec = Field(default_factory=NmsSpec, description="task detection: NMS and score thresholds")
 
@@ -190,6 +193,9 @@ class ModelSpec(_Strict):
             raise ValueError(f"model.decode applies to task detection only (model.task is {self.task})")
         if detection:
             check_decode_name(self.decode)
+            if self.decode == "onnx-nms" and source_format(self.source) != "onnx":
+                raise ValueError(f"model.decode onnx-nms reads the NMS node of an ONNX model; model.source {self.source!r} "
+                                 "is not a .onnx file")
             if self.preprocess.crop is not None:
                 raise ValueError("model.preprocess.crop would cut boxes off: a detector takes the whole image (input_size, "
                                  "letterbox: true or false)")

@@ -138,7 +138,7 @@ class Builder:
                             "NCHW input)", inputs=[str(Path(self.spec.source).expanduser())], path=onnx.path,
                             input_name=onnx.input_name, output_name=onnx.output_name, opset=onnx.opset,
                             info={"verify": onnx.verify}, cache_hit=onnx.cached)
-        onnx = use_onnx_file(self.spec.source, self.cache_dir)
+        onnx = use_onnx_file(self.spec.source, self.cache_dir, decode=self.spec.decode)
         return Artifact(ArtifactKind.ONNX_FP32, onnx.fingerprint or sha256_file(onnx.path), "user's ONNX file",
                         inputs=[str(Path(self.spec.source).expanduser())],
                         path=onnx.path, input_name=onnx.input_name, output_name=onnx.output_name, opset=onnx.opset)

@@ -132,8 +132,14 @@ def reproduction(variant: Variant, builder, name_of: Callable) -> tuple[list, di
            "tensorrt": installed or "not installed: one command line per supported major version"}
     spec = getattr(builder, "spec", None)
     if getattr(spec, "decode", None):  # a detector: where its NMS runs
-        nms = spec.nms
-        out["postprocess"] = (f"the engine ends at the raw head output; decoding ({spec.decode}) and class-wise NMS "
+        nms, cut = spec.nms, ""
+        if spec.decode == "onnx-nms":  # the model's own NMS node was cut off; its settings are what runs on the host
+            from qdeploy.tasks.detection import graph_nms_settings
+
+            nms = graph_nms_settings(spec)[1]
+            cut = " (the model's own NMS node is not in this engine: qdeploy cut the graph before it)"
+        out["postprocess"] = (f"the engine ends at the raw head output{cut}; decoding ({spec.decode}) and "
+                              f"{'class-agnostic' if nms.class_agnostic else 'class-wise'} NMS "
                               f"(IoU {nms.iou_threshold:g}, score >= {nms.score_threshold:g}, {nms.max_detections} per "
                               "image) run after it on the host, as qdeploy evaluated them: no NMS plugin in the engine "
                               "(TensorRT's EfficientNMS_TRT would move NMS into it; not added, so the accuracy measured "

@@ -181,8 +181,12 @@ def external_data_files(proto: "onnx.ModelProto", folder: Path) -> list[Path]:
     return [folder / n for n in sorted(names)]
 
 
-def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact:
+def use_onnx_file(source: str, cache_dir: Optional[Path] = None, decode: Optional[str] = None) -> OnnxArtifact:
     """Accept a user-supplied ONNX model: check it loads and has one input.
+
+    ``decode`` is a detector's ``model.decode`` (None for other tasks): with ``onnx-nms`` the graph's NMS node is cut
+    off into a cached copy (:mod:`qdeploy.export.onnx_nms`); a detector whose graph holds NMS under another decoder is
+    refused with a message (its outputs are final detections, not a head a decoder reads).
 
     The user's file is only read. A model with external data (``model.onnx`` + ``model.onnx.data``, what
     ``torch.onnx.export`` writes above 2 GB and many hubs ship) is copied into the cache, self-contained where it fits
@@ -207,6 +211,23 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None) -> OnnxArtifact
     if not proto.graph.output:
         raise ModelError(f"ONNX model {path} has no outputs")
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if decode is not None:
+        from qdeploy.export.onnx_nms import find_graph_nms
+
+        graph_nms = find_graph_nms(proto, f"ONNX model {path}")
+        if graph_nms is None and decode == "onnx-nms":
+            raise ModelError(f"model.decode is onnx-nms but ONNX model {path} has no NMS node (NonMaxSuppression or "
+                             "EfficientNMS_TRT): name the decoder of its raw head (model.decode: yolov8, yolov5, "
+                             "xyxy-scores, fastestdet or file.py:function)")
+        if graph_nms is not None and decode != "onnx-nms":
+            raise ModelError(f"ONNX model {path} ends in {graph_nms.describe()}: its outputs are final detections, not a "
+                             f"head for model.decode {decode}; set model.decode: onnx-nms (qdeploy then works on the "
+                             "network up to that node and applies the same NMS itself)")
+        if graph_nms is not None:
+            cut = _nms_cut(path, graph_nms, cache_dir)
+            if opset < QDQ_MIN_OPSET:
+                return _opset_upgraded(cut.path, inputs[0], cut.output_name, opset, cache_dir)
+            return cut
     data = external_data_files(proto, path.parent)
     outside = [d for d in data if not d.is_relative_to(path.parent) or ".." in d.relative_to(path.parent).parts]
     if outside:  # ONNX reads external data only from the model's folder (and below); copies of it must keep that layout
@@ -294,6 +315,45 @@ def _opset_upgraded(path: Path, input_name: str, output_name: str, opset: int, c
         log(f"model: {path.name} is opset {opset}: working from a copy converted to opset {QDQ_MIN_OPSET} by "
             "onnx.version_converter (outputs checked equal in ONNX Runtime)")
     return OnnxArtifact(copy, input_name, output_name, QDQ_MIN_OPSET, "user", fingerprint=fingerprint)
+
+
+def _nms_cut(path: Path, graph_nms, cache_dir: Optional[Path]) -> OnnxArtifact:
+    """The user's detector without its NMS node (:func:`qdeploy.export.onnx_nms.cut_at_nms`) in the cache, the user's
+    file untouched; checked by onnx's checker and loaded by ONNX Runtime, whose output must be (N, A, 4 + C)."""
+    from qdeploy.export.onnx_nms import HEAD_OUTPUT, cut_at_nms
+
+    fingerprint = hashlib.sha256(path.read_bytes() + b"nms-cut 1").hexdigest()
+    folder = Path(cache_dir or default_cache_dir()) / "sources" / f"{_safe_name(path.stem)}-{fingerprint[:16]}"
+    copy = folder / f"{_safe_name(path.stem)}-without-nms.onnx"
+    proto = None
+    if not copy.is_file():
+        if external_data_files(onnx.load(str(path), load_external_data=False), path.parent):
+            raise ModelError(f"ONNX model {path} keeps its weights in external data files and ends in "
+                             f"{graph_nms.describe()}: save it self-contained (onnx.save_model(..., "
+                             "save_as_external_data=False)) for qdeploy to cut its NMS off")
+        proto = cut_at_nms(onnx.load(str(path)), graph_nms)
+        try:
+            onnx.checker.check_model(proto)
+            sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise ModelError(f"ONNX model {path}: the graph up to its {graph_nms.describe()} is not a valid model "
+                             f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})") from None
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in sess.get_inputs()[0].shape]
+        y = sess.run(None, {sess.get_inputs()[0].name: np.zeros(shape, np.float32)})[0]
+        if y.ndim != 3 or y.shape[2] < 5:
+            raise ModelError(f"ONNX model {path}: the inputs of its {graph_nms.describe()} join to shape {y.shape}, not "
+                             "(N, boxes, 4 + classes)")
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(copy) as tmp:
+            onnx.save_model(proto, str(tmp))
+        log(f"model: {path.name} ends in {graph_nms.describe()}: working from a copy without it (output "
+            f"{HEAD_OUTPUT} {tuple(y.shape)}: its boxes, then its {y.shape[2] - 4} class scores); the same NMS runs "
+            "after every variant")
+    saved = onnx.load(str(copy), load_external_data=False)
+    opset = next((o.version for o in saved.opset_import if o.domain in ("", "ai.onnx")), 0)
+    initializers = {t.name for t in saved.graph.initializer}
+    inputs = [i.name for i in saved.graph.input if i.name not in initializers]
+    return OnnxArtifact(copy, inputs[0], HEAD_OUTPUT, opset, "user", fingerprint=fingerprint)
 
 
 def verify_onnx(model: nn.Module, artifact: OnnxArtifact, inputs: np.ndarray, spec: VerifySpec) -> dict:

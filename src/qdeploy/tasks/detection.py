@@ -17,6 +17,7 @@ How detection fits the stages without a branch of their own:
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -107,7 +108,7 @@ class DetectionEvaluation:
             raise ValueError(f"detection labels must be (N, 1 + boxes, {LABEL_COLUMNS}) tables; got {labels.shape}")
         nms = self.task.nms
         dets = postprocess(self.task.decoder, outputs, self.task.input_hw, nms.score_threshold, nms.iou_threshold,
-                           nms.max_detections, len(self.class_names))
+                           nms.max_detections, len(self.class_names), nms.class_agnostic)
         pred = np.zeros((len(dets), nms.max_detections, 6), np.float32)
         pred[:, :, 5] = -1
         for i, ((boxes, scores, classes), table) in enumerate(zip(dets, labels)):
@@ -152,6 +153,31 @@ def metrics_of_detections(tables: np.ndarray, predictions: np.ndarray, class_nam
     return m
 
 
+def graph_nms_settings(model) -> tuple:
+    """(decoder, NMS settings) of an ONNX detector with NMS inside (``model.decode: onnx-nms``): the node's box coding,
+    and its IoU / score thresholds, per-image maximum and class-agnosticism wherever ``model.nms`` does not set them
+    (a setting the config names wins, and is stated beside the node's)."""
+    import onnx
+
+    from qdeploy.export.onnx_nms import find_graph_nms
+    from qdeploy.tasks.detection_decode import graph_nms_decoder
+
+    path = Path(model.source).expanduser()
+    g = find_graph_nms(onnx.load(str(path), load_external_data=False), f"ONNX model {path}")
+    if g is None:
+        from qdeploy.errors import ModelError
+
+        raise ModelError(f"model.decode is onnx-nms but ONNX model {path} has no NMS node (NonMaxSuppression or "
+                         "EfficientNMS_TRT): name the decoder of its raw head (model.decode: yolov8, yolov5, xyxy-scores, "
+                         "fastestdet or file.py:function)")
+    from_graph = {"iou_threshold": g.iou_threshold, "score_threshold": g.score_threshold,
+                  "class_agnostic": g.class_agnostic}
+    if g.max_detections:
+        from_graph["max_detections"] = g.max_detections
+    update = {k: v for k, v in from_graph.items() if k not in model.nms.model_fields_set}
+    return graph_nms_decoder(g.box_coding), model.nms.model_copy(update=update)
+
+
 class Detection(Task):
     name = "detection"
     metric, metric_label = "map", "mAP@0.5:0.95"
@@ -182,6 +208,8 @@ class Detection(Task):
         """This task with a model's decoding settings (``model.decode``, ``model.nms``, its input size)."""
         from qdeploy.tasks.detection_decode import load_decoder
 
+        if model.decode == "onnx-nms":
+            return Detection(*graph_nms_settings(model), tuple(model.preprocess.input_size))
         return Detection(load_decoder(model.decode, base), model.nms, tuple(model.preprocess.input_size))
 
     def _bound(self) -> None:

@@ -18,6 +18,10 @@ The built-in heads (their output layouts, as their authors' export code writes t
 * ``xyxy-scores`` — boxes already decoded by the network, (N, A, 4 + C): ``xmin ymin xmax ymax`` in input pixels then
   C per-class scores (torchvision's SSD/RetinaNet/FCOS heads with their box coder and anchors in the graph and
   their NMS left out, as bench/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
+* ``onnx-nms`` — an ONNX detector with its NMS inside (ONNX NonMaxSuppression or TensorRT's EfficientNMS_TRT): the
+  graph is cut at that node (:mod:`qdeploy.export.onnx_nms`), its boxes and per-class scores become the output, and the
+  node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic or not. Every
+  (box, class) pair is a candidate, as in those operators (a box can be kept for two classes).
 * ``fastestdet`` — dog-qiuqiu/FastestDet's single-scale anchor-free head: (N, 5 + C, H, W) per grid cell: objectness
   (sigmoid applied), box-centre offsets (tanh, added to the cell index, over the grid size), width and height
   (sigmoid, a fraction of the image), C class probabilities (softmax applied); score = obj^0.6 × max(class)^0.4 (its
@@ -142,6 +146,28 @@ def decode_xyxy_scores(output: np.ndarray, input_hw: tuple[int, int]) -> list:
     return out
 
 
+def graph_nms_decoder(box_coding: str) -> Decoder:
+    """The decoder of a detector cut at its NMS node: (N, A, 4 + C), boxes in ``box_coding`` ("xyxy" or "cxcywh",
+    input pixels), then C class scores; every (box, class) pair scoring above 0 is a candidate (NonMaxSuppression and
+    EfficientNMS suppress per class over every box, not over each box's best class)."""
+    def decode_graph_nms(output: np.ndarray, input_hw: tuple[int, int]) -> list:
+        _check_rank(output, 3, "onnx-nms", "(N, boxes, 4 + classes)")
+        out = []
+        for o in output.astype(np.float32):
+            boxes = o[:, :4] if box_coding == "xyxy" else _xywh_to_xyxy(o[:, :4])
+            anchor, cls = np.nonzero(o[:, 4:] > 0)
+            out.append((boxes[anchor], o[anchor, 4 + cls], cls))
+        return out
+
+    decode_graph_nms.__name__ = f"onnx-nms ({box_coding})"
+    return decode_graph_nms
+
+
+@register_decoder("onnx-nms")
+def decode_onnx_nms_unbound(output: np.ndarray, input_hw: tuple[int, int]) -> list:
+    raise RuntimeError("model.decode onnx-nms decodes once bound to its ONNX model (Detection.bind reads the NMS node)")
+
+
 @register_decoder("fastestdet")
 def decode_fastestdet(output: np.ndarray, input_hw: tuple[int, int]) -> list:
     _check_rank(output, 4, "fastestdet", "(N, 5 + classes, H, W)")
@@ -165,9 +191,10 @@ def decode_fastestdet(output: np.ndarray, input_hw: tuple[int, int]) -> list:
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, score_threshold: float, iou_threshold: float,
-        max_detections: int) -> Detections:
+        max_detections: int, class_agnostic: bool = False) -> Detections:
     """Class-wise NMS (torchvision.ops.batched_nms) of one image's candidates above ``score_threshold``, the
-    ``max_detections`` best kept; boxes with no area or non-finite coordinates are dropped first."""
+    ``max_detections`` best kept; boxes with no area or non-finite coordinates are dropped first. ``class_agnostic``:
+    one suppression over all classes (EfficientNMS_TRT's class_agnostic)."""
     import torch
     from torchvision.ops import batched_nms
 
@@ -182,13 +209,13 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, score_thresh
         boxes, scores, classes = boxes[top], scores[top], classes[top]
     if not len(scores):
         return np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
-    idx = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores), torch.from_numpy(classes),
-                      iou_threshold).numpy()[:max_detections]
+    groups = torch.zeros(len(classes), dtype=torch.int64) if class_agnostic else torch.from_numpy(classes)
+    idx = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores), groups, iou_threshold).numpy()[:max_detections]
     return boxes[idx], scores[idx], classes[idx]
 
 
 def postprocess(decoder: Decoder, output: np.ndarray, input_hw: tuple[int, int], score_threshold: float,
-                iou_threshold: float, max_detections: int, num_classes: int) -> list:
+                iou_threshold: float, max_detections: int, num_classes: int, class_agnostic: bool = False) -> list:
     """``decoder`` then :func:`nms` per image (unless the decoder is marked ``FINAL``: its detections are kept as they
     are, cut to ``max_detections``); class ids are checked against ``num_classes``."""
     per_image = decoder(output, tuple(input_hw))
@@ -201,7 +228,7 @@ def postprocess(decoder: Decoder, output: np.ndarray, input_hw: tuple[int, int],
             dets = (np.asarray(boxes, np.float32).reshape(-1, 4)[order], np.asarray(scores, np.float32)[order],
                     np.asarray(classes).astype(np.int64)[order])
         else:
-            dets = nms(boxes, scores, classes, score_threshold, iou_threshold, max_detections)
+            dets = nms(boxes, scores, classes, score_threshold, iou_threshold, max_detections, class_agnostic)
         bad = dets[2][(dets[2] < 0) | (dets[2] >= num_classes)]
         if len(bad):
             raise ValueError(f"the decoder gives class {int(bad[0])}, outside the {num_classes} classes of data.eval.classes")
@@ -243,4 +270,4 @@ def matched(reference: Sequence[np.ndarray], other: Sequence[np.ndarray], iou: f
 
 
 __all__ = ["DECODERS", "Detections", "box_iou", "check_decode_name", "decode_fastestdet", "decode_yolov5",
-           "decode_xyxy_scores", "decode_yolov8", "load_decoder", "matched", "nms", "postprocess", "register_decoder"]
+           "decode_xyxy_scores", "decode_yolov8", "graph_nms_decoder", "load_decoder", "matched", "nms", "postprocess", "register_decoder"]
