@@ -92,6 +92,27 @@ def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
     assert _int8_slower_than_fp32(fp32, fast, measured=True) is None
 
 
+def test_a_faster_int8_outside_the_budget_by_its_drop_gets_a_fallback_although_a_slower_one_is_within():
+    """issue 36 (the AMX Xeon): OpenVINO INT8 3.51 ms outside by its drop bound, BF16 4.07 ms within: the fallback is
+    tried from the OpenVINO INT8; not from one rejected by the agreement floor, nor where nothing outside is faster, nor
+    where rank keys are INT8 shares (no latency)."""
+    from qdeploy.optimize.decide import fallback_for_speed
+
+    bf16 = _cand("openvino-bf16", within_budget=True, rank_key=4.07, margin=0.07)
+    slow = _cand("int8-percentile", within_budget=True, rank_key=8.07, margin=0.04)
+    ov = _cand("openvino-int8-percentile", within_budget=False, rank_key=3.51, margin=-0.09, rejected_by="max_drop")
+    nncf = _cand("openvino-int8-nncf", within_budget=False, rank_key=2.70, margin=-0.18, rejected_by="min_agreement")
+    assert fallback_for_speed([bf16, slow, ov, nncf], [slow, ov, nncf]).variant == "openvino-int8-percentile"
+    nncf.rejected_by = "max_drop"
+    assert fallback_for_speed([bf16, slow, ov, nncf], [slow, ov, nncf]).variant == "openvino-int8-nncf"  # the fastest
+    close = _cand("int8-close", within_budget=False, rank_key=4.00, margin=-0.1, rejected_by="max_drop")
+    assert fallback_for_speed([bf16, close], [close]) is None  # within the 3 % tie of the answer: nothing to win
+    assert fallback_for_speed([ov], [ov]) is None  # nothing within budget: the search's usual fallback, not this one
+    shares = [_cand("a", within_budget=True, rank_key=-0.95, margin=0.1),
+              _cand("b", within_budget=False, rank_key=-0.99, margin=-0.1, rejected_by="max_drop")]
+    assert fallback_for_speed(shares, shares[1:]) is None
+
+
 def test_one_budget_kind_and_min_agreement_as_its_floor():
     with pytest.raises(ValueError, match="give one of max_drop, relative"):
         BudgetSpec(max_drop=0.3, relative=0.01)

@@ -177,6 +177,23 @@ def latency_ties(chosen, candidates: list, tie: float = LATENCY_TIE) -> list:
             and abs(c.rank_key - chosen.rank_key) <= tie * chosen.rank_key]
 
 
+def fallback_for_speed(candidates: list, int8: list, tie: float = LATENCY_TIE):
+    """An INT8 candidate worth a per-layer fallback although another candidate is within budget: the fastest INT8
+    candidate outside the budget by its accuracy drop (``rejected_by`` max_drop: a fallback keeps the layers that cost
+    accuracy in float; an agreement collapse is not that), faster than every candidate within budget by more than
+    ``tie``. Why: on a CPU with several engines the fastest INT8 is often another engine's, a few tenths of a point
+    outside a budget its slower sibling meets (measured on the AMX Xeon, docs/benchmarks.md issue 36: ResNet-44 at
+    batch 32, OpenVINO INT8 3.51 ms with a drop bound of 0.39 > 0.30, while the answer was BF16 at 4.07 ms); the
+    fallback was tried only when no INT8 at all met the budget. None where latencies are not measured (rank keys are
+    INT8 shares, not times) or nothing faster is outside."""
+    best = fastest_within(candidates, tie)
+    if best is None or best.rank_key is None or best.rank_key <= 0:
+        return None
+    faster = [c for c in int8 if not c.within_budget and c.rejected_by == "max_drop" and c.rank_key is not None
+              and 0 < c.rank_key < best.rank_key * (1 - tie)]
+    return min(faster, key=lambda c: c.rank_key) if faster else None
+
+
 def best_effort(candidates: list):
     """When none is within budget: the one closest to it (largest margin), then the fastest."""
     scored = [c for c in candidates if c.margin is not None]

@@ -54,8 +54,8 @@ from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, Target,
                                          onnx_of, plan, rejudge, rescore, sibling_agreements, target_for)
-from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fastest_within, resolution_warning,
-                                     z_of)
+from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fallback_for_speed, fastest_within,
+                                     resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
 from qdeploy.optimize.torch_search import confirm_program, evaluate_torch
@@ -425,6 +425,17 @@ def _evaluate(s: _Search, planned: list[Candidate], n_search: int) -> None:
             s.stages["qat"] = {"variant": qc.variant, "within_budget": qc.within_budget, "budget": qc.budget}
         elif missed_by_fallback and o.qat == "off":
             s.note("QAT not allowed (optimize.qat: off): the search ends without training")
+    elif ok_ptq and o.fallback and s.target.measured and not s.timed_out and not slower:
+        # an INT8 within budget exists, but a faster one (often another engine's) misses it by its drop: its fallback
+        # may be the fastest answer within budget (decide.fallback_for_speed)
+        start = fallback_for_speed([c for c in s.candidates if c.ok],
+                                   [c for c in s.int8() if c.ok and isinstance(c, (PtqCandidate, EngineCandidate))])
+        if start is not None:
+            best = fastest_within([c for c in s.candidates if c.ok])
+            s.note(f"{start.variant} ({start.latency_p50_ms:.3f} ms) is faster than the fastest candidate within budget, "
+                   f"{best.variant} ({best.latency_p50_ms:.3f} ms), and outside the budget by its drop ({start.budget}): "
+                   "per-layer fallback from it")
+            s.stages["fallback"] = _fallback(s, start)
     if s.out_of_time():
         s.timed_out = True
 
