@@ -487,3 +487,84 @@ def test_qat_of_a_transformer_trains_its_linear_layers_and_keeps_attention_float
     on_disk = json.loads((tmp_path / "out" / "qat.json").read_text())
     assert on_disk["log"] and all(e["loss"] is not None for e in on_disk["log"])
     assert abs(on_disk["after_onnx"] - on_disk["after"]) <= 1 / 24 + 1e-9
+
+
+DETECTOR = '''
+import torch
+from torch import nn
+
+
+class TinyYolo(nn.Module):
+    """(N, 4 + 2, 16) like Ultralytics' export: 16 anchors of a 4x4 grid, cx cy w h in input pixels, 2 class scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4))
+        self.head = nn.Conv2d(16, 6, 1)
+        gy, gx = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+        self.register_buffer("grid", torch.stack([gx, gy]).reshape(1, 2, 16))
+
+    def forward(self, x):
+        h = self.head(self.body(x)).flatten(2)
+        return torch.cat([(self.grid + torch.sigmoid(h[:, :2])) * 8, torch.sigmoid(h[:, 2:4]) * 16,
+                          torch.sigmoid(h[:, 4:] * 4)], 1)
+
+
+def tiny():
+    torch.manual_seed(0)
+    return TinyYolo()
+'''
+
+
+def _detection_project(tmp_path):
+    from PIL import Image
+    import numpy as np
+
+    (tmp_path / "det.py").write_text(DETECTOR)
+    rng = np.random.default_rng(0)
+    for folder in ("voc", "train", "cal"):  # evaluation, QAT's labelled training set, calibration/distillation images
+        (tmp_path / folder).mkdir()
+        for i in range(12):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / folder / f"{i}.png")
+            if folder != "cal":
+                (tmp_path / folder / f"{i}.xml").write_text(
+                    f"<annotation><filename>{i}.png</filename><size><width>32</width><height>32</height><depth>3</depth>"
+                    "</size><object><name>a</name><bndbox><xmin>2</xmin><ymin>3</ymin><xmax>16</xmax><ymax>20</ymax>"
+                    "</bndbox></object></annotation>")
+    data = {"format": "voc", "root": str(tmp_path / "voc"), "classes": ["a", "b"], "batch_size": 4, "workers": 0}
+    return {"model": {"source": f"{tmp_path / 'det.py'}:tiny", "weights": "random", "task": "detection",
+                      "decode": "yolov8", "preprocess": {"input_size": [32, 32]}},
+            "data": {"eval": data, "calibration": {"root": str(tmp_path / "cal"), "labels": False, "batch_size": 4,
+                                                   "workers": 0}},
+            "variants": [{"engine": "onnxruntime", "precision": "fp32"},
+                         {"engine": "onnxruntime", "precision": "int8", "quantizer": "qat", "placement": "tensorrt",
+                          "method": "max"}],
+            "bench": {"enabled": False},
+            "qat": {"objective": "distill", "epochs": 2, "batch_size": 4, "lr": 1e-3, "method": "max"}}
+
+
+def test_a_detector_distils_on_its_head_outputs_and_refuses_supervised_qat(tmp_path):
+    """issue 37: QAT of a detector distils its raw head (each channel's squared error over the teacher's variance: box
+    pixels and scores weigh alike), not a softmax over boxes and classes; the loss falls; the variant is evaluated in
+    mAP. Supervised QAT of a detector is refused with the reason (its loss needs the head's box assignment)."""
+    from qdeploy.quantize.qat import output_mse
+
+    t = torch.tensor([[[10.0, 20.0], [0.5, 0.7]]])  # channel 0: pixels, channel 1: scores
+    assert output_mse(t, t) == 0
+    # a 10 % error costs the same in pixels as in scores
+    assert torch.isclose(output_mse(t * torch.tensor([[[1.1], [1.0]]]), t), output_mse(t * torch.tensor([[[1.0], [1.1]]]), t))
+    cfg = _detection_project(tmp_path)
+    r = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    qat = next(v for v in r["variants"] if v["precision"] == "int8")
+    assert qat["status"] == "ok", qat.get("reason")
+    log = qat["quantization"]["qat"]["log"]
+    assert len(log) == 2 and log[-1]["loss"] < log[0]["loss"]
+    assert 0.0 <= qat["metrics"]["map"] <= 1.0
+    cfg["qat"]["objective"] = "supervised"
+    cfg["data"]["train"] = {**cfg["data"]["eval"], "root": str(tmp_path / "train")}
+    from qdeploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="objective: distill"):  # before any work: preflight
+        api.run(cfg, tmp_path / "out2", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "out2" / "results.json").exists()

@@ -707,6 +707,10 @@ class RunConfig(_Strict):
     def qat_training_data(self) -> DatasetSpec:
         """The images QAT trains on: ``qat.data``, else data.train (supervised / both), else data.calibration (distill)."""
         q = self.qat_settings()
+        if q.objective in ("supervised", "both") and not get_task(self.model.task).supervised_qat:
+            raise ConfigError(f"qat.objective {q.objective} trains on {self.model.task} labels, which needs the model's own "
+                              f"training loss; qdeploy distils a {self.model.task} model from its FP32 outputs: set "
+                              "qat.objective: distill")
         if q.objective in ("supervised", "both"):
             spec = q.data or self.data.train
             if spec is None:

@@ -56,6 +56,12 @@ class Task:
 
     # the model's raw output needs model.decode (detection's head decoder); config checks it
     needs_decoder: bool = False
+    # QAT's distillation loss between the FP32 teacher's and the quantized student's raw outputs (quantize/qat.py):
+    # "softmax-kl" (class scores on axis 1: per image or per pixel) or "output-mse" (a regression-and-scores head, each
+    # output channel's squared error over the teacher's variance); and whether QAT can train on the task's labels
+    # (detection cannot: its training loss needs the head's box assignment, which qdeploy does not know)
+    distillation: str = "softmax-kl"
+    supervised_qat: bool = True
     # a task whose raw outputs are decoded checks one batch of them itself in preflight: check_output(outputs, labels,
     # class_names) -> facts for the results (raising ValueError with the reason); None: preflight's shape checks of
     # per-image and per-pixel class scores

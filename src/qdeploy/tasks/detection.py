@@ -188,6 +188,11 @@ class Detection(Task):
     dataset_format = "voc"
     dataset_formats = ("voc", "coco", "yolo")
     needs_decoder = True
+    # a detector's raw head mixes box regressions and class scores on axis 1: no softmax over it. Distillation on the
+    # head output with a squared error, as NVIDIA's yolov7_qat supervises its QAT by the MSE between the FP32 and the
+    # quantized model's outputs; supervised QAT would need the detector's own loss (anchor/box assignment)
+    distillation = "output-mse"
+    supervised_qat = False
     program_output = "logits"  # the raw head output, decoded here
     # mAP is a statistic of the whole split (ranked detections of every image), no per-image binomial error: a paired
     # bootstrap over images (detection_metrics.map_change) tests a change; budgets read the point estimate (as mIoU's)
