@@ -270,3 +270,37 @@ def test_efficientnet_lite0_every_conv_int8(tmp_path):
     assert report.verdict == "clean", sorted({f.rule for f in report.findings})
     result = check_qdq_export(qm, path, _imagenet(root, 32, seed=1))
     assert result["passed_by"] == "min cosine" and result["min_cosine"] > 0.99, result
+
+
+class _C2f(nn.Module):
+    """Ultralytics YOLOv8's C2f as its code writes it: ``list(self.cv1(x).chunk(2, 1))``, then appended to."""
+
+    def __init__(self, c=8, split=None):
+        super().__init__()
+        self.split = split
+        self.cv1 = nn.Sequential(nn.Conv2d(4, 2 * c, 1), nn.BatchNorm2d(2 * c), nn.SiLU())
+        self.m = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1) for _ in range(2))
+        self.cv2 = nn.Conv2d(4 * c, 4, 1)
+
+    def forward(self, x):
+        h = self.cv1(x)
+        y = list(h.chunk(2, 1) if self.split is None else h.split(self.split, 1))
+        for m in self.m:
+            y.append(y[-1] + m(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+def test_a_chunk_or_split_of_known_count_is_iterated_in_the_trace():
+    """issue 37: YOLOv8's C2f (``list(x.chunk(2, 1))``) stopped torch.fx ("Proxy object cannot be iterated"), so ModelOpt
+    (TensorRT placement, QAT) fell back or failed on YOLO models; a chunk or a split by a list of sizes now traces into
+    getitem nodes with the same outputs. A split by one size (its count depends on the input's shape) still cannot."""
+    from qdeploy.quantize.modelopt_torch import NotTraceable
+
+    x = torch.randn(2, 4, 8, 8)
+    for split in (None, [8, 8]):
+        model = _C2f(split=split).eval()
+        gm, adds = prepare_for_quantization(model)
+        assert adds == 2
+        torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotTraceable, match="torch.fx cannot trace"):
+        prepare_for_quantization(_C2f(split=8).eval())

@@ -95,6 +95,37 @@ _LEAF_CLASSES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTra
     c for c in vars(nn.modules.pooling).values() if isinstance(c, type) and issubclass(c, nn.Module) and c is not nn.Module)
 
 
+def _static_pieces(node: fx.Node) -> Optional[int]:
+    """How many tensors a chunk/split node returns when its arguments say it (chunk's count; split by a list of sizes);
+    None otherwise (split by one size: the count depends on the input's shape)."""
+    method = node.op == "call_method" and node.target in ("chunk", "split", "tensor_split")
+    function = node.op == "call_function" and node.target in (torch.chunk, torch.split, torch.tensor_split)
+    if not (method or function) or len(node.args) < 2:
+        return None
+    what = node.args[1]
+    if node.target in ("chunk", torch.chunk) and isinstance(what, int):
+        return what
+    if isinstance(what, (list, tuple)) and all(isinstance(v, int) for v in what):
+        return len(what) + (1 if node.target in ("tensor_split", torch.tensor_split) else 0)
+    return None
+
+
+class _PiecesProxy(fx.Proxy):
+    """A Proxy that can be iterated when it stands for a chunk/split of a known count: ``list(x.chunk(2, 1))`` (the
+    C2f block of Ultralytics' YOLOv8 and of its re-implementations) traces into getitem nodes instead of torch.fx's
+    "Proxy object cannot be iterated"."""
+
+    def __iter__(self):
+        n = _static_pieces(self.node)
+        if n is None:
+            return super().__iter__()
+        return iter([self[i] for i in range(n)])
+
+    def __len__(self):  # list(proxy) asks for the length first
+        n = _static_pieces(self.node)
+        return n if n is not None else super().__len__()
+
+
 class _LeafTracer(fx.Tracer):
     """torch.fx's tracer, plus: every Conv/ConvTranspose/Linear/BatchNorm/pooling module is a leaf, subclasses included.
 
@@ -109,6 +140,9 @@ class _LeafTracer(fx.Tracer):
         # the trace must see to make a residual Add a ResidualAdd with quantizers
         onnx_op = type(m).__module__.startswith("onnx2torch.") and type(m).__name__ != "OnnxBinaryMathOperation"
         return isinstance(m, _LEAF_CLASSES) or onnx_op or super().is_leaf_module(m, module_qualified_name)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _PiecesProxy(node, self)
 
 
 def _probe_input(conv: nn.Module) -> Optional[torch.Tensor]:
