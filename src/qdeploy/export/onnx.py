@@ -325,7 +325,6 @@ def _nms_cut(path: Path, graph_nms, cache_dir: Optional[Path]) -> OnnxArtifact:
     fingerprint = hashlib.sha256(path.read_bytes() + b"nms-cut 1").hexdigest()
     folder = Path(cache_dir or default_cache_dir()) / "sources" / f"{_safe_name(path.stem)}-{fingerprint[:16]}"
     copy = folder / f"{_safe_name(path.stem)}-without-nms.onnx"
-    proto = None
     if not copy.is_file():
         if external_data_files(onnx.load(str(path), load_external_data=False), path.parent):
             raise ModelError(f"ONNX model {path} keeps its weights in external data files and ends in "
