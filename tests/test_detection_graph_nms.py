@@ -26,7 +26,7 @@ from qdeploy.cli import main
 from qdeploy.config import ModelSpec
 from qdeploy.errors import ModelError
 from qdeploy.export.onnx import use_onnx_file
-from qdeploy.export.onnx_nms import HEAD_OUTPUT, cut_at_nms, find_graph_nms
+from qdeploy.tasks.detection_nms_graph import HEAD_OUTPUT, cut_at_nms, find_graph_nms
 from qdeploy.tasks.detection import graph_nms_settings
 from qdeploy.tasks.detection_decode import postprocess
 

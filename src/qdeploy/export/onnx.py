@@ -185,8 +185,8 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None, decode: Optiona
     """Accept a user-supplied ONNX model: check it loads and has one input.
 
     ``decode`` is a detector's ``model.decode`` (None for other tasks): with ``onnx-nms`` the graph's NMS node is cut
-    off into a cached copy (:mod:`qdeploy.export.onnx_nms`); a detector whose graph holds NMS under another decoder is
-    refused with a message (its outputs are final detections, not a head a decoder reads).
+    off into a cached copy (:mod:`qdeploy.tasks.detection_nms_graph`); a detector whose graph holds NMS under another
+    decoder is refused with a message (its outputs are final detections, not a head a decoder reads).
 
     The user's file is only read. A model with external data (``model.onnx`` + ``model.onnx.data``, what
     ``torch.onnx.export`` writes above 2 GB and many hubs ship) is copied into the cache, self-contained where it fits
@@ -212,7 +212,7 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None, decode: Optiona
         raise ModelError(f"ONNX model {path} has no outputs")
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     if decode is not None:
-        from qdeploy.export.onnx_nms import find_graph_nms
+        from qdeploy.tasks.detection_nms_graph import find_graph_nms
 
         graph_nms = find_graph_nms(proto, f"ONNX model {path}")
         if graph_nms is None and decode == "onnx-nms":
@@ -318,9 +318,10 @@ def _opset_upgraded(path: Path, input_name: str, output_name: str, opset: int, c
 
 
 def _nms_cut(path: Path, graph_nms, cache_dir: Optional[Path]) -> OnnxArtifact:
-    """The user's detector without its NMS node (:func:`qdeploy.export.onnx_nms.cut_at_nms`) in the cache, the user's
-    file untouched; checked by onnx's checker and loaded by ONNX Runtime, whose output must be (N, A, 4 + C)."""
-    from qdeploy.export.onnx_nms import HEAD_OUTPUT, cut_at_nms
+    """The user's detector without its NMS node (:func:`qdeploy.tasks.detection_nms_graph.cut_at_nms`) in the cache,
+    the user's file untouched; checked by onnx's checker and loaded by ONNX Runtime, whose output must be (N, A, 4 + C).
+    """
+    from qdeploy.tasks.detection_nms_graph import HEAD_OUTPUT, cut_at_nms
 
     fingerprint = hashlib.sha256(path.read_bytes() + b"nms-cut 1").hexdigest()
     folder = Path(cache_dir or default_cache_dir()) / "sources" / f"{_safe_name(path.stem)}-{fingerprint[:16]}"

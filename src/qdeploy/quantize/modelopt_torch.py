@@ -111,17 +111,11 @@ def _static_pieces(node: fx.Node) -> Optional[int]:
 
 
 class _PiecesProxy(fx.Proxy):
-    """A Proxy that can be iterated when it stands for a chunk/split of a known count: ``list(x.chunk(2, 1))`` (the
-    C2f block of Ultralytics' YOLOv8 and of its re-implementations) traces into getitem nodes instead of torch.fx's
-    "Proxy object cannot be iterated"."""
+    """A Proxy with a length when it stands for a chunk/split of a known count: ``list(x.chunk(2, 1))`` (the C2f block
+    of Ultralytics' YOLOv8 and of its re-implementations) asks for it before iterating (:meth:`_LeafTracer.iter`).
+    ``__iter__`` stays torch.fx's own: it reads the caller's bytecode (``a, b = x.chunk(2)`` unpacks without us)."""
 
-    def __iter__(self):
-        n = _static_pieces(self.node)
-        if n is None:
-            return super().__iter__()
-        return iter([self[i] for i in range(n)])
-
-    def __len__(self):  # list(proxy) asks for the length first
+    def __len__(self):
         n = _static_pieces(self.node)
         return n if n is not None else super().__len__()
 
@@ -143,6 +137,14 @@ class _LeafTracer(fx.Tracer):
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _PiecesProxy(node, self)
+
+    def iter(self, obj: fx.Proxy):
+        """Where torch.fx cannot iterate a Proxy (not a tuple unpacking): a chunk/split of known count iterates into
+        getitem nodes; anything else fails as before ("Proxy object cannot be iterated")."""
+        n = _static_pieces(obj.node)
+        if n is None:
+            return super().iter(obj)
+        return iter([obj[i] for i in range(n)])
 
 
 def _probe_input(conv: nn.Module) -> Optional[torch.Tensor]:

@@ -159,7 +159,7 @@ def graph_nms_settings(model) -> tuple:
     (a setting the config names wins, and is stated beside the node's)."""
     import onnx
 
-    from qdeploy.export.onnx_nms import find_graph_nms
+    from qdeploy.tasks.detection_nms_graph import find_graph_nms
     from qdeploy.tasks.detection_decode import graph_nms_decoder
 
     path = Path(model.source).expanduser()

@@ -19,8 +19,8 @@ The built-in heads (their output layouts, as their authors' export code writes t
   C per-class scores (torchvision's SSD/RetinaNet/FCOS heads with their box coder and anchors in the graph and
   their NMS left out, as bench/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
 * ``onnx-nms`` — an ONNX detector with its NMS inside (ONNX NonMaxSuppression or TensorRT's EfficientNMS_TRT): the
-  graph is cut at that node (:mod:`qdeploy.export.onnx_nms`), its boxes and per-class scores become the output, and the
-  node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic or not. Every
+  graph is cut at that node (:mod:`qdeploy.tasks.detection_nms_graph`), its boxes and per-class scores become the
+  output, and the node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic or not. Every
   (box, class) pair is a candidate, as in those operators (a box can be kept for two classes).
 * ``fastestdet`` — dog-qiuqiu/FastestDet's single-scale anchor-free head: (N, 5 + C, H, W) per grid cell: objectness
   (sigmoid applied), box-centre offsets (tanh, added to the cell index, over the grid size), width and height
