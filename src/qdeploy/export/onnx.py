@@ -212,13 +212,11 @@ def use_onnx_file(source: str, cache_dir: Optional[Path] = None, decode: Optiona
         raise ModelError(f"ONNX model {path} has no outputs")
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     if decode is not None:
-        from qdeploy.tasks.detection_nms_graph import find_graph_nms
+        from qdeploy.tasks.detection_nms_graph import graph_nms_of, no_nms_node
 
-        graph_nms = find_graph_nms(proto, f"ONNX model {path}")
+        graph_nms = graph_nms_of(path)
         if graph_nms is None and decode == "onnx-nms":
-            raise ModelError(f"model.decode is onnx-nms but ONNX model {path} has no NMS node (NonMaxSuppression or "
-                             "EfficientNMS_TRT): name the decoder of its raw head (model.decode: yolov8, yolov5, "
-                             "xyxy-scores, fastestdet or file.py:function)")
+            raise no_nms_node(path)
         if graph_nms is not None and decode != "onnx-nms":
             raise ModelError(f"ONNX model {path} ends in {graph_nms.describe()}: its outputs are final detections, not a "
                              f"head for model.decode {decode}; set model.decode: onnx-nms (qdeploy then works on the "

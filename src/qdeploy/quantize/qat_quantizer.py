@@ -117,9 +117,6 @@ def finetune(inputs: QuantizeInputs, int8: Int8Config, setup: QatSetup, calibrat
         log(f"qat: training {fingerprint[:12]} already finished in {work} ({len(done['log'])} epochs); reusing it")
         _finish_ranges(student, q, info)
         return student.eval(), info, done["log"], work
-    if q.objective != "distill" and not get_task(setup.task).supervised_qat:
-        raise QatError(f"qat.objective {q.objective} trains on {setup.task} labels, which needs the model's own training "
-                       f"loss; qdeploy distils a {setup.task} model from its FP32 outputs: set qat.objective: distill")
     data = setup.training()
     teacher = make_teacher()
     probe_x = torch.from_numpy(normalize(data.images[:2], inputs.preprocess)).to(device)

@@ -157,19 +157,13 @@ def graph_nms_settings(model) -> tuple:
     """(decoder, NMS settings) of an ONNX detector with NMS inside (``model.decode: onnx-nms``): the node's box coding,
     and its IoU / score thresholds, per-image maximum and class-agnosticism wherever ``model.nms`` does not set them
     (a setting the config names wins, and is stated beside the node's)."""
-    import onnx
-
-    from qdeploy.tasks.detection_nms_graph import find_graph_nms
     from qdeploy.tasks.detection_decode import graph_nms_decoder
+    from qdeploy.tasks.detection_nms_graph import graph_nms_of, no_nms_node
 
     path = Path(model.source).expanduser()
-    g = find_graph_nms(onnx.load(str(path), load_external_data=False), f"ONNX model {path}")
+    g = graph_nms_of(path)
     if g is None:
-        from qdeploy.errors import ModelError
-
-        raise ModelError(f"model.decode is onnx-nms but ONNX model {path} has no NMS node (NonMaxSuppression or "
-                         "EfficientNMS_TRT): name the decoder of its raw head (model.decode: yolov8, yolov5, xyxy-scores, "
-                         "fastestdet or file.py:function)")
+        raise no_nms_node(path)
     from_graph = {"iou_threshold": g.iou_threshold, "score_threshold": g.score_threshold,
                   "class_agnostic": g.class_agnostic}
     if g.max_detections:

@@ -20,8 +20,8 @@ The built-in heads (their output layouts, as their authors' export code writes t
   their NMS left out, as bench/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
 * ``onnx-nms`` — an ONNX detector with its NMS inside (ONNX NonMaxSuppression or TensorRT's EfficientNMS_TRT): the
   graph is cut at that node (:mod:`qdeploy.tasks.detection_nms_graph`), its boxes and per-class scores become the
-  output, and the node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic or not. Every
-  (box, class) pair is a candidate, as in those operators (a box can be kept for two classes).
+  output, and the node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic
+  or not. Every (box, class) pair is a candidate, as in those operators (a box can be kept for two classes).
 * ``fastestdet`` — dog-qiuqiu/FastestDet's single-scale anchor-free head: (N, 5 + C, H, W) per grid cell: objectness
   (sigmoid applied), box-centre offsets (tanh, added to the cell index, over the grid size), width and height
   (sigmoid, a fraction of the image), C class probabilities (softmax applied); score = obj^0.6 × max(class)^0.4 (its
@@ -270,4 +270,5 @@ def matched(reference: Sequence[np.ndarray], other: Sequence[np.ndarray], iou: f
 
 
 __all__ = ["DECODERS", "Detections", "box_iou", "check_decode_name", "decode_fastestdet", "decode_yolov5",
-           "decode_xyxy_scores", "decode_yolov8", "graph_nms_decoder", "load_decoder", "matched", "nms", "postprocess", "register_decoder"]
+           "decode_xyxy_scores", "decode_yolov8", "graph_nms_decoder", "load_decoder", "matched", "nms", "postprocess",
+           "register_decoder"]

@@ -25,6 +25,8 @@ guessed that the node does not say; what it cannot say is stated:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -186,3 +188,22 @@ def cut_at_nms(proto: onnx.ModelProto, g: GraphNms) -> onnx.ModelProto:
     graph.value_info.extend(vis)
     # the TensorRT plugin's domain/opset import may stay: harmless without its node
     return m
+
+
+@lru_cache(maxsize=16)
+def _graph_nms_of_file(path: str, mtime_ns: int, size: int) -> Optional[GraphNms]:
+    return find_graph_nms(onnx.load(path, load_external_data=False), f"ONNX model {path}")
+
+
+def graph_nms_of(path: Path) -> Optional[GraphNms]:
+    """:func:`find_graph_nms` of an ONNX file, read once per version of the file (the source loader and every
+    ``Detection.bind`` ask it)."""
+    st = Path(path).stat()
+    return _graph_nms_of_file(str(path), st.st_mtime_ns, st.st_size)
+
+
+def no_nms_node(path: Path) -> ModelError:
+    """``model.decode: onnx-nms`` on an ONNX without an NMS node."""
+    return ModelError(f"model.decode is onnx-nms but ONNX model {path} has no NMS node (NonMaxSuppression or "
+                      "EfficientNMS_TRT): name the decoder of its raw head (model.decode: yolov8, yolov5, xyxy-scores, "
+                      "fastestdet or file.py:function)")
