@@ -109,7 +109,7 @@ def fmt(v, d=3):
 def merge(parts: list[Path], json_out: Optional[Path]) -> None:
     """One file from the JSONs of several runs on one machine (the device machine's calls each carry a few models):
     every part must name the same machine (CPU, flags, versions); each keeps its command; a (model, batch, threads)
-    row of a later part replaces an earlier one's."""
+    row of a later part replaces an earlier one's. A part may itself be a merged file (its commands are kept)."""
     docs = [json.loads(p.read_text()) for p in parts]
     machines = {d["machine"] for d in docs}
     if len(machines) != 1:
@@ -130,8 +130,10 @@ def merge(parts: list[Path], json_out: Optional[Path]) -> None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"machine": docs[0]["machine"], "cpu_flags": docs[0]["cpu_flags"],
                                         "environment": docs[0]["environment"],
-                                        "commands": [d["command"] for d in docs],
-                                        "merged_by": "python bench/cpu_goals.py --merge " + " ".join(map(str, parts)),
+                                        "commands": [c for d in docs for c in d.get("commands", [d.get("command")])],
+                                        "merged_by": [m for d in docs for m in ([d["merged_by"]] if isinstance(
+                                            d.get("merged_by"), str) else d.get("merged_by", []))]
+                                        + ["python bench/cpu_goals.py --merge " + " ".join(map(str, parts))],
                                         "rows": merged}, indent=1))
 
 

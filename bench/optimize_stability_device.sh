@@ -3,11 +3,28 @@
 # HF ViT (bench/train_heldout.py, bench/heldout/hf_vit.pt) on 1,000 CIFAR-10 test images (.devopt/cifar-test, 100 per
 # class, copied from ../shared; git-ignored) RUNS times with the same settings; writes $OUT/stability.json.
 #   run(command="RUNS=2 LIMIT=180 bash bench/optimize_stability_device.sh", carry=[".devzoo", ".devopt"])
+#   run(command="RUNS=3 DEVGR=.devgr bash bench/optimize_stability_device.sh", carry=[".devgr"])   (stage_gpu_reference.sh's
+#   staging: pydantic's wheels and the whole test set, of which 100 a class are written to .devopt/cifar-test)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/stab-out}; mkdir -p "$OUT"
 RUNS=${RUNS:-2} LIMIT=${LIMIT:-180} MODEL=${MODEL:-hf_vit}
-[ -f /tmp/zsite/.unpacked ] || { rm -rf /tmp/zsite && tar -C /tmp -xJf .devzoo/site.tar.xz && touch /tmp/zsite/.unpacked; } || exit 3
+if [ -n "${DEVGR:-}" ]; then  # staged by bench/stage_gpu_reference.sh instead: its wheels, 100 a class of its CIFAR-10 test set
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/zsite "$DEVGR"/wheels/*.whl || exit 3
+  DEVGR=$DEVGR python3 - <<'PY' || exit 3
+import os, numpy as np
+d = np.load(os.environ["DEVGR"] + "/cifar-test.npz"); buf = d["data"].tobytes(); off = d["off"]; seen = {}
+for i, (y, n) in enumerate(zip(d["y"], d["names"])):
+    if seen.setdefault(int(y), 0) >= 100:
+        continue
+    seen[int(y)] += 1
+    p = os.path.join(".devopt/cifar-test", str(d["classes"][y])); os.makedirs(p, exist_ok=True)
+    open(os.path.join(p, str(n)), "wb").write(buf[off[i]:off[i + 1]])
+print(".devopt/cifar-test:", sum(seen.values()), "images")
+PY
+else
+  [ -f /tmp/zsite/.unpacked ] || { rm -rf /tmp/zsite && tar -C /tmp -xJf .devzoo/site.tar.xz && touch /tmp/zsite/.unpacked; } || exit 3
+fi
 export PYTHONPATH=/tmp/zsite:$PWD/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 COLUMNS=160
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep 'Model name'
 cat > bench/configs/_device_stability.yaml <<YAML

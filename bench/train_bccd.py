@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None, help="start from these weights (a second cycle after a run that "
+                                                             "a device call's time cut short)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     rng = np.random.default_rng(a.seed)
@@ -176,13 +178,26 @@ def main() -> None:
     test_x, _, _, test_orig, _ = load_split(a.data, "test")
     print(f"train {len(train_x)} images, test {len(test_x)}; skipped boxes: {skipped}; data {time.time() - t0:.1f} s",
           flush=True)
-    model = (bccd_models.bccd_yolo() if a.model == "yolo" else bccd_models.bccd_ssdlite()).to(a.device)
+    model = bccd_models.bccd_yolo() if a.model == "yolo" else bccd_models.bccd_ssdlite()
+    if a.init:
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                               for k, v in torch.load(a.init, map_location="cpu").items()})
+    model = model.to(a.device)
     loss_fn = yolo_loss if a.model == "yolo" else ssdlite_loss
     lr = a.lr or (2e-3 if a.model == "yolo" else 3e-3)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=5e-4)
     steps_per_epoch = math.ceil(len(train_x) / a.batch)
     total = a.epochs * steps_per_epoch
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.05)
+    # One cycle (5 % warm-up, cosine down) over whichever ends first, the planned steps or --time-limit: a run cut by
+    # the time limit still ends at a low learning rate instead of stopping mid-schedule.
+    progress = lambda: max(step / total, (time.time() - t_train) / a.time_limit)  # noqa: E731
+
+    def set_lr() -> float:
+        p = min(1.0, progress())
+        f = p / 0.05 if p < 0.05 else 0.5 * (1 + math.cos(math.pi * (p - 0.05) / 0.95))
+        for g in opt.param_groups:
+            g["lr"] = lr * max(f, 1e-3)
+        return lr * max(f, 1e-3)
     mean, std = NORM[a.model]
     xs = torch.from_numpy(train_x).to(a.device)
     bs = [torch.from_numpy(b).to(a.device) for b in train_b]
@@ -195,6 +210,7 @@ def main() -> None:
         running = 0.0
         for k in range(steps_per_epoch):
             idx = order[k * a.batch:(k + 1) * a.batch]
+            cur_lr = set_lr()
             x, b = augment(xs[idx].float().div(255), [bs[i] for i in idx], rng)
             x = (x - mean) / std
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
@@ -203,15 +219,14 @@ def main() -> None:
             loss.float().backward()
             nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             opt.step()
-            if step < total - 1:
-                sched.step()
             step += 1
             running += float(loss.detach())
         if epoch % 10 == 0 or epoch == a.epochs - 1:
-            print(f"epoch {epoch + 1}/{a.epochs} loss {running / steps_per_epoch:.4f} lr {sched.get_last_lr()[0]:.2e} "
+            print(f"epoch {epoch + 1}/{a.epochs} loss {running / steps_per_epoch:.4f} lr {cur_lr:.2e} "
                   f"{time.time() - t_train:.0f} s", flush=True)
-        if time.time() - t_train > a.time_limit:
-            print(f"time limit: stopped after epoch {epoch + 1}", flush=True)
+        if progress() >= 1.0:
+            if step < total:
+                print(f"time limit: the schedule ended after epoch {epoch + 1}", flush=True)
             break
     train_s = time.time() - t_train
     state = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
@@ -219,7 +234,7 @@ def main() -> None:
     torch.save(state, a.out)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     result = evaluate(model, a.model, test_x, test_orig, a.device)
-    record = {"model": a.model, "epochs_run": epoch + 1, "epochs_planned": a.epochs, "batch": a.batch, "lr": lr,
+    record = {"model": a.model, "init": a.init.name if a.init else None, "epochs_run": epoch + 1, "epochs_planned": a.epochs, "batch": a.batch, "lr": lr,
               "train_s": round(train_s, 1), "device": torch.cuda.get_device_name() if amp else "cpu",
               "torch": torch.__version__, "weights": str(a.out.name), "weights_dtype": "float16 (loaded as FP32)",
               "skipped_boxes": skipped, "test_split": result, "input": f"{SIZE}x{SIZE} letterbox",
