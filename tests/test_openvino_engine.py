@@ -450,3 +450,45 @@ def test_target_cpu_plans_a_bf16_candidate_exactly_where_the_cpu_runs_bf16_and_s
     assert "'INFERENCE_PRECISION_HINT': 'f32'" in deploy_line("int8.onnx", "int8", threads=4)
     assert "'INFERENCE_NUM_THREADS': 4" in deploy_line("int8.onnx", "int8", threads=4)
     assert EngineCandidate.planned_float(TARGETS["cpu"], "onnxruntime", "fp32").deploy("model.onnx") is None
+
+
+def test_an_int8_models_float_layers_run_in_bf16_only_where_asked_and_where_the_cpu_runs_bf16(tmp_path, monkeypatch):
+    """Issue 36: OpenVINO INT8 with its float layers (here the Gemm after the pooled Q/DQ conv) in BF16, as the CPU
+    plugin runs an INT8 model by default on an AMX/AVX512-BF16 CPU: an option of INT8 variants only, planned by
+    optimize beside the f32-hinted NNCF candidate, refused on a CPU without native BF16 with its capability list."""
+    import qdeploy.engines.openvino_engine as ove
+    from qdeploy.optimize.candidates import TARGETS, EngineCandidate
+
+    with pytest.raises(ConfigError, match="float_precision: only for precision int8"):
+        resolve_variant(VariantSpec(engine="openvino", precision="bf16", float_precision="bf16"), 0)
+    with pytest.raises(ConfigError, match="float_precision"):
+        resolve_variant(VariantSpec(engine="openvino", precision="int8", float_precision="fp16"), 0)
+    spec = VariantSpec(engine="openvino", precision="int8", placement="openvino", quantizer="nncf", float_precision="bf16")
+    assert resolve_variant(spec, 0).label.endswith("-float-bf16")
+    cand = EngineCandidate.planned_own_placement(TARGETS["cpu"], "openvino", float_precision="bf16")
+    assert cand.variant == "openvino-int8-mean-minmax-nncf-bf16" and "float layers in BF16" in cand.describe()
+    assert "'INFERENCE_PRECISION_HINT': 'bf16'" in cand.deploy("int8.onnx")
+    assert resolve_variant(VariantSpec.model_validate(cand.spec), 0).options.float_precision == "bf16"
+    assert "float_precision" not in EngineCandidate.planned_own_placement(TARGETS["cpu"], "openvino").spec
+
+    path = _int8_activations_qdq(tmp_path / "q.onnx")
+    x = np.random.default_rng(3).normal(0, 1, (5, 3, 8, 8)).astype(np.float32)
+    bf16_spec = VariantSpec(engine="openvino", precision="int8", threads=1, float_precision="bf16")
+    caps = cpu_capabilities()
+    monkeypatch.setattr(ove, "cpu_capabilities", lambda: [c for c in caps if c != "BF16"])
+    with pytest.raises(VariantUnavailable, match="float_precision bf16: .*OPTIMIZATION_CAPABILITIES"):
+        OpenVinoEngine.check(resolve_variant(bf16_spec, 0), has_torch=False)
+    monkeypatch.undo()
+    if "BF16" not in caps:
+        pytest.skip(f"this CPU does not run BF16 natively (OpenVINO capabilities {', '.join(caps)}): refusal checked")
+    f32 = _engine(VariantSpec(engine="openvino", precision="int8", threads=1), path, ArtifactKind.ONNX_INT8)
+    bf16 = _engine(bf16_spec, path, ArtifactKind.ONNX_INT8)
+    try:
+        y, ref = bf16.infer(x), f32.infer(x)
+        assert bf16.describe()["precision_hint"] == "bf16" and f32.describe()["precision_hint"] == "f32"
+        assert bf16.describe()["compute_layer_precisions"]["Convolution"] == {"u8": 1}  # the conv stays INT8
+        err = np.abs(y - ref).max() / np.abs(ref).max()
+        assert 0 < err < 0.05, err  # the float Gemm computed in bfloat16: close, not equal
+    finally:
+        bf16.close()
+        f32.close()

@@ -88,6 +88,11 @@ class Engine(ABC):
         """Raise VariantUnavailable when ``variant`` cannot run here (no GPU, no provider, no PyTorch model)."""
 
     @classmethod
+    def check_options(cls, spec, options: BaseModel, where: str) -> None:
+        """Raise ConfigError when an option does not fit the variant's other keys (an option only some precisions
+        take); checked when the config is read, on any machine."""
+
+    @classmethod
     @abstractmethod
     def artifact(cls, variant: Variant) -> ArtifactRequest: ...
 
@@ -215,6 +220,7 @@ def resolve_variant(spec: VariantSpec, index: int) -> Variant:
         raise ConfigError(f"{where}.precision: engine '{engine.name}' runs {', '.join(engine.precisions)}, not {spec.precision}")
     if spec.device != "auto" and spec.device not in engine.devices:
         raise ConfigError(f"{where}.device: engine '{engine.name}' runs on {', '.join(engine.devices)}, not {spec.device}")
+    engine.check_options(spec, options, where)
     if spec.int8 is not None and spec.int8.quantizer != "auto":
         get_quantizer(spec.int8.quantizer)  # unknown names fail now, naming the known ones
     return Variant(spec, variant_label(spec, engine, options), engine, options, index)

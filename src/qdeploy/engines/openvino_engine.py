@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.engines.base import Engine, Variant, register_engine
-from qdeploy.errors import VariantUnavailable
+from qdeploy.errors import ConfigError, VariantUnavailable
 
 try:
     import openvino as ov
@@ -53,6 +53,12 @@ class OpenVinoOptions(BaseModel):
         description="OpenVINO's PERFORMANCE_HINT: latency = one stream using the cores for one request; throughput = "
                     "the cores split into several streams for parallel requests (qdeploy's benchmark runs one request "
                     "at a time, so it measures one stream's latency)")
+    float_precision: Literal["f32", "bf16"] = Field(
+        "f32", json_schema_extra={"label": "float"},
+        description="precision int8 only: the inference-precision hint for the layers an INT8 model leaves float "
+                    "(attention, Softmax, LayerNorm, GELU, the prediction head, the first conv). f32: exact float "
+                    "layers. bf16: BF16 there, as the CPU plugin does by default on CPUs with AMX-BF16 or "
+                    "AVX512-BF16 (OPTIMIZATION_CAPABILITIES lists BF16); refused on a CPU without")
 
 
 @lru_cache(maxsize=1)
@@ -81,10 +87,25 @@ def precision_problem(precision: str) -> Optional[str]:
             f"and this CPU's are {', '.join(caps)} (a {_PRECISION_HINT[precision]} precision hint would run FP32)")
 
 
-def deploy_line(artifact: str, precision: str, threads: Optional[int] = None) -> str:
+def hint_of(precision: str, float_precision: str = "f32") -> str:
+    """The INFERENCE_PRECISION_HINT a variant compiles with: its precision's, or for INT8 the float layers' choice."""
+    return float_precision if precision == "int8" else _PRECISION_HINT[precision]
+
+
+def float_precision_problem(variant) -> Optional[str]:
+    """Why an INT8 variant's ``float_precision: bf16`` cannot run here (None: it can, or it is f32)."""
+    options = getattr(variant, "options", None)
+    if variant.precision != "int8" or getattr(options, "float_precision", "f32") == "f32":
+        return None
+    problem = precision_problem("bf16")
+    return f"float_precision bf16: {problem}" if problem else None
+
+
+def deploy_line(artifact: str, precision: str, threads: Optional[int] = None, float_precision: str = "f32") -> str:
     """How a user runs ``artifact`` as this variant did: the compile call with the variant's precision hint (fp32 and
-    int8 say f32 explicitly: the plugin's default is bf16 on BF16-capable CPUs) and its thread count."""
-    config = {"INFERENCE_PRECISION_HINT": _PRECISION_HINT[precision], "PERFORMANCE_HINT": "LATENCY"}
+    int8 say f32 explicitly: the plugin's default is bf16 on BF16-capable CPUs; an INT8 variant with float_precision
+    bf16 says bf16) and its thread count."""
+    config = {"INFERENCE_PRECISION_HINT": hint_of(precision, float_precision), "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     return f"openvino.Core().compile_model({artifact!r}, 'CPU', {config!r})"
@@ -388,7 +409,7 @@ class OpenVinoEngine(Engine):
 
     @classmethod
     def check(cls, variant: Variant, has_torch: bool) -> None:
-        problem = precision_problem(variant.precision)
+        problem = precision_problem(variant.precision) or float_precision_problem(variant)
         if problem:
             raise VariantUnavailable(problem)
         if variant.int8 is not None and variant.int8.placement == "tensorrt":
@@ -401,25 +422,33 @@ class OpenVinoEngine(Engine):
                                      "(NNCF's) with engine openvino")
 
     @classmethod
+    def check_options(cls, spec, options: OpenVinoOptions, where: str) -> None:
+        if options.float_precision != "f32" and spec.precision != "int8":
+            raise ConfigError(f"{where}.float_precision: only for precision int8 (the precision hint of the layers an "
+                              f"INT8 model leaves float); a {spec.precision} variant's hint is its precision")
+
+    @classmethod
     def artifact(cls, variant: Variant) -> ArtifactRequest:
         return ArtifactRequest(_ARTIFACTS[variant.precision], variant.int8)
 
     @classmethod
     def note(cls, variant: Variant) -> Optional[str]:
+        bf16 = (", float layers in BF16 (bf16 precision hint)"
+                if variant.int8 is not None and variant.options.float_precision == "bf16" else "")
         if variant.int8 is not None and variant.int8.placement == "openvino":
-            return "NNCF's Q/DQ placement (OpenVINO's own) run by OpenVINO's CPU plugin"
+            return "NNCF's Q/DQ placement (OpenVINO's own) run by OpenVINO's CPU plugin" + bf16
         if variant.int8 is not None:
-            return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)"
+            return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)" + bf16
         if variant.precision in _NATIVE:
             return f"FP32 ONNX compiled with OpenVINO's {_PRECISION_HINT[variant.precision]} inference-precision hint"
         return None
 
     def load(self) -> None:
         v = self.variant
-        problem = precision_problem(v.precision)
+        problem = precision_problem(v.precision) or float_precision_problem(v)
         if problem:
             raise VariantUnavailable(problem)
-        self.precision_hint = _PRECISION_HINT[v.precision]
+        self.precision_hint = hint_of(v.precision, self.options.float_precision)
         config = {"INFERENCE_PRECISION_HINT": self.precision_hint,
                   "PERFORMANCE_HINT": _PERFORMANCE_HINT[self.options.performance_hint]}
         if v.threads:

@@ -367,9 +367,16 @@ class EngineCandidate(Candidate):
         return cls({**target.engine_spec(engine), **int8, "name": f"{engine}-{of.variant}"})
 
     @classmethod
-    def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax") -> "EngineCandidate":
-        return cls({**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine,
-                    "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"})
+    def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax",
+                              float_precision: str = "f32") -> "EngineCandidate":
+        """``float_precision`` bf16: the layers the INT8 model leaves float run in BF16 (OpenVINO's float_precision
+        option), as OpenVINO's CPU plugin runs an INT8 model by default on a CPU with native BF16."""
+        spec = {**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine,
+                "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"
+                + ("-bf16" if float_precision == "bf16" else "")}
+        if float_precision != "f32":
+            spec["float_precision"] = float_precision
+        return cls(spec)
 
     def deploy(self, artifact: str) -> Optional[str]:
         """The engine call that runs ``artifact`` as this candidate was measured (a BF16 candidate's artifact is the FP32
@@ -378,14 +385,15 @@ class EngineCandidate(Candidate):
             return None
         from qdeploy.engines.openvino_engine import deploy_line
 
-        return deploy_line(artifact, self.precision, self.spec.get("threads"))
+        return deploy_line(artifact, self.precision, self.spec.get("threads"), self.spec.get("float_precision", "f32"))
 
     def describe(self) -> str:
         name = {"openvino": "OpenVINO"}.get(self.engine, self.engine)
         if self.precision != "int8":
             return f"{name} {self.precision.upper()}"
+        bf16 = ", float layers in BF16" if self.spec.get("float_precision") == "bf16" else ""
         if self.spec.get("placement") == self.engine:
-            return f"{name} INT8, {self.method} ranges, its own placement (NNCF)"
+            return f"{name} INT8, {self.method} ranges, its own placement (NNCF){bf16}"
         return (f"{name} INT8 on the ONNX Runtime-placement Q/DQ ONNX ({self.method} ranges"
                 + (", conv outputs quantized" if self.spec.get("quantized_conv_outputs") else "") + ")")
 
