@@ -53,8 +53,7 @@ from qdeploy.evaluate.metrics import agreement
 from qdeploy.facts.onnxruntime import cuda_ep_problem
 from qdeploy.facts.tensorrt import tensorrt_version
 from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, Target,
-                                         engine_floats,
-                                         onnx_of, plan, rejudge, rescore, sibling_agreements, target_for)
+                                         engine_floats, onnx_of, plan, rejudge, rescore, sibling_agreements, target_for)
 from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fallback_for_speed, fastest_within,
                                      resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
