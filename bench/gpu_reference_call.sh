@@ -9,14 +9,7 @@ DEVGR=${DEVGR:-.devgr}
 OUT=${OUT:-/tmp/gr-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DEVGR"/wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=200 HF_HUB_OFFLINE=1
-DEVGR=$DEVGR python3 - <<'PY' || exit 1
-import os, numpy as np
-d = np.load(os.environ["DEVGR"] + "/cifar-test.npz"); buf = d["data"].tobytes(); off = d["off"]
-for i, (y, n) in enumerate(zip(d["y"], d["names"])):
-    p = os.path.join("/tmp/dd/cifar-test", str(d["classes"][y])); os.makedirs(p, exist_ok=True)
-    open(os.path.join(p, str(n)), "wb").write(buf[off[i]:off[i + 1]])
-print("cifar-test:", len(d["y"]), "images")
-PY
+python3 bench/unpack_image_npz.py "$DEVGR"/cifar-test.npz /tmp/dd/cifar-test || exit 1
 cp "$DEVGR"/*.pt bench/heldout/*.pt /tmp/dd/ 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader; nproc; lscpu | grep 'Model name'
 python3 -c "import torch, timm, transformers; print('torch', torch.__version__, 'timm', timm.__version__, 'transformers', transformers.__version__)"

@@ -11,17 +11,7 @@ OUT=${OUT:-/tmp/stab-out}; mkdir -p "$OUT"
 RUNS=${RUNS:-2} LIMIT=${LIMIT:-180} MODEL=${MODEL:-hf_vit}
 if [ -n "${DEVGR:-}" ]; then  # staged by bench/stage_gpu_reference.sh instead: its wheels, 100 a class of its CIFAR-10 test set
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/zsite "$DEVGR"/wheels/*.whl || exit 3
-  DEVGR=$DEVGR python3 - <<'PY' || exit 3
-import os, numpy as np
-d = np.load(os.environ["DEVGR"] + "/cifar-test.npz"); buf = d["data"].tobytes(); off = d["off"]; seen = {}
-for i, (y, n) in enumerate(zip(d["y"], d["names"])):
-    if seen.setdefault(int(y), 0) >= 100:
-        continue
-    seen[int(y)] += 1
-    p = os.path.join(".devopt/cifar-test", str(d["classes"][y])); os.makedirs(p, exist_ok=True)
-    open(os.path.join(p, str(n)), "wb").write(buf[off[i]:off[i + 1]])
-print(".devopt/cifar-test:", sum(seen.values()), "images")
-PY
+  python3 bench/unpack_image_npz.py "$DEVGR"/cifar-test.npz .devopt/cifar-test --per-class 100 || exit 3
 else
   [ -f /tmp/zsite/.unpacked ] || { rm -rf /tmp/zsite && tar -C /tmp -xJf .devzoo/site.tar.xz && touch /tmp/zsite/.unpacked; } || exit 3
 fi

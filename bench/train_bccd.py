@@ -195,9 +195,10 @@ def main() -> None:
     def set_lr() -> float:
         p = min(1.0, progress())
         f = p / 0.05 if p < 0.05 else 0.5 * (1 + math.cos(math.pi * (p - 0.05) / 0.95))
+        value = lr * max(f, 1e-3)
         for g in opt.param_groups:
-            g["lr"] = lr * max(f, 1e-3)
-        return lr * max(f, 1e-3)
+            g["lr"] = value
+        return value
     mean, std = NORM[a.model]
     xs = torch.from_numpy(train_x).to(a.device)
     bs = [torch.from_numpy(b).to(a.device) for b in train_b]
@@ -234,7 +235,8 @@ def main() -> None:
     torch.save(state, a.out)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     result = evaluate(model, a.model, test_x, test_orig, a.device)
-    record = {"model": a.model, "init": a.init.name if a.init else None, "epochs_run": epoch + 1, "epochs_planned": a.epochs, "batch": a.batch, "lr": lr,
+    record = {"model": a.model, "init": a.init.name if a.init else None, "epochs_run": epoch + 1,
+              "epochs_planned": a.epochs, "batch": a.batch, "lr": lr,
               "train_s": round(train_s, 1), "device": torch.cuda.get_device_name() if amp else "cpu",
               "torch": torch.__version__, "weights": str(a.out.name), "weights_dtype": "float16 (loaded as FP32)",
               "skipped_boxes": skipped, "test_split": result, "input": f"{SIZE}x{SIZE} letterbox",

@@ -94,8 +94,7 @@ def hint_of(precision: str, float_precision: str = "f32") -> str:
 
 def float_precision_problem(variant) -> Optional[str]:
     """Why an INT8 variant's ``float_precision: bf16`` cannot run here (None: it can, or it is f32)."""
-    options = getattr(variant, "options", None)
-    if variant.precision != "int8" or getattr(options, "float_precision", "f32") == "f32":
+    if variant.precision != "int8" or variant.options.float_precision == "f32":
         return None
     problem = precision_problem("bf16")
     return f"float_precision bf16: {problem}" if problem else None
