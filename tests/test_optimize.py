@@ -379,6 +379,29 @@ def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
     assert any(d.startswith("fp32:") and d.endswith("[replayed from an earlier run]") for d in other["decisions"])
 
 
+@pytest.mark.slow
+def test_a_search_for_another_thread_count_or_batch_replays_the_scores_and_times_again(tmp_path):
+    """Issue 36: a deployment picks its thread count and batch size; what a candidate scores does not depend on
+    them, so a search for another one evaluates nothing again on the search split, it only times every candidate."""
+    cfg = lambda **o: _fragile_config(tmp_path, target="onnxruntime-cpu", fallback=False, **o)  # noqa: E731
+    first = api.optimize(cfg(threads=1), tmp_path / "a", cache_dir=tmp_path / "cache")
+    assert first["evaluations"]["timed_only"] == 0 and first["threads"] == 1
+    other = cfg(threads=2)
+    other["bench"]["batch_sizes"] = [2]
+    second = api.optimize(other, tmp_path / "b", cache_dir=tmp_path / "cache")
+    assert second["threads"] == 2 and second["evaluations"]["cached"] == 0  # nothing replayed whole: timing differs
+    assert second["evaluations"]["timed_only"] == 2 and second["evaluations"]["full"] <= 2  # FP32 and PTQ; the confirm split
+    assert second["evaluations"]["subset"] == 0
+    for c in second["candidates"]:
+        if c["status"] == "ok" and not c.get("subset_only"):
+            assert c["scores_replayed"] and c["latency_p50_ms"] > 0
+    a = {c["variant"]: c for c in first["candidates"]}
+    for c in second["candidates"]:
+        if c["status"] == "ok":
+            assert c["search_metric"] == a[c["variant"]]["search_metric"] and c["agreement"] == a[c["variant"]]["agreement"]
+    assert any("[scores replayed from a search timed at another batch size or thread count" in d for d in second["decisions"])
+
+
 def test_the_resume_store_replays_only_what_the_same_code_and_libraries_ran(tmp_path, monkeypatch):
     """Issue 35: a candidate that failed on a broken dependency was replayed as failed after the fix, and the store's
     key held qdeploy's version string (0.1.0 in every commit). The key now covers library versions, qdeploy's code

@@ -162,6 +162,7 @@ class Candidate:
     rejected_by: Optional[str] = None     # the rule that put it outside the budget: decide.Verdict.rule
     subset_agreement: Optional[float] = None
     replayed: bool = False
+    scores_replayed: bool = False  # accuracy from a search of the same model timed otherwise (batch, threads)
     predictions: Optional[np.ndarray] = field(default=None, repr=False)
 
     # ---- what it is
@@ -258,7 +259,7 @@ class Candidate:
                 **{k: getattr(self, k) for k in self._MEASURED},
                 "agreement": self.agreement, "se": self.se, "agreement_se": self.agreement_se,
                 "within_budget": self.within_budget, "margin": self.margin, "rejected_by": self.rejected_by,
-                "budget": self.budget, "replayed": self.replayed, **({"subset_agreement": self.subset_agreement}
+                "budget": self.budget, "replayed": self.replayed, "scores_replayed": self.scores_replayed, **({"subset_agreement": self.subset_agreement}
                                           if self.subset_agreement is not None else {}),
                 "description": self.describe()}
 

@@ -103,6 +103,11 @@ def resume_identity(measured: bool) -> dict:
     return ident
 
 
+def untimed_spec(spec: dict) -> dict:
+    """A candidate's spec without what only changes its timing (the CPU threads it runs with)."""
+    return {k: v for k, v in spec.items() if k != "threads"}
+
+
 class _Store:
     """Candidate results of one search (same model, data, split, settings, code, libraries and, for timed targets,
     machine: ``resume_identity``), kept on disk so a search interrupted by a crash, a Ctrl-C or the time limit resumes
@@ -160,7 +165,8 @@ class _Search:
     candidates: list = dataclasses.field(default_factory=list)
     decisions: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
-    evaluations: dict = dataclasses.field(default_factory=lambda: {"full": 0, "subset": 0, "sensitivity": 0, "cached": 0})
+    evaluations: dict = dataclasses.field(default_factory=lambda: {"full": 0, "subset": 0, "sensitivity": 0, "cached": 0,
+                                                                   "timed_only": 0})
     stages: dict = dataclasses.field(default_factory=lambda: {"ptq": None, "fallback": None, "qat": None})
     timed_out: bool = False
     reference: Optional[Candidate] = None
@@ -169,9 +175,15 @@ class _Search:
     fp32_onnx: Optional[Path] = None
     rank_batches: list = dataclasses.field(default_factory=list)  # ranked on the geometric mean of their p50s
     cache_root: Optional[Path] = None
+    untimed: Optional[_Store] = None  # accuracy-only results (scores, subset agreements), keyed without timing settings
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
     int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
+
+    @property
+    def scores(self) -> _Store:
+        """Where accuracy-only results go: the untimed store (shared by searches that differ in timing only)."""
+        return self.untimed or self.store
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
@@ -192,13 +204,23 @@ class _Search:
             self.evaluations["cached"] += 1
             cand.load(*cached)
         else:
-            r = run_variant(self.ctx, resolve_variant(VariantSpec.model_validate(cand.spec), len(self.candidates)))
-            self.evaluations["full"] += 1
+            scored = self.untimed.get(untimed_spec(cand.spec), "scores") if self.untimed and "bench" in self.ctx.stages else None
+            variant = resolve_variant(VariantSpec.model_validate(cand.spec), len(self.candidates))
+            if scored is None:
+                r = run_variant(self.ctx, variant)
+                self.evaluations["full"] += 1
+            else:  # scored under another batch size or thread count: timed only
+                r = run_variant(dataclasses.replace(self.ctx, stages={"bench"}), variant)
+                r.metrics, r.predictions = scored[0]["metrics"], scored[1]
+                self.evaluations["timed_only"] += 1
             cand.measure(r, self.key, self.batch_size, self.target.measured, time.perf_counter() - t0, self.macs,
                          self.fp32_onnx, self.rank_batches)
             if cand.reference and (not cand.ok or (cand.search_metric is None and not self.o.budget.agreement_only)):
                 raise ConfigError(f"the FP32 reference could not be evaluated on the search split: {cand.reason}")
             self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
+            if self.untimed and cand.ok and scored is None and r.metrics:
+                self.untimed.put(untimed_spec(cand.spec), "scores", {"metrics": r.metrics}, r.predictions)
+            cand.scores_replayed = scored is not None
         if cand.reference and self.reference is None:
             self.reference = cand
             if get_task(self.ctx.cfg.model.task).per_sample_standard_error and self.ctx.cfg.data.eval.labels:
@@ -207,7 +229,9 @@ class _Search:
         rescore(cand, self.reference, self.labels, self.o, self.z, sibling_agreements(cand, self.candidates))
         self.candidates.append(cand)
         self.note(f"{cand.variant}: {cand.budget}" + (f", p50 {cand.latency_p50_ms:.3f} ms" if cand.latency_p50_ms is not None else "")
-                  + (" [replayed from an earlier run]" if cand.replayed else ""))
+                  + (" [replayed from an earlier run]" if cand.replayed else "")
+                  + (" [scores replayed from a search timed at another batch size or thread count; timed here]"
+                     if cand.scores_replayed else ""))
         if cand.precision == "int8" and cand.ok:
             self.rescore_siblings(cand)
         return cand
@@ -317,14 +341,19 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
         # keyed by what decides a candidate's numbers (the model's bytes, data, split, timing settings), not by the
         # candidate list: a search resumed with other methods or fallback settings still replays the candidates it
         # shares, and a model file retrained in place (same path, new weights) is never answered with old numbers
-        store = _Store(cache_root / "optimize" / sha256_json({
-            "search": {k: v for k, v in search_cfg.items() if k != "variants"}, "model": _model_identity(ctx.builder),
+        identity = {
+            "search": {k: v for k, v in search_cfg.items() if k not in ("variants", "bench")},
+            "model": _model_identity(ctx.builder),
             "optimize": o.model_dump(mode="json", include={"target", "seed", "search_fraction", "subset_size",
                                                            "sensitivity_images"}),
-            "qdeploy": qdeploy.__version__, "tensorrt": trt, "environment": resume_identity(target.measured)})[:20])
+            "qdeploy": qdeploy.__version__, "tensorrt": trt, "environment": resume_identity(target.measured)}
+        store = _Store(cache_root / "optimize" / sha256_json({**identity, "bench": search_cfg["bench"]})[:20])
+        # what a candidate scores does not depend on how it is timed: a search for another deployment of the same
+        # model (batch size, threads) replays each candidate's accuracy and only times it again
+        untimed = _Store(cache_root / "optimize-accuracy" / sha256_json(identity)[:20])
         s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
                     rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [],
-                    cache_root=cache_root)
+                    cache_root=cache_root, untimed=untimed)
         s.note(f"target {o.target}: candidates {', '.join(c.variant for c in planned)} on engine {target.engine_name}; "
                f"search split {n_search} of {n} data.eval images (seed {o.seed}), the other {n - n_search} confirm")
         s.note(f"budget: {o.budget_text(task)}; a candidate below the agreement floor, or more than "
@@ -614,13 +643,13 @@ def _rank_methods(s: _Search, ptq: list[PtqCandidate]) -> None:
     sctx, ref_sub = s.subset_context(idx)
     scored = []
     for cand in ptq:
-        cached = s.store.get(cand.spec, "subset-methods")
+        cached = s.scores.get(untimed_spec(cand.spec), "subset-methods")
         if cached is None:
             r = run_variant(sctx, resolve_variant(VariantSpec.model_validate(cand.spec), 0))
             s.evaluations["subset"] += 1
             score = agreement(r.predictions, ref_sub) if r.status == "ok" else None
             result = {"agreement": score, "status": r.status, "reason": r.reason, "failed_stage": r.failed_stage}
-            s.store.put(cand.spec, "subset-methods", result, None)
+            s.scores.put(untimed_spec(cand.spec), "subset-methods", result, None)
         else:
             s.evaluations["cached"] += 1
             result = cached[0]
@@ -685,7 +714,7 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
 
     def subset_score(layers: list[str]) -> float:
         spec = FallbackCandidate.planned(start, layers).spec
-        cached = s.store.get(spec, "subset-fallback")
+        cached = s.scores.get(untimed_spec(spec), "subset-fallback")
         if cached is not None:
             s.evaluations["cached"] += 1
             return cached[0]["agreement"]
@@ -694,7 +723,7 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
         if r.status != "ok":
             raise QDeployError(f"fallback: {spec['name']} failed on the subset: {r.reason}")
         score = agreement(r.predictions, ref_sub)
-        s.store.put(spec, "subset-fallback", {"agreement": score}, None)
+        s.scores.put(untimed_spec(spec), "subset-fallback", {"agreement": score}, None)
         return score
 
     trials: list[Candidate] = []
