@@ -21,12 +21,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the ISA features that decide which CPU kernels INT8 and BF16 get (VNNI: INT8 dot products; AMX: INT8/BF16 tiles;
+# AVX512-BF16: BF16 dot products), printed next to every CPU figure
+CPU_FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
 def cpu_flags() -> list[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-                return [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+                return [f for f in CPU_FLAGS_SHOWN if f in flags]
     except OSError:
         pass
     return []
