@@ -33,6 +33,7 @@ import functools
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+from rich.markup import escape
 
 import qdeploy
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
@@ -57,9 +59,9 @@ from qdeploy.optimize.candidates import (Candidate, EngineCandidate, FallbackCan
 from qdeploy.optimize.decide import (LATENCY_TIE, best_effort, budget_check, choose, fallback_for_speed, fastest_within,
                                      resolution_warning, z_of)
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
-from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity
+from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity, with_float_activations
 from qdeploy.optimize.torch_search import confirm_program, evaluate_torch
-from qdeploy.pipeline import as_config, copy_artifacts, open_run, run_variant
+from qdeploy.pipeline import as_config, build_variant, copy_artifacts, open_run, run_variant
 from qdeploy.preflight import check_qat_data
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.report.verdict import SIBLING_GAP, SIBLINGS_NEEDED, int8_failure_warning, near_chance_warning
@@ -187,7 +189,8 @@ class _Search:
 
     def note(self, line: str, warning: bool = False) -> None:
         self.decisions.append(line)
-        (warn if warning else log)(f"optimize: {line}" if not warning else line)
+        # a decision is plain text: its brackets ("[replayed ...]", layer names) are not console markup
+        (warn if warning else log)(f"optimize: {escape(line)}" if not warning else line)
 
     def time_left(self) -> Optional[float]:
         return None if self.o.time_limit is None else self.o.time_limit - (time.perf_counter() - self.t_start)
@@ -712,18 +715,41 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
             ranked[k] = [{**d, "name": mapping.get(d["name"], d["name"])} for d in report]
         return ranked[k]
 
+    # NNCF re-collects its statistics for every ignored scope (tens of seconds a build on a transformer): its layers are
+    # ranked on its own model with the layer's activation Q/DQ bypassed (sensitivity.with_float_activations); the
+    # trials that follow are NNCF builds. Every other quantizer rebuilds from cached ranges in about a second.
+    proxy_ranking = start.quantizer == "nncf"
+
+    def subset_record(layers: list[str]):
+        """run_variant's record on the subset: the real build, or (proxy_ranking) the build without the last layer
+        with that layer reading float activations. _ranking always scores the current float set plus one layer."""
+        if not (proxy_ranking and layers):
+            return run_variant(sctx, build_of(FallbackCandidate.planned(start, layers).spec))
+        variant = build_of(FallbackCandidate.planned(start, layers[:-1]).spec)
+        record = build_variant(sctx, variant)
+        if record.ok:
+            art = onnx_of(record.artifact)
+            names = {a for a, f in (layer_names_map(fp32_onnx, art.path) or {}).items() if f == layers[-1]}
+            path = proxy_dir / f"{art.path.stem}-{sha256_json(layers)[:12]}.onnx"
+            if not names or not with_float_activations(art.path, names, path):
+                raise QDeployError(f"fallback: {layers[-1]} has no activation Q/DQ to bypass in {art.path.name}")
+            record.artifact = dataclasses.replace(art, path=path, fingerprint=f"{art.fingerprint}-{path.stem}",
+                                                  cache_hit=False, companions=[])
+        return run_variant(sctx, variant, record)
+
     def subset_score(layers: list[str]) -> float:
-        spec = FallbackCandidate.planned(start, layers).spec
-        cached = s.scores.get(untimed_spec(spec), "subset-fallback")
+        spec = untimed_spec(FallbackCandidate.planned(start, layers).spec)
+        kind = "subset-fallback-proxy" if proxy_ranking and layers else "subset-fallback"
+        cached = s.scores.get(spec, kind)
         if cached is not None:
             s.evaluations["cached"] += 1
             return cached[0]["agreement"]
-        r = run_variant(sctx, build_of(spec))
+        r = subset_record(layers)
         s.evaluations["subset"] += 1
         if r.status != "ok":
             raise QDeployError(f"fallback: {spec['name']} failed on the subset: {r.reason}")
         score = agreement(r.predictions, ref_sub)
-        s.scores.put(untimed_spec(spec), "subset-fallback", {"agreement": score}, None)
+        s.scores.put(spec, kind, {"agreement": score}, None)
         return score
 
     trials: list[Candidate] = []
@@ -735,11 +761,17 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
 
     hooks = FallbackHooks(sensitivity=sensitivity, subset_score=subset_score, full=full_eval, time_left=s.time_left,
                           log=s.note)
+    if proxy_ranking:
+        s.note(f"fallback: {start.variant} is an NNCF model, rebuilt by NNCF for every ignored scope: its layers are "
+               "ranked on it with each one's activation Q/DQ bypassed (no rebuild); each trial is an NNCF build")
+    proxy_dir = Path(tempfile.mkdtemp(prefix="qdeploy-fallback-"))
     try:
         res = run_fallback(start, hooks, refine_top=o.refine_top, max_float_fraction=o.max_float_fraction)
     except QDeployError as e:
         s.note(f"fallback stopped: {e}")
         return None
+    finally:
+        shutil.rmtree(proxy_dir, ignore_errors=True)
     total = sum(res.macs.values()) or 1
     for c in trials:  # the share of compute (MACs) each trial leaves in float
         c.float_macs_share = round(sum(res.macs.get(n, 0) for n in c.float_layers_fallback) / total, 4)

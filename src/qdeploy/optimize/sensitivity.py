@@ -103,6 +103,40 @@ def layer_names_map(fp32_onnx: Path, qdq_onnx: Path) -> Optional[dict[str, str]]
     return {b.name: a.name for a, b in zip(lf, lq)}
 
 
+def with_float_activations(qdq_onnx: Path, layers: set, out: Path) -> int:
+    """Write ``qdq_onnx`` with the named compute layers reading the float tensor in front of their activation
+    QuantizeLinear/DequantizeLinear pairs (other consumers of those pairs keep them); weights, and whatever the
+    quantizer did to them (rounding, bias correction, SmoothQuant's scales), stay as they are. Returns the inputs
+    rewired. The fallback ranks layers of an NNCF model on this: NNCF re-collects its statistics for every
+    ignored scope (nncf 3.4 caches statistics only for weight compression), tens of seconds per layer on a
+    transformer, where this graph edit takes milliseconds; the candidates it then measures are NNCF's own builds."""
+    g = OnnxGraph.load(qdq_onnx)
+    rewired, added = 0, []
+    for node in g.model.graph.node:
+        if node.name not in layers:
+            continue
+        for i, tensor in enumerate(node.input):  # a weight's DQ reads a constant, not a Q: left as it is
+            source, paired, clamps = _float_source(g, tensor)
+            if not paired:
+                continue
+            src = g.producer.get(source)
+            if clamps and (src is None or src.op_type != "Relu"):  # the Q did a deleted Relu's work: keep it
+                relu = helper.make_node("Relu", [source], [f"{source}{_SUFFIX}_relu_{node.name}"], name=f"{node.name}{_SUFFIX}_relu")
+                added.append((node.name, relu))
+                source = relu.output[0]
+            node.input[i] = source
+            rewired += 1
+    if added:  # each Relu just before its consumer: the node list stays in topological order
+        before = {}
+        for consumer, relu in added:
+            before.setdefault(consumer, []).append(relu)
+        nodes = [m for n in g.model.graph.node for m in [*before.get(n.name, []), n]]
+        del g.model.graph.node[:]
+        g.model.graph.node.extend(nodes)
+    onnx.save(g.model, str(out))
+    return rewired
+
+
 def _paired_through_onnx2torch(fp32: onnx.ModelProto, names_f: set, names_q: list) -> Optional[dict[str, str]]:
     """QAT of an ONNX or Keras source trains onnx2torch's module of the FP32 ONNX, whose modules are named after its
     nodes; the exported Q/DQ nodes carry those names as scopes (``/model/Conv__668/Conv``, a padded conv's layer one
