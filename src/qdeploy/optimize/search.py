@@ -718,7 +718,7 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
     # NNCF re-collects its statistics for every ignored scope (tens of seconds a build on a transformer): its layers are
     # ranked on its own model with the layer's activation Q/DQ bypassed (sensitivity.with_float_activations); the
     # trials that follow are NNCF builds. Every other quantizer rebuilds from cached ranges in about a second.
-    proxy_ranking = start.quantizer == "nncf"
+    proxy_ranking = artifact([]).info.get("quantizer") == "nncf"  # the start's own build (a cache hit)
 
     def subset_record(layers: list[str]):
         """run_variant's record on the subset: the real build, or (proxy_ranking) the build without the last layer
