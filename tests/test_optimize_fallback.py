@@ -74,6 +74,21 @@ def test_it_stops_at_the_time_limit_with_what_it_has():
     assert res.stop == "time limit" and calls["full"] == 1 and len(res.float_layers) == 1
 
 
+def test_a_fallback_for_speed_stops_once_it_is_no_faster_than_the_answer_within_budget():
+    """Issue 36 (ResNet-44, batch 1, 4 threads, the Xeon): a fallback made because an NNCF INT8 (0.70 ms) beat the
+    fastest answer within budget (0.83 ms) went on to 9 float layers and 5 minutes, to a model slower than that answer.
+    Each float layer adds time (here 0.05 ms): the fallback stops at the first model that no longer wins."""
+    log = []
+    hooks, calls = _hooks(lambda f: 0.5 + 0.05 * len(f), log)
+    to_beat = 0.79
+    timed = hooks.full
+    hooks.full = lambda floated: SimpleNamespace(**vars(timed(floated)), rank_key=0.7 + 0.05 * len(floated))
+    hooks.pointless = lambda c: "no faster" if c.rank_key >= to_beat else None
+    res = run_fallback(SimpleNamespace(agreement=0.5, within_budget=False, margin=-0.4, rank_key=0.7), hooks,
+                       refine_top=1, max_float_fraction=1.0)
+    assert res.stop == "no faster" and calls["full"] == 2 and res.float_layers == ["a", "b"]  # 0.75 ms, then 0.80 ms
+
+
 def test_an_nncf_layer_reads_float_activations_in_the_proxy_its_ranking_uses(tmp_path):
     """Issue 36: NNCF rebuilds for every ignored scope (42 s a build for Swin on the Xeon, 8 builds a ranking), so the
     fallback ranks an NNCF model's layers on that model with one layer's activation Q/DQ bypassed. Real NNCF on a

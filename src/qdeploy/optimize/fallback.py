@@ -9,7 +9,8 @@ The algorithm of NNCF's ``quantize_with_accuracy_control``, with a cheap first c
    from FP32 (lower agreement on the search split) is undone (a float layer that does not help costs speed for
    nothing) and the remaining layers are ranked again on the current model;
 4. stop when within budget, when the next revert would leave more than ``max_float_fraction`` of the compute (MACs) in
-   float, when no layer is left, or at the time limit.
+   float, when no layer is left, at the time limit, or (a fallback for speed) when the model is no longer faster than
+   the answer already within budget.
 
 Agreement with FP32, not the task metric, ranks layers: recovering FP32's accuracy means recovering its predictions,
 and on a few hundred samples agreement counts every changed prediction where accuracy counts only the net label hits
@@ -33,6 +34,9 @@ class FallbackHooks:
     full: Callable[[list[str]], Any]                 # float layers -> measured candidate (within_budget, margin, ...)
     time_left: Callable[[], Optional[float]]         # seconds left, None = no limit
     log: Callable[[str], None]
+    # the model so far -> why going on cannot pay (None: go on). A fallback for speed (decide.fallback_for_speed) stops
+    # once it is no faster than the answer already within budget: every further float layer only adds time
+    pointless: Optional[Callable[[Any], Optional[str]]] = None
 
 
 @dataclass
@@ -85,6 +89,10 @@ def run_fallback(start, hooks: FallbackHooks, *, refine_top: int, max_float_frac
     while True:
         if current.within_budget:
             res.stop = "within budget"
+            break
+        why = hooks.pointless(current) if hooks.pointless is not None else None
+        if why:
+            res.stop = why
             break
         left = hooks.time_left()
         if left is not None and left <= 0:

@@ -468,7 +468,7 @@ def _evaluate(s: _Search, planned: list[Candidate], n_search: int) -> None:
             s.note(f"{start.variant} ({start.latency_p50_ms:.3f} ms) is faster than the fastest candidate within budget, "
                    f"{best.variant} ({best.latency_p50_ms:.3f} ms), and outside the budget by its drop ({start.budget}): "
                    "per-layer fallback from it")
-            s.stages["fallback"] = _fallback(s, start)
+            s.stages["fallback"] = _fallback(s, start, to_beat=best)
     if s.out_of_time():
         s.timed_out = True
 
@@ -675,8 +675,9 @@ def _rank_methods(s: _Search, ptq: list[PtqCandidate]) -> None:
         s.measure(cand).subset_agreement = result["agreement"]
 
 
-def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
-    """Per-layer fallback from ``start`` (see fallback.py); None when the layers cannot be named for ``exclude``."""
+def _fallback(s: _Search, start: Candidate, to_beat: Optional[Candidate] = None) -> Optional[dict]:
+    """Per-layer fallback from ``start`` (see fallback.py); None when the layers cannot be named for ``exclude``.
+    ``to_beat``: the fastest candidate within budget, for a fallback made for speed (it stops once slower)."""
     o, ctx = s.o, s.ctx
     fp32_onnx = s.fp32_onnx or ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32)).path
     build_of = lambda spec: resolve_variant(VariantSpec.model_validate(spec), 0)  # noqa: E731
@@ -759,8 +760,16 @@ def _fallback(s: _Search, start: Candidate) -> Optional[dict]:
         trials.append(trial)
         return trial
 
+    def pointless(current: Candidate) -> Optional[str]:
+        if to_beat is None or current.rank_key is None or to_beat.rank_key is None:
+            return None
+        if current.rank_key < to_beat.rank_key * (1 - LATENCY_TIE):
+            return None
+        return (f"{current.variant} (p50 {current.rank_key:.3f} ms) is no faster than {to_beat.variant} "
+                f"({to_beat.rank_key:.3f} ms), already within budget: a further float layer only adds time")
+
     hooks = FallbackHooks(sensitivity=sensitivity, subset_score=subset_score, full=full_eval, time_left=s.time_left,
-                          log=s.note)
+                          log=s.note, pointless=pointless)
     if proxy_ranking:
         s.note(f"fallback: {start.variant} is an NNCF model, rebuilt by NNCF for every ignored scope: its layers are "
                "ranked on it with each one's activation Q/DQ bypassed (no rebuild); each trial is an NNCF build")
