@@ -2,6 +2,8 @@
 is undone, when the search stops. The evaluations are plain functions of the float set, so every rule is visible."""
 from types import SimpleNamespace
 
+import pytest
+
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 
 LAYERS = ["a", "b", "c", "d"]
@@ -89,6 +91,7 @@ def test_a_fallback_for_speed_stops_once_it_is_no_faster_than_the_answer_within_
     assert res.stop == "no faster" and calls["full"] == 2 and res.float_layers == ["a", "b"]  # 0.75 ms, then 0.80 ms
 
 
+@pytest.mark.slow
 def test_an_nncf_layer_reads_float_activations_in_the_proxy_its_ranking_uses(tmp_path):
     """Issue 36: NNCF rebuilds for every ignored scope (42 s a build for Swin on the Xeon, 8 builds a ranking), so the
     fallback ranks an NNCF model's layers on that model with one layer's activation Q/DQ bypassed. Real NNCF on a
@@ -97,7 +100,6 @@ def test_an_nncf_layer_reads_float_activations_in_the_proxy_its_ranking_uses(tmp
     import numpy as np
     import onnx
     import onnxruntime as ort
-    import pytest
     import torch
 
     nncf = pytest.importorskip("nncf")

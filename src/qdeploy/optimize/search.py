@@ -351,9 +351,11 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
                                                            "sensitivity_images"}),
             "qdeploy": qdeploy.__version__, "tensorrt": trt, "environment": resume_identity(target.measured)}
         store = _Store(cache_root / "optimize" / sha256_json({**identity, "bench": search_cfg["bench"]})[:20])
-        # what a candidate scores does not depend on how it is timed: a search for another deployment of the same
-        # model (batch size, threads) replays each candidate's accuracy and only times it again
-        untimed = _Store(cache_root / "optimize-accuracy" / sha256_json(identity)[:20])
+        # on a CPU what a candidate scores does not depend on how it is timed: a search for another deployment of the
+        # same model (batch size, threads) replays each candidate's accuracy and only times it again. Not on a GPU: a
+        # TensorRT engine is built for its batch sizes (optimization profile), and another build may pick other tactics
+        untimed = (_Store(cache_root / "optimize-accuracy" / sha256_json(identity)[:20])
+                   if o.target in ("onnxruntime-cpu", "cpu") else None)
         s = _Search(o, target, ctx, store, key, bs, z_of(o.confidence), t_start,
                     rank_batches=list(search_cfg["bench"]["batch_sizes"]) if target.torch_program else [],
                     cache_root=cache_root, untimed=untimed)
