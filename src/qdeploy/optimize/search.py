@@ -721,7 +721,7 @@ def _fallback(s: _Search, start: Candidate, to_beat: Optional[Candidate] = None)
     # NNCF re-collects its statistics for every ignored scope (tens of seconds a build on a transformer): its layers are
     # ranked on its own model with the layer's activation Q/DQ bypassed (sensitivity.with_float_activations); the
     # trials that follow are NNCF builds. Every other quantizer rebuilds from cached ranges in about a second.
-    proxy_ranking = artifact([]).info.get("quantizer") == "nncf"  # the start's own build (a cache hit)
+    proxy_ranking = False  # set below, from the start's own build
 
     def subset_record(layers: list[str]):
         """run_variant's record on the subset: the real build, or (proxy_ranking) the build without the last layer
@@ -772,11 +772,12 @@ def _fallback(s: _Search, start: Candidate, to_beat: Optional[Candidate] = None)
 
     hooks = FallbackHooks(sensitivity=sensitivity, subset_score=subset_score, full=full_eval, time_left=s.time_left,
                           log=s.note, pointless=pointless)
-    if proxy_ranking:
-        s.note(f"fallback: {start.variant} is an NNCF model, rebuilt by NNCF for every ignored scope: its layers are "
-               "ranked on it with each one's activation Q/DQ bypassed (no rebuild); each trial is an NNCF build")
     proxy_dir = Path(tempfile.mkdtemp(prefix="qdeploy-fallback-"))
     try:
+        proxy_ranking = artifact([]).info.get("quantizer") == "nncf"
+        if proxy_ranking:
+            s.note(f"fallback: {start.variant} is an NNCF model, rebuilt by NNCF for every ignored scope: its layers are "
+                   "ranked on it with each one's activation Q/DQ bypassed (no rebuild); each trial is an NNCF build")
         res = run_fallback(start, hooks, refine_top=o.refine_top, max_float_fraction=o.max_float_fraction)
     except QDeployError as e:
         s.note(f"fallback stopped: {e}")
