@@ -722,6 +722,7 @@ def _fallback(s: _Search, start: Candidate, to_beat: Optional[Candidate] = None)
     # ranked on its own model with the layer's activation Q/DQ bypassed (sensitivity.with_float_activations); the
     # trials that follow are NNCF builds. Every other quantizer rebuilds from cached ranges in about a second.
     proxy_ranking = False  # set below, from the start's own build
+    names_of: dict = {}  # a built model's path -> {its layer: the FP32 ONNX's name}
 
     def subset_record(layers: list[str]):
         """run_variant's record on the subset: the real build, or (proxy_ranking) the build without the last layer
@@ -732,7 +733,9 @@ def _fallback(s: _Search, start: Candidate, to_beat: Optional[Candidate] = None)
         record = build_variant(sctx, variant)
         if record.ok:
             art = onnx_of(record.artifact)
-            names = {a for a, f in (layer_names_map(fp32_onnx, art.path) or {}).items() if f == layers[-1]}
+            if art.path not in names_of:  # one pairing per built model, not one per layer ranked on it
+                names_of[art.path] = layer_names_map(fp32_onnx, art.path) or {}
+            names = {a for a, f in names_of[art.path].items() if f == layers[-1]}
             path = proxy_dir / f"{art.path.stem}-{sha256_json(layers)[:12]}.onnx"
             if not names or not with_float_activations(art.path, names, path):
                 raise QDeployError(f"fallback: {layers[-1]} has no activation Q/DQ to bypass in {art.path.name}")

@@ -43,6 +43,19 @@ def _float_source(g: OnnxGraph, tensor: str) -> tuple[str, bool, bool]:
     return q.input[0], True, _clamps_at_zero(g, q)
 
 
+def _float_input(g: OnnxGraph, tensor: str, consumer: str, clamp: bool = True) -> tuple[str, bool, Optional[onnx.NodeProto]]:
+    """(the float tensor a layer named ``consumer`` reads instead of ``tensor``, whether ``tensor`` was a Q/DQ pair, the
+    Relu node to add in front of it or None). Where the Q clamped at zero (a Relu ONNX Runtime deleted,
+    ``_clamps_at_zero``) and ``clamp``, that Relu is added back for this consumer (named after it: two layers reading
+    one tensor each get their own), unless the tensor is a Relu's output already."""
+    src, was_q, clamps = _float_source(g, tensor)
+    before = g.producer.get(src)
+    if not (clamps and clamp) or (before is not None and before.op_type == "Relu"):  # NNCF keeps its Relus
+        return src, was_q, None
+    relu = helper.make_node("Relu", [src], [f"{src}{_SUFFIX}_relu_{consumer}"], name=f"{consumer}{_SUFFIX}_relu")
+    return relu.output[0], was_q, relu
+
+
 def _clamps_at_zero(g: OnnxGraph, q: onnx.NodeProto) -> bool:
     """A Q whose zero point is its type's minimum represents nothing below 0. ONNX Runtime's QDQ quantizer relies on
     that to delete a Relu in front of it (the Q does the clamp), so the float tensor before such a Q is the
@@ -116,14 +129,11 @@ def with_float_activations(qdq_onnx: Path, layers: set, out: Path) -> int:
         if node.name not in layers:
             continue
         for i, tensor in enumerate(node.input):  # a weight's DQ reads a constant, not a Q: left as it is
-            source, paired, clamps = _float_source(g, tensor)
+            source, paired, relu = _float_input(g, tensor, node.name)
             if not paired:
                 continue
-            src = g.producer.get(source)
-            if clamps and (src is None or src.op_type != "Relu"):  # the Q did a deleted Relu's work: keep it
-                relu = helper.make_node("Relu", [source], [f"{source}{_SUFFIX}_relu_{node.name}"], name=f"{node.name}{_SUFFIX}_relu")
+            if relu is not None:
                 added.append((node.name, relu))
-                source = relu.output[0]
             node.input[i] = source
             rewired += 1
     if added:  # each Relu just before its consumer: the node list stays in topological order
@@ -166,11 +176,9 @@ def _with_float_twins(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dic
         inputs, quantized = list(n.input), []
         pending = []
         for i in range(min(2, len(inputs))):
-            src, was_q, clamps = _float_source(g, inputs[i])
-            if clamps and i == 0:
-                relu = helper.make_node("Relu", [src], [src + _SUFFIX + "_relu"], name=(n.name or n.output[0]) + _SUFFIX + "_relu")
+            src, was_q, relu = _float_input(g, inputs[i], n.name or n.output[0], clamp=i == 0)
+            if relu is not None:
                 pending.append(relu)
-                src = relu.output[0]
             inputs[i] = src
             quantized.append(was_q)
         w_dq = len(n.input) > 1 and g.producer.get(n.input[1]) is not None and g.producer[n.input[1]].op_type == "DequantizeLinear"
