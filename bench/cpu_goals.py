@@ -70,6 +70,15 @@ def ort_int8_of(rows: dict) -> tuple:
                 and not x["variant"].startswith("openvino-"))
 
 
+def ceiling_of(rows: dict, best_fp32: Optional[float]) -> dict:
+    """The fastest candidate the search measured, whatever its accuracy or precision, and its speed-up over the best
+    FP32: the most the engines offered in this row. A goal above it cannot be met by choosing among these candidates;
+    only a faster candidate (another engine, kernel or graph) would raise it."""
+    p50, name = _p50(rows, lambda x: x["status"] == "ok")
+    return {"fastest_any": name, "fastest_any_p50_ms": p50,
+            "ceiling_speedup_vs_best_fp32": round(best_fp32 / p50, 3) if best_fp32 and p50 else None}
+
+
 def summarize(name: str, batch: int, s: dict) -> dict:
     rows = {x["variant"]: x for x in s["candidates"]}
     c = s["chosen"]
@@ -93,6 +102,7 @@ def summarize(name: str, batch: int, s: dict) -> dict:
             best_int8 < best_fp32 and (bf16 is None or best_int8 < bf16)),
         "chosen_p50_ms": chosen_p50, "best_fp32": best_fp32_name, "best_fp32_p50_ms": best_fp32,
         "speedup_vs_best_fp32": round(best_fp32 / chosen_p50, 3) if best_fp32 and chosen_p50 else None,
+        **ceiling_of(rows, best_fp32),
         "confirm_drop_points": round(100 * (ref - got), 3) if ref is not None and got is not None else None,
         "budget": s["budget"], "budget_met": s["budget_met"],
         "ort_fp32_p50_ms": ort_fp32, "ort_int8": ort_int8_name, "ort_int8_p50_ms": ort_int8,
@@ -125,7 +135,8 @@ def merge(parts: list[Path], json_out: Optional[Path]) -> None:
     for d in docs:
         for r in d["rows"]:
             r = {**r, "measured_by": r.get("measured_by") or d.get("command")}
-            if r.get("candidates"):  # recomputed from the row's candidates (see ort_int8_of)
+            if r.get("candidates"):  # recomputed from the row's candidates (see ort_int8_of, ceiling_of)
+                r.update(ceiling_of({x["variant"]: x for x in r["candidates"]}, r.get("best_fp32_p50_ms")))
                 r["ort_int8_p50_ms"], r["ort_int8"] = ort_int8_of({x["variant"]: x for x in r["candidates"]})
                 fp32 = r.get("ort_fp32_p50_ms")
                 r["ort_int8_over_fp32_time"] = round(r["ort_int8_p50_ms"] / fp32, 3) if r["ort_int8_p50_ms"] and fp32 else None
@@ -209,6 +220,22 @@ def print_summary(out_rows: list) -> None:
     if speedups:
         print(f"\nmedian speed-up over the best FP32: {statistics.median(speedups):.2f}x over {len(speedups)} rows; "
               f"slower than the best FP32: {sum(v < 0.97 for v in speedups)} rows")
+        ceilings = [r["ceiling_speedup_vs_best_fp32"] for r in out_rows if r.get("ceiling_speedup_vs_best_fp32")]
+        if ceilings:
+            print(f"ceiling (the fastest candidate measured, any accuracy): median {statistics.median(ceilings):.2f}x "
+                  f"over {len(ceilings)} rows; rows whose ceiling is below 2.0x: {sum(v < 2.0 for v in ceilings)}")
+        # NNCF's PTQ in OpenVINO beside qdeploy's answer: at least as fast (within 3 %, the timer's noise between
+        # candidates of one run), and whether NNCF's own answer was within the budget at all
+        vs = [(r["model"], r["chosen_p50_ms"], (r.get("nncf") or {}).get("latency_p50_ms"),
+               next((c.get("within_budget") for c in r.get("candidates") or [] if c["variant"] == (r.get("nncf") or {})
+                     .get("variant")), None)) for r in out_rows]
+        vs = [v for v in vs if v[1] and v[2]]
+        if vs:
+            fast = {m for m in {v[0] for v in vs} if all(c <= 1.03 * n or not ok for mm, c, n, ok in vs if mm == m)}
+            print(f"qdeploy's answer at least as fast as NNCF's INT8 (<= 1.03x its time) in "
+                  f"{sum(c <= 1.03 * n for _, c, n, _ in vs)} of {len(vs)} rows; NNCF's INT8 within budget in "
+                  f"{sum(bool(ok) for *_, ok in vs)} rows; models where every row is at least as fast or NNCF's answer "
+                  f"is outside the budget: {len(fast)} of {len({v[0] for v in vs})}")
         reduced = {r["model"] for r in out_rows if r["chosen_precision"] in ("int8", "bf16") and r["budget_met"]}
         print(f"INT8 or BF16 chosen within budget (any row) on {len(reduced)} of {len({r['model'] for r in out_rows})} "
               f"models; DeiT/Swin at batch 32, INT8 faster than FP32 and BF16: "

@@ -660,6 +660,10 @@ def test_candidates_are_typed_one_class_per_kind():
 
     twin = EngineCandidate.planned_twin(target_for("cpu", False), "openvino", qconv)
     assert twin.spec["engine"] == "openvino" and twin.spec["quantized_conv_outputs"] and twin.variant == "openvino-int8-max-qconv"
+    assert "float_precision" not in twin.spec and "BF16" not in twin.describe()
+    bf16 = EngineCandidate.planned_twin(target_for("cpu", False), "openvino", qconv, float_precision="bf16")
+    assert bf16.variant == "openvino-int8-max-qconv-bf16" and bf16.spec["float_precision"] == "bf16"
+    assert bf16.describe().endswith("float layers in BF16") and "conv outputs quantized" in bf16.describe()
     row = planned[1].to_json()
     assert {"variant", "kind", "stage", "status", "failed_stage", "reason", "search_metric", "latency_p50_ms",
             "within_budget", "budget", "int8_share"} <= set(row)

@@ -373,3 +373,40 @@ def test_a_quantizer_internal_error_is_one_line_with_what_to_try(tiny_config, tm
     assert v["reason"].startswith("AssertionError inside onnxruntime (no message); try placement: tensorrt")
     assert "exclude" in v["reason"] and "\n" not in v["reason"]
     assert "Traceback" in capsys.readouterr().err and "traceback" in v["details"]
+
+
+def test_adds_and_muls_left_float_run_as_float_in_onnxruntime(tmp_path):
+    """optimize's FLOAT_WHEN_SLOWER placement (Add and Mul measured slower in INT8 by ONNX Runtime's profiler on both
+    CPUs it ran on) must change what ONNX Runtime runs: with Add quantized its optimizer fuses it into QLinearAdd; left
+    float by exclude_ops (with Mul), the same graph keeps a float Add and Mul and its convs stay INT8."""
+    import onnxruntime as ort
+
+    model_file = tmp_path / "residual.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.stem, self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)\n"
+        "        self.head = nn.Linear(8, 3)\n"
+        "    def forward(self, x):\n"
+        "        x = torch.relu(self.stem(x))\n"
+        "        y = torch.relu(self.a(x) + x) * torch.sigmoid(self.b(x))\n"
+        "        return self.head(y.mean((2, 3)))\n"
+        "def net():\n    torch.manual_seed(0)\n    return Block()\n")
+    cfg = _sequential_model_config(tmp_path, "nn.Identity()", 8, [
+        {"engine": "onnxruntime", "precision": "int8", "method": "max", "name": "all"},
+        {"engine": "onnxruntime", "precision": "int8", "method": "max", "name": "float-add-mul", "exclude_ops": ["Add", "Mul"]}])
+    cfg["model"]["source"] = f"{model_file}:net"
+    out = tmp_path / "q"
+    summary = api.quantize(cfg, out, cache_dir=tmp_path / "cache")
+    ops = {}
+    for name, v in summary["variants"].items():
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = str(tmp_path / f"{name}.opt.onnx")
+        ort.InferenceSession(str(out / f"{name}.onnx"), so, providers=["CPUExecutionProvider"])
+        ops[name] = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    assert "QLinearAdd" in ops["all"], ops["all"]  # (this Mul feeds a float ReduceMean: ONNX Runtime keeps it float)
+    assert "QLinearAdd" not in ops["float-add-mul"] and {"Add", "Mul"} <= set(ops["float-add-mul"]), ops["float-add-mul"]
+    assert ops["float-add-mul"].count("QLinearConv") == ops["all"].count("QLinearConv") >= 3

@@ -362,10 +362,15 @@ class EngineCandidate(Candidate):
         return cls({**target.engine_spec(engine), "precision": precision, "name": f"{engine}-{precision}"})
 
     @classmethod
-    def planned_twin(cls, target: Target, engine: str, of: Candidate) -> "EngineCandidate":
-        """The same INT8 Q/DQ ONNX as ``of`` (an ONNX Runtime PTQ candidate), run by ``engine``."""
+    def planned_twin(cls, target: Target, engine: str, of: Candidate, float_precision: str = "f32") -> "EngineCandidate":
+        """The same INT8 Q/DQ ONNX as ``of`` (an ONNX Runtime PTQ candidate), run by ``engine``; ``float_precision``
+        as for planned_own_placement."""
         int8 = {k: v for k, v in of.spec.items() if k not in ("engine", "device", "threads", "name")}
-        return cls({**target.engine_spec(engine), **int8, "name": f"{engine}-{of.variant}"})
+        spec = {**target.engine_spec(engine), **int8,
+                "name": f"{engine}-{of.variant}" + ("-bf16" if float_precision == "bf16" else "")}
+        if float_precision != "f32":
+            spec["float_precision"] = float_precision
+        return cls(spec)
 
     @classmethod
     def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax",
@@ -396,7 +401,7 @@ class EngineCandidate(Candidate):
         if self.spec.get("placement") == self.engine:
             return f"{name} INT8, {self.method} ranges, its own placement (NNCF){bf16}"
         return (f"{name} INT8 on the ONNX Runtime-placement Q/DQ ONNX ({self.method} ranges"
-                + (", conv outputs quantized" if self.spec.get("quantized_conv_outputs") else "") + ")")
+                + (", conv outputs quantized" if self.spec.get("quantized_conv_outputs") else "") + f"){bf16}")
 
     def to_json(self) -> dict:
         return {**super().to_json(), "engine": self.engine}

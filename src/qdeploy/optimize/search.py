@@ -520,6 +520,11 @@ def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
         sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)
                                                           and not c.spec.get("exclude_ops")]
         twins += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
+        # the same Q/DQ ONNX with its float layers in BF16, as for the own placement below: on the Xeon (AMX) the
+        # NNCF model's BF16 twin ran ResNet-20 batch 1 at 1 thread in 0.231 ms against 0.433 ms f32-hinted (and at
+        # batch 32 1.30 vs 1.33 ms); the same choice on the other placement is one candidate, measured like the rest
+        if best is not None and "bf16" in engine_floats(engine):
+            twins.append(EngineCandidate.planned_twin(s.target, engine, best, float_precision="bf16"))
         problem = own_placement_problem(engine)
         if problem:
             s.note(f"{engine}'s own INT8 placement not tried: {problem}")
@@ -534,9 +539,14 @@ def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
 
 
 # op classes (benchmark/op_profile.op_class) that are also ONNX op types the placement can leave float without losing a
-# compute op's INT8 kernel: data movement and elementwise work, whose INT8 form saves no arithmetic
+# compute op's INT8 kernel: data movement and elementwise work, whose INT8 form saves no arithmetic. Add and Mul
+# (QLinearAdd / QLinearMul: dequantize, compute, requantize per element) were measured slower in INT8 than in float by
+# this profile on both CPUs it ran on: Add in 9 of 12 rows on the Xeon (AVX-512 VNNI, AMX;
+# docs/results/cpu_goals_xeon.json) and 15 of 18 on the 2-core AVX2 host (docs/results/cpu_goals.json), Mul in 4 of 12 and
+# 11 of 18. Whether they are on a given CPU is what the profile measures, so no ISA flag is read here: the rule is the
+# measurement, taken on the CPU that will run the model
 FLOAT_WHEN_SLOWER = ("Transpose", "Reshape", "Concat", "Resize", "Softmax", "Sigmoid", "HardSigmoid", "MaxPool",
-                     "AveragePool", "Split", "Slice", "Pad")
+                     "AveragePool", "Split", "Slice", "Pad", "Add", "Mul")
 
 
 def _same_onnx(s: _Search, a: Candidate, b: Candidate) -> bool:
