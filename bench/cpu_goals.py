@@ -15,7 +15,9 @@ from the same process and run, so every ratio below is within one run:
   speed (never slower) and a median >= 1.5x over the models;
 - the confirm-split drop of the chosen artifact (goal: within the budget);
 - ONNX Runtime INT8 (the fastest ONNX Runtime INT8 candidate) / ONNX Runtime FP32 (MobileViT's goal: <= 1.0 at 32);
-- NNCF's PTQ in OpenVINO (candidate openvino-int8-mean-minmax-nncf) next to qdeploy's best INT8 (accuracy, speed).
+- NNCF's PTQ in OpenVINO (candidate openvino-int8-mean-minmax-nncf) next to qdeploy's best INT8 (accuracy, speed);
+- the ceiling: the fastest candidate measured whatever its accuracy, over the best FP32 (`ceiling_speedup_vs_best_fp32`):
+  what choosing among these candidates could give at most; a goal above it needs faster candidates, not another choice.
 The CPU's name, flags (`lscpu`) and the versions are printed and stored with the rows.
 
 On the device machine's Xeon the models travel a few per call (bench/stage_cpu_device.sh); the calls' JSONs become one
