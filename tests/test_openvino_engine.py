@@ -322,7 +322,8 @@ def _constant_operand_qdq(path: Path) -> Path:
     # 7-bit weights (|q| <= 63): on a CPU without VNNI (AVX2, AVX-512 without VNNI) OpenVINO's INT8 conv adds u8 x s8
     # pairs in 16 bits (vpmaddubsw), which saturates for full-range activations (zero point 128) and weights (2 x 255 x
     # 127 > 32767; seen on an AVX2-only EPYC: 7 % of outputs off by up to 0.72). That is the CPU's arithmetic, not the
-    # folding tested here; 2 x 255 x 63 fits, so the comparison below holds on every CPU
+    # folding tested here, and qdeploy's own ONNX Runtime-placement files are 7-bit on such CPUs for the same reason
+    # (facts/onnxruntime.u8s8_saturates); 2 x 255 x 63 fits, so the comparison below holds on every CPU
     w_scale = (np.abs(w).reshape(4, -1).max(1) / 63).astype(np.float32)
     bias = rng.normal(0, 0.3, (1, 4, 1, 1)).astype(np.float32)
     b_scale = np.float32(np.abs(bias).max() / 255)
