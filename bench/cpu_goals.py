@@ -24,6 +24,10 @@ On the device machine's Xeon the models travel a few per call (bench/stage_cpu_d
 file by this script, not by hand (every part must name the same machine and versions):
 
     python bench/cpu_goals.py --merge /work/.device/1/cpu_goals.json ... --json docs/results/cpu_goals_xeon.json
+
+A re-run against an earlier file, row by row (chosen p50 and within-run speed-up, before and now):
+
+    python bench/cpu_goals.py --compare docs/results/cpu_goals.json NEW.json
 """
 from __future__ import annotations
 
@@ -161,7 +165,27 @@ def merge(parts: list[Path], json_out: Optional[Path]) -> None:
                                         "rows": merged}, indent=1))
 
 
+def compare(before: Path, after: Path) -> None:
+    """Row by row, a re-run against an earlier file (issue 36: the AVX2 table of issue 23 re-run with the final code):
+    the chosen answer's p50 and its speed-up over the best FP32 of its own run. Two runs on two lent hosts of one kind
+    differ in absolute speed, so the within-run speed-up is the figure to hold against the noise; both are printed."""
+    old, new = (json.loads(p.read_text()) for p in (before, after))
+    print(f"before: {old['machine']}\nafter:  {new['machine']}")
+    rows = {(r["model"], r["batch"]): r for r in old["rows"]}
+    print("| model | batch | chosen before | p50 ms | speed-up | chosen now | p50 ms | speed-up | now / before (p50) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in new["rows"]:
+        o = rows.get((r["model"], r["batch"]))
+        if o is None:
+            continue
+        ratio = r["chosen_p50_ms"] / o["chosen_p50_ms"] if r["chosen_p50_ms"] and o["chosen_p50_ms"] else None
+        print(f"| {r['model']} | {r['batch']} | {o['chosen']} | {fmt(o['chosen_p50_ms'])} | {fmt(o['speedup_vs_best_fp32'], 2)}x "
+              f"| {r['chosen']} | {fmt(r['chosen_p50_ms'])} | {fmt(r['speedup_vs_best_fp32'], 2)}x | {fmt(ratio, 2)} |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--compare"]:
+        return compare(Path(sys.argv[2]), Path(sys.argv[3]))
     if sys.argv[1:2] == ["--merge"]:
         ap = argparse.ArgumentParser(prog="cpu_goals.py --merge")
         ap.add_argument("parts", nargs="+", type=Path)
