@@ -520,9 +520,10 @@ def _placements_and_engines(s: _Search, ok_ptq: list[Candidate]) -> None:
         sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)
                                                           and not c.spec.get("exclude_ops")]
         twins += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
-        # the same Q/DQ ONNX with its float layers in BF16, as for the own placement below: on the Xeon (AMX) the
-        # NNCF model's BF16 twin ran ResNet-20 batch 1 at 1 thread in 0.231 ms against 0.433 ms f32-hinted (and at
-        # batch 32 1.30 vs 1.33 ms); the same choice on the other placement is one candidate, measured like the rest
+        # the same Q/DQ ONNX with its float layers in BF16, as for the own placement below; one candidate, measured
+        # like the rest. On the Xeon (AMX) it was the answer for ResNet-20 batch 32 (1.434 vs 1.468 ms f32-hinted) and
+        # DeepLabV3 batch 8 (32.9 vs 34.6 ms), and faster than its f32-hinted twin in 6 of 17 other rows, slower in
+        # the rest (MobileViT batch 1: 5.2 vs 2.8 ms): docs/benchmarks.md, issue 36's eighth session
         if best is not None and "bf16" in engine_floats(engine):
             twins.append(EngineCandidate.planned_twin(s.target, engine, best, float_precision="bf16"))
         problem = own_placement_problem(engine)
