@@ -1,6 +1,7 @@
 """`qdeploy optimize` (issue #11, first slice): decisions as plain functions, and the whole protocol on a tiny real
 model (real exports, real quantization, real ONNX Runtime sessions): search split decides, confirm split checks."""
 import json
+import re
 
 import pytest
 import yaml
@@ -169,7 +170,13 @@ def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     assert set(c) >= {"variant", "artifact", "search_metric", "confirm_metric", "reference_confirm_metric",
                       "latency_p50_ms", "reference_latency_p50_ms", "float_layers"}
     assert on_disk["budget_met"] is True and on_disk["splits"] == {"search": 12, "confirm": 12, "seed": 0}
-    assert {x["variant"] for x in on_disk["candidates"]} == {"fp32", "int8-max", "int8-mean-minmax"}
+    variants = {x["variant"] for x in on_disk["candidates"]}
+    # plus at most one more, where ONNX Runtime's profiler measured a data-movement or elementwise op class slower in
+    # INT8 on this CPU (FLOAT_WHEN_SLOWER: Add on an AVX2-only host, not on others): those op types left float
+    extra = variants - {"fp32", "int8-max", "int8-mean-minmax"}
+    assert variants >= {"fp32", "int8-max", "int8-mean-minmax"} and len(extra) <= 1, variants
+    assert all(re.fullmatch(r"int8-(max|mean-minmax)-float-[A-Za-z+]+", v) for v in extra), extra
+    assert not extra or any("measured slower in INT8 than in FP32" in d for d in s["decisions"])
     full = [x for x in on_disk["candidates"] if x["search_metric"] is not None]
     assert all(x["latency_p50_ms"] > 0 for x in full)
     # the two methods give one graph: ranked on a subset, only the better one evaluated on the whole search split
