@@ -343,6 +343,14 @@ def engine_floats(engine: str) -> tuple[str, ...]:
     return ("fp32",)
 
 
+def _with_float_precision(spec: dict, float_precision: str) -> dict:
+    """An INT8 engine candidate's spec with its float layers' precision (OpenVINO's ``float_precision`` option): named
+    ``-bf16`` and carrying the option unless f32, the engine's default for INT8 in qdeploy."""
+    if float_precision == "f32":
+        return spec
+    return {**spec, "name": f"{spec['name']}-{float_precision}", "float_precision": float_precision}
+
+
 @register
 @dataclass(eq=False)
 class EngineCandidate(Candidate):
@@ -366,23 +374,18 @@ class EngineCandidate(Candidate):
         """The same INT8 Q/DQ ONNX as ``of`` (an ONNX Runtime PTQ candidate), run by ``engine``; ``float_precision``
         as for planned_own_placement."""
         int8 = {k: v for k, v in of.spec.items() if k not in ("engine", "device", "threads", "name")}
-        spec = {**target.engine_spec(engine), **int8,
-                "name": f"{engine}-{of.variant}" + ("-bf16" if float_precision == "bf16" else "")}
-        if float_precision != "f32":
-            spec["float_precision"] = float_precision
-        return cls(spec)
+        return cls(_with_float_precision({**target.engine_spec(engine), **int8, "name": f"{engine}-{of.variant}"},
+                                         float_precision))
 
     @classmethod
     def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax",
                               float_precision: str = "f32") -> "EngineCandidate":
         """``float_precision`` bf16: the layers the INT8 model leaves float run in BF16 (OpenVINO's float_precision
         option), as OpenVINO's CPU plugin runs an INT8 model by default on a CPU with native BF16."""
-        spec = {**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine,
-                "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"
-                + ("-bf16" if float_precision == "bf16" else "")}
-        if float_precision != "f32":
-            spec["float_precision"] = float_precision
-        return cls(spec)
+        return cls(_with_float_precision({**target.engine_spec(engine), "precision": "int8", "method": method,
+                                          "placement": engine,
+                                          "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"},
+                                         float_precision))
 
     def deploy(self, artifact: str) -> Optional[str]:
         """The engine call that runs ``artifact`` as this candidate was measured (a BF16 candidate's artifact is the FP32
