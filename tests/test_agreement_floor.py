@@ -1,7 +1,7 @@
 """Issue 33: the agreement floor. A candidate (optimize) or INT8 variant (run) whose predictions are not FP32's is never
 "within budget" / is degraded, whatever its accuracy: with a poor FP32 (random weights, near chance) or few labels a
 collapsed model keeps, or even gains, top-1. The rules on numbers (decide.agreement_floor, budget_check,
-verdict.agreement_rule, mark_degraded), the budget in words, and `qdeploy optimize` end to end on a random-weight model."""
+verdict_rules.agreement_rule, verdict.mark_degraded), the budget in words, and `qdeploy optimize` end to end on a random-weight model."""
 import json
 
 import numpy as np
@@ -11,8 +11,9 @@ import yaml
 from qdeploy.config import DEFAULT_MIN_AGREEMENT, BudgetSpec, OptimizeConfig
 from qdeploy.evaluate.stats import accuracy_change
 from qdeploy.optimize.decide import agreement_floor, agreement_se, budget_check, best_effort, z_of
-from qdeploy.report.verdict import (RULE_MIN_AGREEMENT, RULE_SIBLINGS, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule,
-                                    mark_degraded)
+from qdeploy.evaluate.verdict_rules import (RULE_MIN_AGREEMENT, RULE_SIBLINGS, SIBLING_GAP, SIBLINGS_NEEDED,
+                                            agreement_rule)
+from qdeploy.report.verdict import mark_degraded
 
 
 # ---------------------------------------------------------------------------- the rules on numbers
@@ -153,12 +154,12 @@ def test_a_later_sibling_moves_the_median_and_an_earlier_candidate_is_judged_aga
     """The siblings rule depends on candidates measured later: the search judges the earlier ones again (predictions
     are kept) and logs a changed verdict."""
     from qdeploy.optimize.candidates import Fp32Reference, PtqCandidate, sibling_agreements, target_for
-    from qdeploy.optimize.search import _Search
+    from qdeploy.optimize.session import SearchSession
 
     o = OptimizeConfig(budget={"max_drop": 100.0, "min_agreement": 0.5}, confidence=0.5)
     ref_p = np.zeros(100, int)
     ref = _measured(Fp32Reference, "fp32", ref_p, precision="fp32")
-    s = _Search(o, target_for("onnxruntime-cpu", False), None, None, "top1", 1, 0.0, 0.0)
+    s = SearchSession(o, target_for("onnxruntime-cpu", False), None, None, "top1", 1, 0.0, 0.0)
     s.reference = ref
     s.candidates.append(ref)
 

@@ -5,7 +5,7 @@ optimize: section, a bad value being one line naming the flag.
 
 Every CLI run here is a real subprocess (`python -m qdeploy`, what the console script runs). The full pipeline's
 message is the QDeployError that `qdeploy.api` raises for the same config path, in this process. No timings here:
-bench/error_latency.py measures them.
+bench/suites/error_latency.py measures them.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`qdeploy demo --prepare DIR` (issue #33): the demo's images and weights as files for examples/digits_cnn.yaml. The
-whole path (training included) runs in CI through bench/readme_walkthrough.py; here: a user's folder is refused before
+whole path (training included) runs in CI through bench/ci/readme_walkthrough.py; here: a user's folder is refused before
 any work, and nothing of it is touched."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The detection task (issue 37): decoders, NMS, label tables and the geometry back to the original image, agreement,
 the paired bootstrap of mAP, opset upgrade of a user's ONNX, config rules, and FastestDet end to end on ../shared
-against an evaluation written without qdeploy (bench/fastestdet_independent_eval.py)."""
+against an evaluation written without qdeploy (bench/suites/fastestdet_independent_eval.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -278,7 +278,7 @@ def test_fastestdet_fp32_map_equals_an_evaluation_written_without_qdeploy(tmp_pa
     if not (SHARED / "models/detection/fastestdet/FastestDet.onnx").is_file():
         pytest.skip("../shared/models/detection/fastestdet is absent")
     pytest.importorskip("cv2", reason="the independent evaluation and cv2-linear resize need opencv-python-headless")
-    spec = importlib.util.spec_from_file_location("fastestdet_independent_eval", ROOT / "bench/fastestdet_independent_eval.py")
+    spec = importlib.util.spec_from_file_location("fastestdet_independent_eval", ROOT / "bench/suites/fastestdet_independent_eval.py")
     indep = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = indep
     spec.loader.exec_module(indep)
@@ -421,7 +421,7 @@ def test_a_tensorrt_detector_variant_says_where_its_nms_runs(tmp_path):
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_the_bccd_detector_trained_here_reaches_its_recorded_map(tmp_path):
-    """bench/heldout/bccd_yolo.pt (bench/train_bccd.py) through qdeploy: BCCD's test split, FP32 in PyTorch, mAP@0.5 ≥ 0.80
+    """bench/weights/bccd_yolo.pt (bench/train/train_bccd.py) through qdeploy: BCCD's test split, FP32 in PyTorch, mAP@0.5 ≥ 0.80
     (issue 37's bar) and equal to what the training script recorded."""
     if not (SHARED / "data/detection/bccd").is_dir():
         pytest.skip("../shared/data/detection/bccd is absent")
@@ -433,13 +433,13 @@ def test_the_bccd_detector_trained_here_reaches_its_recorded_map(tmp_path):
     cfg["variants"] = [{"engine": "torch", "precision": "fp32"}]
     cfg["data"].pop("calibration")
     cfg["bench"] = {"batch_sizes": [1], "iterations": 2, "warmup": 1}
-    cfg["model"]["source"] = str(ROOT / "bench/bccd_models.py:bccd_yolo")
-    cfg["model"]["weights"] = str(ROOT / "bench/heldout/bccd_yolo.pt")
+    cfg["model"]["source"] = str(ROOT / "bench/train/bccd_models.py:bccd_yolo")
+    cfg["model"]["weights"] = str(ROOT / "bench/weights/bccd_yolo.pt")
     cfg["data"]["eval"]["root"] = str(SHARED / "data/detection/bccd")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["--quiet", "run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"),
                  "--cache-dir", str(tmp_path / "cache")]) in (0, 1)
     m = json.loads((tmp_path / "out" / "results.json").read_text())["variants"][0]["metrics"]
-    recorded = json.loads((ROOT / "bench/heldout/bccd_yolo.json").read_text())["test_split"]
+    recorded = json.loads((ROOT / "bench/weights/bccd_yolo.json").read_text())["test_split"]
     assert m["map50"] >= 0.80
     assert m["map50"] == pytest.approx(recorded["map50"], abs=2e-3) and m["map"] == pytest.approx(recorded["map"], abs=2e-3)

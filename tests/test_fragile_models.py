@@ -5,7 +5,7 @@ targeted placement (uint8 asymmetric activations, ORT's own Q/DQ placement, whic
 sigmoid / hard-sigmoid gates that feed QLinearMul), all five range methods, 512 calibration images from
 cifar10/train, 1,500 seeded images of cifar10/test. Entropy used to collapse to chance here (10.64 % /
 10.00 %: it clipped every value of the gates, see ranges.entropy_amax); no method may do that again.
-About 1-2 minutes per model on 2 cores. Full-test-set numbers are in docs/benchmarks.md.
+About 1-2 minutes per model on 2 cores. Full-test-set numbers are in docs/int8-accuracy.md.
 """
 import json
 from pathlib import Path

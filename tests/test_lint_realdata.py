@@ -1,7 +1,7 @@
 """`qdeploy lint` on other tools' Q/DQ output for a real model (CIFAR-10 ResNet-20, ../shared), and the
 safe fixes checked on real images in ONNX Runtime.
 
-What qdeploy finds in them (recorded in docs/benchmarks.md):
+What qdeploy finds in them (recorded in docs/tensorrt.md):
 - ONNX Runtime ``quantize_static`` (QDQ format, its defaults): uint8 asymmetric activations (QD017, not
   TensorRT INT8) and Q/DQ on both inputs of every residual Add (QD001, its QLinearAdd form).
 - ModelOpt ``modelopt.onnx.quantization.quantize`` (int8, max): residual Adds in the fusible form.

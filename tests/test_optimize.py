@@ -83,7 +83,7 @@ def test_fp32_is_the_answer_only_when_measured_at_least_as_fast_and_never_meets_
 
 
 def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
-    from qdeploy.optimize.search import _int8_slower_than_fp32
+    from qdeploy.optimize.steps.fallback import int8_slower_than_fp32 as _int8_slower_than_fp32
 
     fp32 = _cand("fp32", reference=True, latency_p50_ms=0.93)
     slow = [_cand("int8-a", latency_p50_ms=2.4), _cand("int8-b", latency_p50_ms=2.9)]
@@ -415,16 +415,16 @@ def test_the_resume_store_replays_only_what_the_same_code_and_libraries_ran(tmp_
     and (timed targets) the machine; failures are never replayed."""
     import numpy as np
 
-    from qdeploy.optimize import search
+    from qdeploy.optimize import session
 
-    ident = search.resume_identity(measured=True)
+    ident = session.resume_identity(measured=True)
     assert ident["libraries"]["onnxruntime"] and ident["libraries"]["torch"] and len(ident["qdeploy_code"]) == 16
-    assert ident["machine"]["cpus"] and "machine" not in search.resume_identity(measured=False)
-    real = search.dist_version
-    monkeypatch.setattr(search, "dist_version", lambda d: "9.9.9" if d == "onnxruntime" else real(d))
-    assert search.resume_identity(measured=False) != {k: v for k, v in ident.items() if k != "machine"}
+    assert ident["machine"]["cpus"] and "machine" not in session.resume_identity(measured=False)
+    real = session.dist_version
+    monkeypatch.setattr(session, "dist_version", lambda d: "9.9.9" if d == "onnxruntime" else real(d))
+    assert session.resume_identity(measured=False) != {k: v for k, v in ident.items() if k != "machine"}
 
-    store = search._Store(tmp_path / "store")
+    store = session.ResultStore(tmp_path / "store")
     spec = {"engine": "onnxruntime", "precision": "int8", "method": "max"}
     store.put(spec, "full", {"status": "failed", "reason": "ImportError: libcublas.so.13"}, None)
     assert store.get(spec, "full") is None and store.hits == 0  # evaluated again, not answered with the old failure

@@ -26,7 +26,7 @@ def _hooks(agreement_of, log, time_left=lambda: None, sqnr_order=LAYERS):
         calls["full"] += 1
         a = agreement_of(frozenset(floated))
         return SimpleNamespace(variant="+".join(floated), agreement=a, within_budget=a >= 0.9, margin=a - 0.9,
-                               budget=f"agreement {a:.2f}")
+                               verdict_text=f"agreement {a:.2f}")
 
     return FallbackHooks(sensitivity, subset_score, full, time_left, log.append), calls
 
@@ -57,7 +57,7 @@ def test_a_revert_that_moves_away_from_fp32_is_undone_and_the_rest_re_ranked():
 
 
 def _score(a):
-    return {"agreement": a, "within_budget": a >= 0.9, "margin": a - 0.9, "budget": f"agreement {a:.2f}"}
+    return {"agreement": a, "within_budget": a >= 0.9, "margin": a - 0.9, "verdict_text": f"agreement {a:.2f}"}
 
 
 def test_it_stops_before_leaving_more_than_max_float_fraction_in_float():

@@ -100,19 +100,19 @@ def test_a_chosen_program_that_fails_from_out_gives_way_to_the_next_candidate(tm
     ended without an artifact. The first confirmation here is made to fail after the program was written (fault
     injection on qdeploy's own step): the next candidate within budget is saved and confirmed instead, the failed
     attempt's files are gone and optimize.json says what was replaced and why."""
-    from qdeploy.optimize import search
+    from qdeploy.optimize.steps import confirm as confirm_step
 
-    real, calls = search.confirm_program, []
+    real, calls = confirm_step.confirm_program, []
 
-    def first_fails(s, cctx, chosen, cref, key):
+    def first_fails(s, cctx, chosen, cref):
         calls.append(chosen.variant)
-        out = real(s, cctx, chosen, cref, key)
+        out = real(s, cctx, chosen, cref)
         if len(calls) == 1:
             (cctx.output.staging / "model.pt2").rename(cctx.output.staging / "model-left-over.pt2")
             return {"variant": chosen.variant, "error": "injected: the fresh process could not load model.pt2"}
         return out
 
-    monkeypatch.setattr(search, "confirm_program", first_fails)
+    monkeypatch.setattr(confirm_step, "confirm_program", first_fails)
     cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", compile_modes=[])
     s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     out = tmp_path / "out"
@@ -198,7 +198,7 @@ def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
     precision that reached the runtime search is compiled now, each in the layout its brief timing favours."""
     from types import SimpleNamespace as C
 
-    from qdeploy.optimize.torch_search import compile_pairs
+    from qdeploy.optimize.steps.torch_runtimes import compile_pairs
 
     brief = [C(precision="fp32", tf32=True, channels_last=True, brief_rank=4.9),
              C(precision="fp32", tf32=True, channels_last=False, brief_rank=5.3),
@@ -218,7 +218,7 @@ def test_layouts_a_brief_timing_cannot_separate_are_both_compiled_after_the_othe
     from types import SimpleNamespace as C
 
     from qdeploy.optimize.decide import LATENCY_TIE
-    from qdeploy.optimize.torch_search import compile_pairs
+    from qdeploy.optimize.steps.torch_runtimes import compile_pairs
 
     brief = [C(precision="fp16", tf32=False, channels_last=False, brief_rank=0.292),
              C(precision="fp16", tf32=False, channels_last=True, brief_rank=0.292 * (1 + LATENCY_TIE / 2)),

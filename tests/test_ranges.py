@@ -243,7 +243,8 @@ def test_modelopt_histograms_with_an_extra_edge_work_with_every_method():
 
     mo_hist = pytest.importorskip("modelopt.torch.quantization.calib.histogram")
     from qdeploy.quantize.collect import TensorStats
-    from qdeploy.quantize.ranges import METHODS, compute_amax
+    from qdeploy.config import RANGE_METHODS
+    from qdeploy.quantize.ranges import compute_amax
 
     rng = np.random.default_rng(0)
     calib = None
@@ -261,6 +262,6 @@ def test_modelopt_histograms_with_an_extra_edge_work_with_every_method():
         break
     assert calib._calib_bin_edges.numel() == calib._calib_hist.numel() + 2  # the ModelOpt behaviour this guards
     stats = TensorStats("t", lo=0.0, hi=top, hist=calib, samples=1, sample_absmax_sum=top)
-    for method in METHODS:
+    for method in RANGE_METHODS:
         amax = compute_amax(stats, method)
         assert 0 < amax <= top * (1 + 1e-6), method

@@ -1,7 +1,7 @@
 """Acceptance on the real data and weights in ../shared (skipped with the reason when absent).
 
 These run the same code path as ``qdeploy eval`` on full test splits, so they take a few minutes on
-2 CPU cores; the numbers they check are recorded in docs/benchmarks.md.
+2 CPU cores; the numbers they check are recorded in docs/int8-accuracy.md.
 """
 import pytest
 import yaml
@@ -54,7 +54,7 @@ def test_efficientnet_lite0_on_imagenet_subset_with_synsets(tmp_path):
     shared_path("data", "imagenet-val1300", "synsets.txt")
     t, o, results = _eval("imagenet_efficientnet_lite0.yaml", tmp_path)
     assert results["data"]["eval"]["num_classes"] == 1000 and t["metrics"]["samples"] == 1300
-    # recorded: top-1 82.38 %, top-5 see docs/benchmarks.md; the subset README quotes 82.4 %
+    # recorded: top-1 82.38 %, top-5 see docs/int8-accuracy.md; the subset README quotes 82.4 %
     assert t["metrics"]["top1"] == pytest.approx(0.824, abs=0.005)
     assert t["metrics"]["top5"] > t["metrics"]["top1"]
     assert abs(o["metrics"]["top1"] - t["metrics"]["top1"]) <= 0.002 and o["agreement"] > 0.99
@@ -62,7 +62,7 @@ def test_efficientnet_lite0_on_imagenet_subset_with_synsets(tmp_path):
 
 def test_cifar10_resnet20_int8_keeps_accuracy(tmp_path):
     """INT8 goals on real data: both artifacts within 0.3 point of FP32 91.73 (recorded per calibrator in
-    docs/benchmarks.md), ORT-targeted artifact above ONNX Runtime's own quantize_static best (91.23)."""
+    docs/int8-accuracy.md), ORT-targeted artifact above ONNX Runtime's own quantize_static best (91.23)."""
     shared_path("models", "cifar10-resnet", "resnet20.pt")
     shared_path("data", "cifar10", "train")
     cfg = load_config(REPO / "examples" / "cifar10_resnet20.yaml")

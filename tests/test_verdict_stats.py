@@ -19,8 +19,8 @@ from qdeploy.evaluate.stats import (accuracy_change, accuracy_change_of, mcnemar
                                     paired_drop_interval, per_image_confusion, ratio_of_medians)
 from qdeploy.report import print_table, render_html, render_markdown, validate_results
 from qdeploy.report import tables as T
-from qdeploy.report.verdict import (INT8_ALL_FAILED, NEAR_CHANCE, int8_failure_warning, mark_degraded,
-                                    near_chance_warning, recommend, run_warnings)
+from qdeploy.evaluate.verdict_rules import INT8_ALL_FAILED, NEAR_CHANCE, int8_failure_warning, near_chance_warning
+from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from test_verdict import _results, _v
 
 

@@ -333,10 +333,10 @@ def run_exit_code(results: dict) -> int:
     """`qdeploy run/eval/bench`'s exit code (README, "Exit codes"; 2 = user error, 3 = optimize's budget missed):
     1 when no variant ran (every one failed or was skipped); 4 when the run had INT8 variants and none of them ran
     (results.json warnings[].code "every-int8-variant-failed"); else 0. A degraded variant ran: it counts as run."""
-    if not any(v["status"] in ("ok", "degraded") for v in results["variants"]):
-        return 1
-    from qdeploy.report.verdict import INT8_ALL_FAILED
+    from qdeploy.evaluate.verdict_rules import INT8_ALL_FAILED, RAN_STATUSES
 
+    if not any(v["status"] in RAN_STATUSES for v in results["variants"]):
+        return 1
     if any(w.get("code") == INT8_ALL_FAILED for w in results.get("warnings") or []):
         return 4
     return 0
@@ -429,7 +429,7 @@ def _tensorrt_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from qdeploy.utils.log import console, set_debug, set_quiet
+    from qdeploy.utils.log import set_debug, set_quiet
 
     set_quiet(args.quiet)
     set_debug(args.debug)
@@ -509,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             from qdeploy.demo import run_demo
 
+            from qdeploy.evaluate.verdict_rules import RAN_STATUSES
+
             results = run_demo(args.out, cache_dir=args.cache_dir)
-            return 0 if any(v["status"] in ("ok", "degraded") for v in results["variants"]) else 1
+            return 0 if any(v["status"] in RAN_STATUSES for v in results["variants"]) else 1
     except QDeployError as e:
         if args.debug:
             raise

@@ -11,6 +11,7 @@ import importlib.util
 import difflib
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -328,8 +329,49 @@ class DataConfig(_Strict):
         return self
 
 
-PLACEMENTS = ("onnxruntime", "tensorrt", "openvino")
-METHODS = ("max", "entropy", "percentile", "mse", "mean-minmax")
+@dataclass(frozen=True)
+class RangeMethod:
+    """A range method (``Int8Config.method``): how an activation's clipping range is chosen from its statistics
+    (computed in quantize/ranges.py, or by ModelOpt's and NNCF's own calibrators)."""
+
+    name: str
+    how: str
+    nncf: bool = False  # NNCF has a range estimator of its own for it (quantizer nncf, placement openvino)
+
+
+RANGE_METHODS: dict[str, RangeMethod] = {m.name: m for m in (
+    RangeMethod("max", "the largest |x| observed over the calibration images", nncf=True),
+    RangeMethod("entropy", "the range whose quantized |x| histogram is closest to the observed one (KL divergence)"),
+    RangeMethod("percentile", "the given percentile of the |x| histogram (Int8Config.percentile)"),
+    RangeMethod("mse", "the range of least mean squared quantization error over the |x| histogram"),
+    RangeMethod("mean-minmax", "each image's largest |x|, averaged over the images (NNCF's MEAN_MINMAX)", nncf=True),
+)}
+RangeMethodName = Literal[tuple(RANGE_METHODS)]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A Q/DQ placement style (``Int8Config.placement``): the runtime whose INT8 kernels it lays Q/DQ out for, the
+    registered quantizers that make it (quantize/registry.py), and what the lint checks on its artifacts."""
+
+    name: str
+    runtime: str                  # whose INT8 kernels the layout is for (said in messages)
+    quantizers: tuple[str, ...]   # the quantizers that make it; quantizer auto tries its automatic ones in this order
+    lint_rules: Optional[str]     # the rules the lint checks its artifacts against; None: the lint does not apply
+    label: str                    # the variant label's part ("": the default placement)
+    description: str
+
+
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    Placement("onnxruntime", "ONNX Runtime", ("onnx", "qat"), None, "",
+              "ONNX Runtime's QDQ placement for its CPU kernels (uint8 activations; SiLU/hardswish kept whole unless "
+              "split_activations)"),
+    Placement("tensorrt", "TensorRT", ("modelopt", "onnx", "qat"), "TensorRT's Q/DQ rules (lint/rules.py)", "trt",
+              "TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT)"),
+    Placement("openvino", "OpenVINO", ("nncf",), None, "ov",
+              "OpenVINO's own placement, made by NNCF (nncf.quantize on the ONNX; quantizer nncf)"),
+)}
+PlacementName = Literal[tuple(PLACEMENTS)]
 # Keys of earlier releases: named in the error so an old config is fixed in one step, not guessed at.
 RENAMED_KEYS = {"calibrator": "method", "target": "placement"}
 
@@ -342,15 +384,13 @@ class Int8Config(_Strict):
     The quantizer that executes it is looked up by name in ``qdeploy.quantize``'s registry.
     """
 
-    method: Literal["max", "entropy", "percentile", "mse", "mean-minmax"] = Field(
+    method: RangeMethodName = Field(
         "mean-minmax", description="range method: how an activation's clipping range is chosen from its statistics; "
                                    "default mean-minmax, the one method that collapsed on no model measured (README)")
     percentile: float = Field(99.99, gt=0, le=100, description="for method: percentile")
-    placement: Literal["onnxruntime", "tensorrt", "openvino"] = Field(
-        "onnxruntime", description="Q/DQ placement style: onnxruntime = ONNX Runtime's QDQ placement for its CPU kernels (uint8 "
-                                   "activations; SiLU/hardswish kept whole unless split_activations); "
-                                   "tensorrt = TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT); "
-                                   "openvino = OpenVINO's own placement, made by NNCF (nncf.quantize on the ONNX; quantizer nncf)")
+    placement: PlacementName = Field(
+        "onnxruntime", description="Q/DQ placement style: " + "; ".join(f"{p.name} = {p.description}"
+                                                                        for p in PLACEMENTS.values()))
     exclude: list[str] = Field(default_factory=list, description="regexes on ONNX node names kept in float (every quantizer)")
     exclude_ops: list[str] = Field(default_factory=list, description="ONNX op types kept in float, e.g. [Resize, Gemm]")
     calibration_cache: Optional[str] = Field(None, description="existing TensorRT calibration cache to take ranges from")
@@ -397,7 +437,7 @@ class Int8Config(_Strict):
 
     def label_parts(self) -> list[str]:
         """Label pieces that tell two settings apart: every setting that changes the artifact is in the label."""
-        parts = {"tensorrt": ["trt"], "openvino": ["ov"]}.get(self.placement, [])
+        parts = [PLACEMENTS[self.placement].label] if PLACEMENTS[self.placement].label else []
         if self.quantizer != "auto":
             parts.append(self.quantizer)
         if self.calibration_cache:
@@ -533,8 +573,7 @@ class QatConfig(_Strict):
                                "logits (no labels: any image folder); both = their sum with distill_weight on the KL")
     data: Optional[DatasetSpec] = Field(None, description="training images (default: data.train for supervised/both, "
                                                           "data.calibration for distill)")
-    method: Literal["max", "entropy", "percentile", "mse", "mean-minmax"] = Field(
-        "mean-minmax", description="PTQ range method the QAT starts from")
+    method: RangeMethodName = Field("mean-minmax", description="PTQ range method the QAT starts from")
     epochs: float = Field(1.0, gt=0, description="passes over the training data (fractional allowed)")
     lr: float = Field(1e-4, gt=0)
     optimizer: Literal["sgd", "adamw"] = "sgd"
@@ -601,6 +640,20 @@ class BudgetSpec(_Strict):
         """The budget is agreement with FP32 alone (min_agreement without max_drop or relative)."""
         return self.max_drop is None and self.relative is None
 
+    @property
+    def kind(self) -> str:
+        """The budget's own test, by its key: ``max_drop``, ``relative``, or ``min_agreement`` (agreement alone)."""
+        if self.max_drop is not None:
+            return "max_drop"
+        return "relative" if self.relative is not None else "min_agreement"
+
+    def allowed_points(self, reference: float) -> float:
+        """The drop this budget allows below an FP32 metric ``reference`` (a fraction), in points of the task metric:
+        max_drop, or relative's share of the reference. Not defined for an agreement-only budget."""
+        if self.agreement_only:
+            raise ValueError("an agreement-only budget (min_agreement alone) allows no drop in points")
+        return self.max_drop if self.max_drop is not None else 100.0 * self.relative * reference
+
     _default_floor: float = PrivateAttr(DEFAULT_MIN_AGREEMENT)  # the task's (RunConfig sets it)
 
     @property
@@ -643,7 +696,7 @@ class OptimizeConfig(_Strict):
     seed: int = 0
     batch_size: Optional[int] = Field(None, gt=0, description="rank by p50 latency at this batch size (default: the largest "
                                                                 "of bench.batch_sizes)")
-    methods: list[Literal["max", "entropy", "percentile", "mse", "mean-minmax"]] = Field(
+    methods: list[RangeMethodName] = Field(
         default_factory=lambda: ["mean-minmax", "max", "percentile", "mse", "entropy"],
         description="PTQ range methods tried (one statistics pass serves them all)")
     confidence: float = Field(0.9, ge=0.5, lt=1, description="decide on the one-sided bound of this confidence (drop + z*SE, "

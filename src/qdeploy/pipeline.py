@@ -31,8 +31,10 @@ from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
 from qdeploy.errors import QDeployError, VariantUnavailable
 from qdeploy.evaluate import agreement, evaluate
+from qdeploy.evaluate.verdict_rules import RAN_STATUSES
 from qdeploy.preflight import check_calibration, check_model, check_qat_data, check_static_batch, fit_static_batch
 from qdeploy.report import SCHEMA_VERSION, print_table, write_reports
+from qdeploy.report.schema import STAGES
 from qdeploy.report.verdict import mark_degraded, recommend, run_warnings
 from qdeploy.sysinfo import environment
 from qdeploy.tasks import get_task
@@ -42,8 +44,9 @@ from qdeploy.utils.hashing import sha256_file
 from qdeploy.utils.log import console, is_debug, log, warn
 from qdeploy.utils.memory import MemoryProbe
 
-STAGES = ("eval", "bench")
-RUN_STAGES = ("build", "load", "eval", "bench")
+# The measuring stages a run may leave out (`qdeploy eval`/`bench` run one; export and quantize none); every variant is
+# built and loaded. The stages a variant record reports are report.schema.STAGES.
+MEASURE_STAGES = ("eval", "bench")
 
 
 def as_config(config: Union[RunConfig, dict, str, Path]) -> RunConfig:
@@ -85,7 +88,7 @@ class RunContext:
         return self._bench_inputs
 
 
-def open_run(config, out_dir, stages: Iterable[str] = STAGES, only: Optional[Iterable[str]] = None,
+def open_run(config, out_dir, stages: Iterable[str] = MEASURE_STAGES, only: Optional[Iterable[str]] = None,
              cache_dir: Optional[Path] = None, variants_filter=None) -> RunContext:
     cfg, static_batch = fit_static_batch(as_config(config))
     stages = set(stages)
@@ -138,7 +141,7 @@ class VariantRecord:
     status: str = "ok"
     reason: Optional[str] = None
     failed_stage: Optional[str] = None
-    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in RUN_STAGES})
+    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in STAGES})
     artifact: Optional[Artifact] = None
     device: Optional[str] = None
     details: dict = field(default_factory=dict)
@@ -347,7 +350,7 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
     placed: dict[tuple, str] = {}
     data_files: dict[tuple, list] = {}
     entries = []
-    pairs = [(r.label, r.artifact) for r in records if r.artifact is not None and r.status in ("ok", "degraded", "failed")]
+    pairs = [(r.label, r.artifact) for r in records if r.artifact is not None and r.status in (*RAN_STATUSES, "failed")]
     pairs += [(r.label, a) for r in records for a in r.extra_artifacts]
     for label, art in list(pairs) + list(extra):
         for a in [art, *art.companions]:
@@ -500,7 +503,7 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
 def run(
     config: Union[RunConfig, dict, str, Path],
     out_dir: Union[str, Path],
-    stages: Iterable[str] = STAGES,
+    stages: Iterable[str] = MEASURE_STAGES,
     only: Optional[Iterable[str]] = None,
     cache_dir: Optional[Path] = None,
     write: bool = True,
@@ -670,15 +673,12 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
     from its checkpoint of the same model, data and QAT config.
     """
     import dataclasses
-    import os
 
     from qdeploy.artifacts.builder import dataset_identity
     from qdeploy.config import Int8Config
     from qdeploy.errors import ConfigError
-    from qdeploy.quantize.modelopt_quantizer import export_checked
-    from qdeploy.quantize.qat import CHECKPOINT, TRAIN_LOG
-    from qdeploy.quantize.qat_quantizer import command_folder, finetune, onnxruntime_artifact, resolve_device, train_summary
-    from qdeploy.quantize.registry import QuantizeInputs, finish
+    from qdeploy.quantize.qat_quantizer import command_folder, finetune, resolve_device, train_summary
+    from qdeploy.quantize.registry import QuantizeInputs
     from qdeploy.report.qat_page import write_qat_report
 
     t_start = time.perf_counter()
@@ -695,17 +695,7 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
         device = f"cuda:{torch.cuda.current_device()}"
     output = OutputDir(out_dir) if rank == 0 else None  # rank 0 alone writes; refused now, not after training
     try:
-        eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
-        check_qat_data(cfg, eval_batches)
-        calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
-        builder = Builder(cfg, cache_dir, calibration,
-                          check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
-        if not builder.has_torch:
-            from qdeploy.export.onnx_to_torch import onnx2torch_problem
-
-            if onnx2torch_problem():
-                raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is an ONNX or Keras model and "
-                                  f"{onnx2torch_problem()}")
+        eval_batches, calibration, builder = _qat_data_and_builder(cfg, cache_dir)
         fp32 = builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
         int8 = Int8Config(method=q.method, placement="tensorrt", quantizer="qat", residual_quantizers=q.residual_quantizers)
         inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=pre, calibration=calibration, torch_model=builder.trainable_model,
@@ -736,22 +726,10 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
         kill_point("eval")
         after = _torch_metric(student, eval_batches, task, pre, device, ignore, preds["after"])
         student = student.cpu().eval()
-        onnx_path = output.path("qat.onnx")
-        result = finish(export_checked(student, inputs, onnx_path, dict(info, qat=True)), int8, onnx_path, "qat", t0)
+        onnx_path, result, ort_path, ort_result = _qat_artifacts(student, inputs, int8, info, output, t0)
         after_onnx = _onnx_metric(onnx_path, eval_batches, task, pre, ignore, preds["after_onnx"])
-        # the ONNX Runtime-targeted artifact from the same fine-tuned weights (quantizer qat, placement onnxruntime)
-        ort_cfg = Int8Config(method=q.method, placement="onnxruntime", quantizer="qat")
-        ort_path = output.path("qat-onnxruntime.onnx")
-        with tempfile.TemporaryDirectory(prefix="qdeploy-qat-") as scratch:  # the float export is an intermediate
-            ort_result = finish(onnxruntime_artifact(student, inputs, ort_cfg, ort_path, Path(scratch)), ort_cfg, ort_path,
-                                "qat", time.perf_counter())
         ort_metric = _onnx_metric(ort_path, eval_batches, task, pre, ignore, preds["onnxruntime"])
-        for name in (CHECKPOINT, TRAIN_LOG):  # the training's final state travels with the artifacts
-            if (work / name).is_file():
-                try:  # a hard link: the training folder's next checkpoint is a new file (atomic rename), this one stays
-                    os.link(work / name, output.path(name))
-                except OSError:
-                    shutil.copyfile(work / name, output.path(name))
+        _copy_training_state(work, output)
         summary = {"fp32": start["fp32"], "before": start["before"], "after": after, "after_onnx": after_onnx,
                    "onnxruntime": {"artifact": ort_path.name, "metric": ort_metric, "method": q.method,
                                    "structure": ort_result.info.get("structure")},
@@ -778,6 +756,59 @@ def qat(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Path], re
             output.abort()
     _finish_distributed(world)
     return summary
+
+
+def _qat_data_and_builder(cfg: RunConfig, cache_dir: Optional[Path]) -> tuple:
+    """(eval images, calibration images, builder) of a QAT: the images decoded and checked, and a builder whose model
+    can be fine-tuned (a PyTorch model, or an ONNX model onnx2torch converts; ConfigError otherwise)."""
+    from qdeploy.errors import ConfigError
+
+    task, pre = cfg.model.task, cfg.model.preprocess
+    eval_batches = make_batches(cfg.data.eval, pre, task, desc="decode eval images")
+    check_qat_data(cfg, eval_batches)
+    calibration = make_batches(cfg.data.calibration, pre, task, desc="decode calibration images")
+    builder = Builder(cfg, cache_dir, calibration,
+                      check_inputs=lambda: normalize(eval_batches.first(cfg.export.verify.samples)[0], pre))
+    if not builder.has_torch:
+        from qdeploy.export.onnx_to_torch import onnx2torch_problem
+
+        if onnx2torch_problem():
+            raise ConfigError(f"QAT fine-tunes a PyTorch model; {cfg.model.source} is an ONNX or Keras model and "
+                              f"{onnx2torch_problem()}")
+    return eval_batches, calibration, builder
+
+
+def _qat_artifacts(student, inputs, int8, info: dict, output: OutputDir, t0: float) -> tuple:
+    """(path, result, ONNX Runtime path, its result): the fine-tuned ``student`` (on the CPU, in eval mode) exported as
+    the TensorRT-placement Q/DQ ONNX ``qat.onnx``, and as ``qat-onnxruntime.onnx``, the ONNX Runtime placement's INT8
+    of the same fine-tuned weights (quantizer qat, placement onnxruntime), each finished as every INT8 artifact is."""
+    from qdeploy.config import Int8Config
+    from qdeploy.quantize.modelopt_quantizer import export_checked
+    from qdeploy.quantize.qat_quantizer import onnxruntime_artifact
+    from qdeploy.quantize.registry import finish
+
+    onnx_path = output.path("qat.onnx")
+    result = finish(export_checked(student, inputs, onnx_path, dict(info, qat=True)), int8, onnx_path, "qat", t0)
+    ort_cfg = Int8Config(method=int8.method, placement="onnxruntime", quantizer="qat")
+    ort_path = output.path("qat-onnxruntime.onnx")
+    with tempfile.TemporaryDirectory(prefix="qdeploy-qat-") as scratch:  # the float export is an intermediate
+        ort_result = finish(onnxruntime_artifact(student, inputs, ort_cfg, ort_path, Path(scratch)), ort_cfg, ort_path,
+                            "qat", time.perf_counter())
+    return onnx_path, result, ort_path, ort_result
+
+
+def _copy_training_state(work: Path, output: OutputDir) -> None:
+    """The training's final state (checkpoint and log) travels with the artifacts."""
+    import os
+
+    from qdeploy.quantize.qat import CHECKPOINT, TRAIN_LOG
+
+    for name in (CHECKPOINT, TRAIN_LOG):
+        if (work / name).is_file():
+            try:  # a hard link: the training folder's next checkpoint is a new file (atomic rename), this one stays
+                os.link(work / name, output.path(name))
+            except OSError:
+                shutil.copyfile(work / name, output.path(name))
 
 
 def _init_distributed(device: str) -> tuple[int, int]:

@@ -142,14 +142,7 @@ def export_keras(spec: ModelSpec, export: ExportSpec, verify_inputs: Optional[np
     Route 1, tf2onnx under TensorFlow; where its ONNX is invalid or does not match Keras, route 2, Keras 3 under the
     torch backend exported by torch.onnx (:mod:`qdeploy.export.keras_torch`). Which route made the file, and why the
     first one failed, is in the cache's metadata, in ``artifact.exporter`` and in the verification record."""
-    source = Path(spec.source).expanduser()
-    if not source.exists():
-        raise ModelError(f"Keras model {source} does not exist")
-    if source.is_dir() and not (source / "saved_model.pb").is_file():
-        raise ModelError(f"{source} is a folder without saved_model.pb: give a SavedModel folder, a .keras or a .h5 file")
-    problem = keras_problem()
-    if problem:
-        raise ModelError(f"model.source {source} is a Keras model, which needs TensorFlow: {problem}")
+    source = _checked_source(spec.source)
     pre = spec.preprocess
     versions = keras_versions()
     fingerprint = sha256_json({"source": _source_digest(source), "input": [pre.channels, *pre.input_size],
@@ -179,30 +172,9 @@ def export_keras(spec: ModelSpec, export: ExportSpec, verify_inputs: Optional[np
         first_failed: Optional[str] = None  # why route 1 cannot, one line
         candidate: Optional[Path] = path if cached else None
         if not cached or need_ref:  # one TensorFlow process converts and/or computes Keras' outputs on the check images
-            job = {**request, "mode": "predict" if cached else "convert", "onnx": str(tmp / "model.onnx")}
-            if need_ref:
-                np.save(tmp / "x.npy", x)
-                job.update(inputs=str(tmp / "x.npy"), outputs=str(tmp / "y.npy"))
-            try:
-                answer = _run_child(job)
-            except _ChildCrashed as e:
-                if cached:
-                    raise
-                # died converting (tf2onnx, ONNX Runtime): Keras' own outputs in a process that only predicts
-                first_failed = str(e).split(": ", 1)[-1]
-                answer = _run_child({**job, "mode": "predict"}) if need_ref else {}
-            if need_ref:
-                with atomic_path(ref_path) as t, open(t, "wb") as f:
-                    np.save(f, np.load(tmp / "y.npy"))
-            if not cached and first_failed is None:
-                if "route_failed" in answer:
-                    first_failed = answer["route_failed"]
-                else:
-                    candidate = tmp / "model.onnx"
-                    meta = {k: answer[k] for k in ("input_name", "output_name", "opset", "layout", "input_shape", "repairs")}
-                    meta.update(route="tf2onnx", exporter="tf2onnx")
-                    log(f"export: Keras input {meta['input_shape']} ({meta['layout']}); ONNX input NCHW; "
-                        + "; ".join(meta["repairs"]))
+            converted, converted_meta, first_failed = _first_route(request, tmp, cached, x, ref_path, need_ref)
+            if converted is not None:
+                candidate, meta = converted, converted_meta
         ref = None if x is None else np.load(ref_path)
         verify = None
         if candidate is not None:
@@ -213,31 +185,7 @@ def export_keras(spec: ModelSpec, export: ExportSpec, verify_inputs: Optional[np
                     raise
                 first_failed, candidate = _mismatch(e), None
         if candidate is None:  # route 2: Keras 3 under the torch backend, exported by torch.onnx
-            log(f"export: {first_failed}; second route: Keras {versions['keras']} under the torch backend → torch.onnx "
-                f"(TorchScript, then dynamo) in a torch process")
-
-            def neither(reason: str, error=ModelError):
-                first = first_failed.removeprefix("tf2onnx ")
-                return error(f"Keras model {source} converts by neither route: tf2onnx: {first}; Keras under the "
-                             f"torch backend → torch.onnx: {reason}")
-
-            if source.is_dir():
-                raise neither("a SavedModel folder is a TensorFlow graph, which Keras under the torch backend cannot load "
-                              "(give the .keras or .h5 file)")
-            try:
-                answer = _run_child({**request, "onnx": str(tmp / "torch.onnx")}, "keras-torch")
-            except ModelError as e:
-                raise neither(str(e).split(f"{source}: ", 1)[-1]) from None
-            candidate = tmp / "torch.onnx"
-            meta = {k: answer[k] for k in ("input_name", "output_name", "opset", "layout", "input_shape", "repairs")}
-            meta.update(route="keras-torch", exporter=f"keras-torch/{answer['exporter']}", first_route_failed=first_failed,
-                        tried=answer["tried"])
-            log(f"export: {meta['exporter']} exported it" + (f" ({'; '.join(answer['tried'])})" if answer["tried"] else "")
-                + f"; Keras input {meta['input_shape']} ({meta['layout']}); ONNX input NCHW; " + "; ".join(meta["repairs"]))
-            try:
-                verify = _verify(candidate, meta, ref, x, export, meta["exporter"])
-            except ExportError as e:
-                raise neither(_mismatch(e), ExportError) from None
+            candidate, meta, verify = _second_route(request, tmp, source, first_failed, versions["keras"], ref, x, export)
         if candidate != path:
             with atomic_path(path) as t:
                 shutil.copyfile(candidate, t)
@@ -251,6 +199,85 @@ def export_keras(spec: ModelSpec, export: ExportSpec, verify_inputs: Optional[np
             verify["first_route_failed"] = meta["first_route_failed"]
         artifact.verify = verify
     return artifact
+
+
+def _checked_source(source) -> Path:
+    """``model.source`` as a path to a Keras model qdeploy can convert here (ModelError otherwise)."""
+    source = Path(source).expanduser()
+    if not source.exists():
+        raise ModelError(f"Keras model {source} does not exist")
+    if source.is_dir() and not (source / "saved_model.pb").is_file():
+        raise ModelError(f"{source} is a folder without saved_model.pb: give a SavedModel folder, a .keras or a .h5 file")
+    problem = keras_problem()
+    if problem:
+        raise ModelError(f"model.source {source} is a Keras model, which needs TensorFlow: {problem}")
+    return source
+
+
+_META_KEYS = ("input_name", "output_name", "opset", "layout", "input_shape", "repairs")
+
+
+def _first_route(request: dict, tmp: Path, cached: bool, x: Optional[np.ndarray], ref_path: Optional[Path],
+                 need_ref: bool) -> tuple[Optional[Path], dict, Optional[str]]:
+    """Route 1, in one TensorFlow process: convert with tf2onnx (unless ``cached``) and, where ``need_ref``, compute
+    Keras' outputs on the check images ``x`` into ``ref_path``. Returns (the converted ONNX in ``tmp`` or None, its
+    metadata, why route 1 cannot convert: None when it could or was not asked to)."""
+    first_failed = None
+    job = {**request, "mode": "predict" if cached else "convert", "onnx": str(tmp / "model.onnx")}
+    if need_ref:
+        np.save(tmp / "x.npy", x)
+        job.update(inputs=str(tmp / "x.npy"), outputs=str(tmp / "y.npy"))
+    try:
+        answer = _run_child(job)
+    except _ChildCrashed as e:
+        if cached:
+            raise
+        # died converting (tf2onnx, ONNX Runtime): Keras' own outputs in a process that only predicts
+        first_failed = str(e).split(": ", 1)[-1]
+        answer = _run_child({**job, "mode": "predict"}) if need_ref else {}
+    if need_ref:
+        with atomic_path(ref_path) as t, open(t, "wb") as f:
+            np.save(f, np.load(tmp / "y.npy"))
+    if cached or first_failed is not None:
+        return None, {}, first_failed
+    if "route_failed" in answer:
+        return None, {}, answer["route_failed"]
+    meta = {k: answer[k] for k in _META_KEYS}
+    meta.update(route="tf2onnx", exporter="tf2onnx")
+    log(f"export: Keras input {meta['input_shape']} ({meta['layout']}); ONNX input NCHW; " + "; ".join(meta["repairs"]))
+    return tmp / "model.onnx", meta, None
+
+
+def _second_route(request: dict, tmp: Path, source: Path, first_failed: str, keras_version: str,
+                  ref: Optional[np.ndarray], x: Optional[np.ndarray], export: ExportSpec) -> tuple[Path, dict, Optional[dict]]:
+    """Route 2: Keras 3 under the torch backend, exported by torch.onnx in a torch process, and verified. Returns (the
+    ONNX in ``tmp``, its metadata, the verification record); ModelError/ExportError naming both routes' failures."""
+    log(f"export: {first_failed}; second route: Keras {keras_version} under the torch backend → torch.onnx "
+        f"(TorchScript, then dynamo) in a torch process")
+
+    def neither(reason: str, error=ModelError):
+        first = first_failed.removeprefix("tf2onnx ")
+        return error(f"Keras model {source} converts by neither route: tf2onnx: {first}; Keras under the "
+                     f"torch backend → torch.onnx: {reason}")
+
+    if source.is_dir():
+        raise neither("a SavedModel folder is a TensorFlow graph, which Keras under the torch backend cannot load "
+                      "(give the .keras or .h5 file)")
+    try:
+        answer = _run_child({**request, "onnx": str(tmp / "torch.onnx")}, "keras-torch")
+    except ModelError as e:
+        raise neither(str(e).split(f"{source}: ", 1)[-1]) from None
+    candidate = tmp / "torch.onnx"
+    meta = {k: answer[k] for k in _META_KEYS}
+    meta.update(route="keras-torch", exporter=f"keras-torch/{answer['exporter']}", first_route_failed=first_failed,
+                tried=answer["tried"])
+    log(f"export: {meta['exporter']} exported it" + (f" ({'; '.join(answer['tried'])})" if answer["tried"] else "")
+        + f"; Keras input {meta['input_shape']} ({meta['layout']}); ONNX input NCHW; " + "; ".join(meta["repairs"]))
+    try:
+        verify = _verify(candidate, meta, ref, x, export, meta["exporter"])
+    except ExportError as e:
+        raise neither(_mismatch(e), ExportError) from None
+    return candidate, meta, verify
 
 
 # ---------------------------------------------------------------------------------------------------- child process

@@ -2,7 +2,7 @@
 engine runner read (an early stage: it imports nothing of qdeploy but ``errors``).
 
 1. **Version strategies** (``plan_build``): how each supported major builds each precision.
-2. **Kernel and fusion facts** (``FUSION_BACKBONE_OPS``, ``SCALE_PRESERVING``, ``FUSIBLE_ACTIVATIONS``,
+2. **Kernel and fusion facts** (``FUSION_BACKBONE_OPS``, ``FUSIBLE_ACTIVATIONS``,
    ``conv_int8_supported``; which ops are compute ops is the placement rules' fact: ``lint.placement.COMPUTE_OPS``):
    what TensorRT's explicit quantization fuses and runs in INT8; every Q/DQ placement and lint rule uses them.
 3. **API surfaces** (``NAMES_USED``, ``PATH_VERSIONS``, ``REMOVED_IN_11``): every TensorRT Python name each consumer
@@ -31,7 +31,7 @@ refused with the reason: qdeploy's TensorRT code is written against 10.x and 11.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional, Sequence
+from typing import Literal, Sequence
 
 from qdeploy.errors import QDeployError
 
@@ -113,10 +113,6 @@ def tensorrt_version() -> str | None:
 # and its Q/DQ propagation moves an activation's DQ forward across data-movement ops (TensorRT developer guide,
 # "Q/DQ layer placement": DQ propagates forward across commuting layers such as Reshape and Transpose).
 DQ_SEES_THROUGH = ("Cast", "Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose")
-# Ops through which TensorRT's Q/DQ propagation sees the same values (no arithmetic): a Q/DQ pair can move
-# across them, and scales on both sides must match or TensorRT requantizes.
-SCALE_PRESERVING = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "Reshape", "Flatten",
-                    "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Identity", "Pad", "Resize", "Upsample")
 # Element-wise activations that TensorRT fuses into the producing Conv as its epilogue.
 FUSIBLE_ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
                        "Softplus", "PRelu")

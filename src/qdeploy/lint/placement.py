@@ -1,6 +1,6 @@
-"""Where INT8 goes: one description (``RULES``) and the one plan computed from it (``placement_plan``).
+"""Where INT8 goes: one description (``OP_RULES``) and the one plan computed from it (``placement_plan``).
 
-``RULES`` says, per op class and per placement, which ops get INT8 inputs (and weights), which stay float, and which
+``OP_RULES`` says, per op class and per placement, which ops get INT8 inputs (and weights), which stay float, and which
 Adds get a skip-input quantizer. ``placement_plan`` applies them to an ONNX graph (the exported FP32 model, or a Q/DQ
 file seen through its Q/DQ): for each node the rule that decided it, its role and the inputs that carry Q/DQ. Readers:
 
@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 
 import onnx
 
+from qdeploy.config import PLACEMENTS
 from qdeploy.facts.tensorrt import conv_int8_supported
 from qdeploy.lint.patterns import squeeze_excitation_nodes
 from qdeploy.lint.qdq_graph import QdqGraph
@@ -45,6 +46,11 @@ class OpRule:
     expand: Optional[Callable[[QdqGraph, onnx.NodeProto], list]] = None   # the whole pattern an anchor node stands for
     why: str = ""
     compute: bool = False                  # its ops carry the multiply-accumulates (COMPUTE_OPS, MAC shares)
+
+    def __post_init__(self):
+        unknown = set(self.roles) - set(PLACEMENTS)
+        if unknown:
+            raise ValueError(f"rule {self.name}: unknown placement(s) {sorted(unknown)} (config.PLACEMENTS)")
 
     def role(self, placement: str) -> Optional[str]:
         return self.roles.get(placement)
@@ -224,7 +230,7 @@ SQUEEZE_EXCITATION_WHY = (
     "block, so an error in its 1x1 convs scales a whole feature map, and the branch computes on a Cx1x1 vector, so float "
     "costs next to nothing (lint/patterns.py: CIFAR-10 EfficientNet-B0 76.5 % with the branch INT8, 80.0 % float)")
 
-RULES: list[OpRule] = [
+OP_RULES: list[OpRule] = [
     # pattern rules first: earlier rules win, and these take nodes the op-class rules below would make INT8
     OpRule("squeeze-excitation", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, (ANY_OP,), applies=_in_squeeze_excitation,
            why=SQUEEZE_EXCITATION_WHY),
@@ -249,7 +255,7 @@ RULES: list[OpRule] = [
                "TensorRT: it is inside ModelOpt's non-quantizable attention partition MatMul → (Add) → Softmax → MatMul "
                "(modelopt/onnx/quantization/partitioning.py) and TensorRT's fused attention; a mask built at run time "
                "(torchvision's shifted-window Swin) is an Add of two activations that the residual-add rule would "
-               "otherwise quantize, with the -100 mask in its range: softmax output at 18 dB SQNR (bench/ort_gap.py, "
+               "otherwise quantize, with the -100 mask in its range: softmax output at 18 dB SQNR (bench/diagnose/ort_gap.py, "
                "docs/heldout_findings.md)"),
     OpRule("layernorm", {"tensorrt": FLOAT, "onnxruntime": FLOAT}, ("LayerNormalization",),
            why=_NORM_WHY),
@@ -260,7 +266,7 @@ RULES: list[OpRule] = [
     OpRule("gating-mul", {"onnxruntime": FLOAT}, ("Mul",), applies=_two_activations,
            why="a Mul of two activations (squeeze-excitation's x·gate, SiLU's x·σ(x), GELU's pieces) stays float in the "
                "ONNX Runtime placement: ONNX Runtime's QLinearMul (requantizing, broadcasting the gate) costs 3.7-5x its "
-               "float Mul's kernel time, batch 32, 2 threads, AVX2 (bench/ort_op_profile.py: EfficientNet-B0@48 9.5 vs "
+               "float Mul's kernel time, batch 32, 2 threads, AVX2 (bench/diagnose/ort_op_profile.py: EfficientNet-B0@48 9.5 vs "
                "2.5 ms, MobileNetV3@64 5.3 vs 1.4, DeiT-tiny 10.1 vs 2.0, ConvNeXt-atto 5.5 vs 1.0); with Mul float "
                "EfficientNet-B0's INT8 graph went from 1.59x to 1.13x FP32's time. Elementwise work is memory-bound: "
                "INT8 saves arithmetic, which it does not have"),
@@ -277,7 +283,7 @@ RULES: list[OpRule] = [
 
 
 # the op types that carry a model's multiply-accumulates: the MAC shares, the lint's compute ops, the sensitivity layers
-COMPUTE_OPS: tuple[str, ...] = tuple(dict.fromkeys(t for r in RULES if r.compute for t in r.onnx_ops))
+COMPUTE_OPS: tuple[str, ...] = tuple(dict.fromkeys(t for r in OP_RULES if r.compute for t in r.onnx_ops))
 
 
 # ONNX Runtime placement: which quantized convs ONNX Runtime can run in INT8 at all (measured, issue #23)
@@ -287,7 +293,7 @@ CONV_FLOAT_OUTPUT_WHY = (
     "with the Q as the conv's only consumer; without it (its consumer stays float: SiLU/hardswish kept whole, a float "
     "squeeze-excitation branch, an excluded layer) the Conv runs in float on input and weights dequantized at every "
     "call, outside the NCHWc layout FP32 convs get. Conv kernel time, INT8 graph vs FP32 graph, batch 32, 2 threads, "
-    "AVX2 (bench/ort_op_profile.py): EfficientNet-B0@48 120.8 vs 18.8 ms, MobileNetV3@64 57.2 vs 16.1 ms, MobileViT-XXS "
+    "AVX2 (bench/diagnose/ort_op_profile.py): EfficientNet-B0@48 120.8 vs 18.8 ms, MobileNetV3@64 57.2 vs 16.1 ms, MobileViT-XXS "
     "24.7 vs 7.9 ms. MatMul and Gemm keep their Q/DQ: ONNX Runtime has INT8 kernels with a float output for them "
     "(MatMulIntegerToFloat, QGemm). Int8Config.quantized_conv_outputs keeps such convs INT8 by quantizing their output "
     "instead (QLinearConv; one more rounding before the activation)")
@@ -319,11 +325,11 @@ def convs_without_int8_kernel(model: onnx.ModelProto) -> list[str]:
 
 
 def rules(placement: str) -> list[OpRule]:
-    return [r for r in RULES if r.role(placement) is not None]
+    return [r for r in OP_RULES if r.role(placement) is not None]
 
 
 def int8_op_types(placement: str) -> list[str]:
-    """ONNX op types a placement puts Q/DQ on (INT8 and skip-input roles), in RULES order."""
+    """ONNX op types a placement puts Q/DQ on (INT8 and skip-input roles), in OP_RULES order."""
     out = []
     for r in rules(placement):
         if r.role(placement) in (INT8, SKIP_INPUT):
@@ -391,6 +397,8 @@ class PlacementPlan:
 def placement_plan(graph, placement: str = "tensorrt", excluded: Optional[dict] = None) -> PlacementPlan:
     """The plan of ``placement`` for an ONNX model or graph (a Q/DQ graph is read through its Q/DQ). ``excluded``: {node:
     why} the user keeps float (decided before any rule)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement '{placement}' (one of {', '.join(PLACEMENTS)})")
     g = graph if isinstance(graph, QdqGraph) else QdqGraph(graph.model if isinstance(graph, OnnxGraph) else graph)
     plan = PlacementPlan(placement)
     decisions = plan.decisions
@@ -441,14 +449,14 @@ def attention_matmuls(g: OnnxGraph) -> list[onnx.NodeProto]:
 @contextlib.contextmanager
 def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
     """Add a rule for the duration of a block (tests, experiments): first, it overrides the rules after it."""
-    RULES.insert(0 if first else len(RULES), rule)
+    OP_RULES.insert(0 if first else len(OP_RULES), rule)
     try:
         yield rule
     finally:
-        RULES.remove(rule)
+        OP_RULES.remove(rule)
 
 
 __all__ = ["ANY_OP", "ATTENTION_MATMUL", "COMPUTE_OPS", "CONV_FLOAT_OUTPUT_WHY", "Decision", "FLOAT", "INT8", "NARROW_CONV_WHY",
-           "OpRule", "PlacementPlan", "RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY", "attention_matmuls",
+           "OpRule", "PlacementPlan", "OP_RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY", "attention_matmuls",
            "compute_nodes", "conv_runs_int8_in_tensorrt", "convs_without_int8_kernel", "extra_rule", "float_nodes",
            "int8_op_types", "placement_plan", "rule_for", "rules"]

@@ -22,10 +22,6 @@ from qdeploy.utils.onnx_graph import OnnxGraph
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 GATES = ("Sigmoid", "HardSigmoid")  # x·sigmoid(x) = SiLU, x·hardsigmoid(x) = hardswish; y·sigmoid(z) is an SE gate
-# Ops that TensorRT folds into a Conv's epilogue when they follow it directly (ModelOpt's fusible path types,
-# plus the activations TensorRT fuses as pointwise epilogues).
-EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
-                "Mul", "Add", "Div")
 # Ops that only move or re-label data (no arithmetic, no change of type): a DequantizeLinear commutes forward across
 # them and a QuantizeLinear backward (TensorRT developer guide, "Processing of Q/DQ networks": Q/DQ propagation), so a
 # tensor INT8 before such a chain is still INT8 after it. A subset of ``DQ_SEES_THROUGH`` (no Cast: it changes type).
@@ -136,21 +132,6 @@ class QdqGraph(OnnxGraph):
         for name, init in self.initializers.items():
             out[name] = list(init.dims)
         return out
-
-    def weight_value(self, node: onnx.NodeProto) -> Optional[np.ndarray]:
-        """The float weight of a compute op (dequantized when stored as INT8), for shape/channel questions."""
-        if len(node.input) < 2:
-            return None
-        tensor = node.input[1]
-        dq = self.dq_of(tensor)
-        if dq is not None:
-            src = self.float_input_of(dq)
-            if src is not None and self.is_constant(src):
-                return self.constant_value(src)
-            if self.is_constant(dq.input[0]):
-                return self.constant_value(dq.input[0])
-            return None
-        return self.constant_value(self.source(tensor))
 
     # ------------------------------------------------------------ fusion structure
     def single_consumer(self, tensor: str) -> Optional[onnx.NodeProto]:

@@ -56,6 +56,9 @@ class Target:
     # FP32 (and FP16 where the CPU runs it), their INT8 from the same Q/DQ ONNX, and their own placement (NNCF)
     also: tuple[str, ...] = ()
     threads: Optional[int] = None  # CPU targets: intra-op threads every candidate runs and is timed with (None: all cores)
+    # the search's steps, in order, by their names in optimize.steps.STEPS: each proposes and measures one kind of
+    # candidate
+    steps: tuple[str, ...] = ("floats", "ptq", "fallback")
 
     @property
     def engine_name(self) -> str:
@@ -72,19 +75,22 @@ class Target:
 
 
 _ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
+_CPU_STEPS = ("floats", "ptq", "cpu-engines", "fallback")
+_TORCH_STEPS = ("torch-runtimes",)
 TARGETS = {
-    "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime"),
+    "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime", steps=_CPU_STEPS),
     # the CPU answer from either engine: ONNX Runtime's candidates (the FP32 reference, its INT8 placement) and
     # OpenVINO's (engines/openvino_engine.py), each an artifact the user deploys with that engine
-    "cpu": Target("cpu", _ORT_CPU, "onnxruntime", also=("openvino",)),
+    "cpu": Target("cpu", _ORT_CPU, "onnxruntime", also=("openvino",), steps=_CPU_STEPS),
     "tensorrt": Target("tensorrt", {"engine": "tensorrt"}, "tensorrt", ("fp16",)),
     "torch-cuda": Target("torch-cuda", {"engine": "torch", "device": "cuda"}, None, ("fp16", "bf16"),
-                         runtimes=("eager", "cudagraph", "compile"), tf32=True),
-    "torch-cpu": Target("torch-cpu", {"engine": "torch", "device": "cpu"}, None, (), runtimes=("eager", "compile")),
+                         runtimes=("eager", "cudagraph", "compile"), tf32=True, steps=_TORCH_STEPS),
+    "torch-cpu": Target("torch-cpu", {"engine": "torch", "device": "cpu"}, None, (), runtimes=("eager", "compile"),
+                        steps=_TORCH_STEPS),
     # the same ONNX as the CPU answer on ONNX Runtime's CUDA execution provider (onnxruntime-gpu, installed instead of the
     # CPU build: docs/onnxruntime-cuda.md): FP32 and FP16, each also replayed as a CUDA graph on bound buffers
     "onnxruntime-cuda": Target("onnxruntime-cuda", {"engine": "onnxruntime", "device": "cuda"}, None, ("fp16",),
-                               graph_capture=True),
+                               graph_capture=True, steps=("floats", "ptq")),
 }
 
 
@@ -113,7 +119,7 @@ def tf32_supported() -> Optional[bool]:
 def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
     """The first candidates of a search, cheapest first: the FP32 reference, the target's float precisions, one PTQ
     candidate per method. Fallback and QAT candidates are planned later, from the best PTQ result; a PyTorch target's
-    CUDA-graph and compiled candidates later too, from the precisions within budget (optimize/torch_search.py)."""
+    CUDA-graph and compiled candidates later too, from the precisions within budget (optimize/steps/torch_runtimes.py)."""
     out: list[Candidate] = [(TorchFp32Reference if target.torch_program else Fp32Reference).planned(target)]
     if target.torch_program:
         if target.tf32:
@@ -157,13 +163,23 @@ class Candidate:
     se: Optional[float] = None
     within_budget: bool = False
     margin: Optional[float] = None
-    budget: str = ""
+    verdict_text: str = ""                # the budget verdict in words (decide.Verdict.why), or why it was not scored
     agreement_se: Optional[float] = None  # per-image standard error of the agreement (the floor's bound)
     rejected_by: Optional[str] = None     # the rule that put it outside the budget: decide.Verdict.rule
     subset_agreement: Optional[float] = None
     replayed: bool = False
     scores_replayed: bool = False  # accuracy from a search of the same model timed otherwise (batch, threads)
     predictions: Optional[np.ndarray] = field(default=None, repr=False)
+
+    # TRANSITIONAL (remove once optimize/search.py, session.py, torch_search.py, fallback.py read verdict_text): the
+    # old name of verdict_text, kept only so the steps being restructured run meanwhile.
+    @property
+    def budget(self) -> str:
+        return self.verdict_text
+
+    @budget.setter
+    def budget(self, text: str) -> None:
+        self.verdict_text = text
 
     # ---- what it is
     @property
@@ -234,7 +250,7 @@ class Candidate:
         self.within_budget = self.ok and budget_verdict.within
         self.margin = budget_verdict.margin if self.ok else None
         self.rejected_by = budget_verdict.rule if self.ok and not budget_verdict.within else None
-        self.budget = budget_verdict.why if self.ok else T.status_text(self.to_json())
+        self.verdict_text = budget_verdict.why if self.ok else T.status_text(self.to_json())
 
     # ---- how it is shown and stored
     _MEASURED = ("status", "reason", "failed_stage", "search_metric", "latency_p50_ms", "latency_p50_by_batch", "noisy",
@@ -259,7 +275,7 @@ class Candidate:
                 **{k: getattr(self, k) for k in self._MEASURED},
                 "agreement": self.agreement, "se": self.se, "agreement_se": self.agreement_se,
                 "within_budget": self.within_budget, "margin": self.margin, "rejected_by": self.rejected_by,
-                "budget": self.budget, "replayed": self.replayed, "scores_replayed": self.scores_replayed, **({"subset_agreement": self.subset_agreement}
+                "budget": self.verdict_text, "replayed": self.replayed, "scores_replayed": self.scores_replayed, **({"subset_agreement": self.subset_agreement}
                                           if self.subset_agreement is not None else {}),
                 "description": self.describe()}
 
@@ -323,7 +339,7 @@ class PtqCandidate(Candidate):
         """Ranked below another method on the subset and not evaluated on the whole search split (same graph, so the
         same speed: only the best method needs the full evaluation)."""
         self.status, self.subset_agreement = "ranked on the subset only", agreement
-        self.budget = "not evaluated on the whole search split"
+        self.verdict_text = "not evaluated on the whole search split"
 
     def describe(self) -> str:
         return (f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
@@ -473,7 +489,7 @@ class TorchCandidate(Candidate):
         self.compile_s = round(compile_s, 2)
         if self.status == "planned":
             self.status = "timed briefly only"
-            self.budget = "not evaluated (a faster candidate was measured fully)"
+            self.verdict_text = "not evaluated (a faster candidate was measured fully)"
 
     def _layout(self) -> str:
         return ", channels_last" if self.channels_last else ""

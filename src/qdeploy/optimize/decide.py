@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from qdeploy.config import BudgetSpec
-from qdeploy.report.verdict import RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
+from qdeploy.evaluate.verdict_rules import RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
 from qdeploy.tasks import get_task
 
 
@@ -24,7 +24,8 @@ class Verdict:
     margin: float        # how far inside (+) or outside (-) the budget, in the budget's own unit
     why: str
     # what rejected it (None: within): the budget's own kind (max_drop, relative, min_agreement), the agreement floor
-    # (verdict.RULE_MIN_AGREEMENT: below budget.min_agreement; verdict.RULE_SIBLINGS: far below its INT8 siblings), or
+    # (verdict_rules.RULE_MIN_AGREEMENT: below budget.min_agreement; verdict_rules.RULE_SIBLINGS: far below its INT8
+    # siblings), or
     # "unmeasured" (no metric or no agreement to decide on)
     rule: Optional[str] = None
 
@@ -33,8 +34,8 @@ def agreement_floor(agreement: Optional[float], min_agreement: float, siblings=(
                     z: float = 0.0, default: bool = False) -> Verdict:
     """The agreement floor every budget decision includes: is ``agreement`` (share of predictions identical to FP32's on
     the same images, a fraction) high enough, whatever the accuracy? The rules are qdeploy run's degraded rules
-    (report.verdict.agreement_rule): below ``min_agreement``, or more than verdict.SIBLING_GAP below the median of
-    ``siblings`` (the other INT8 candidates' agreements, when there are verdict.SIBLINGS_NEEDED of them).
+    (evaluate.verdict_rules.agreement_rule): below ``min_agreement``, or more than verdict_rules.SIBLING_GAP below the
+    median of ``siblings`` (the other INT8 candidates' agreements, when there are verdict_rules.SIBLINGS_NEEDED of them).
 
     As in :func:`budget_check`, ``se`` (a fraction) and ``z`` put the decision on the one-sided lower bound
     ``agreement - z*se`` (both rules test it), so a candidate is only called clear of the floor when it is, with that
@@ -87,7 +88,7 @@ def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optiona
         own = Verdict(margin >= -1e-12, margin,
                       f"agreement {100 * agreement:.2f} %{bound} vs minimum {100 * budget.min_agreement:.2f} %")
         if not own.within:
-            own.rule = "min_agreement"
+            own.rule = budget.kind
             return own
         # the threshold is the budget itself: what the floor adds is the siblings rule
         floor = agreement_floor(agreement, budget.min_agreement, siblings, se, z)
@@ -96,12 +97,11 @@ def budget_check(budget: BudgetSpec, reference: Optional[float], metric: Optiona
         return Verdict(False, -1.0, "no task metric (labels) measured; use budget.min_agreement without labels",
                        "unmeasured")
     drop_points = 100.0 * (reference - metric)
-    kind = "max_drop" if budget.max_drop is not None else "relative"
-    allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
+    allowed = budget.allowed_points(reference)
     margin = allowed - drop_points - k
     bound = f" (upper bound {drop_points + k:.2f})" if k else ""
     own = Verdict(margin >= -1e-9, margin, f"drop {drop_points:.2f} points{bound} vs allowed {allowed:.2f}",
-                  None if margin >= -1e-9 else kind)
+                  None if margin >= -1e-9 else budget.kind)
     floor = agreement_floor(agreement, budget.floor, siblings, agreement_se, z, default=default_floor)
     if not floor.within:
         return Verdict(False, min(own.margin, 100.0 * floor.margin), f"{floor.why}; {own.why}", floor.rule)
@@ -140,7 +140,7 @@ def resolution_warning(budget: BudgetSpec, reference: float, n_search: int, task
     """A sentence when the search split is too small to resolve the budget (max_drop/relative on classification)."""
     if not get_task(task).per_sample_standard_error or budget.agreement_only:
         return None
-    allowed = budget.max_drop if budget.max_drop is not None else 100.0 * budget.relative * reference
+    allowed = budget.allowed_points(reference)
     se = metric_standard_error(reference, n_search)
     if allowed < se:
         return (f"the budget ({allowed:.2f} points) is below the standard error of the metric on the search split "
@@ -182,9 +182,9 @@ def fallback_for_speed(candidates: list, int8: list, tie: float = LATENCY_TIE):
     candidate outside the budget by its accuracy drop (``rejected_by`` max_drop: a fallback keeps the layers that cost
     accuracy in float; an agreement collapse is not that), faster than every candidate within budget by more than
     ``tie``. Why: on a CPU with several engines the fastest INT8 is often another engine's, a few tenths of a point
-    outside a budget its slower sibling meets (measured on the AMX Xeon, docs/benchmarks.md issue 36: ResNet-44 at
-    batch 32, OpenVINO INT8 3.51 ms with a drop bound of 0.39 > 0.30, while the answer was BF16 at 4.07 ms); the
-    fallback was tried only when no INT8 at all met the budget. None where latencies are not measured (rank keys are
+    outside a budget its slower sibling meets (measured on an AMX CPU, docs/results/cpu_goals_xeon_2026-11-26.json: ResNet-44 at
+    batch 32, OpenVINO INT8 3.51 ms with a drop bound of 0.39 > 0.30, while the answer was BF16 at 4.07 ms); without
+    this, the fallback was tried only when no INT8 at all met the budget. None where latencies are not measured (rank keys are
     INT8 shares, not times) or nothing faster is outside."""
     best = fastest_within(candidates, tie)
     if best is None or best.rank_key is None or best.rank_key <= 0:

@@ -111,8 +111,8 @@ def run_fallback(start, hooks: FallbackHooks, *, refine_top: int, max_float_frac
         res.candidates.append(trial)
         worse = _moved_away(trial, current)
         agree = trial.agreement
-        hooks.log(f"fallback: {name} in float -> {trial.budget}"
-                  + (f", agreement {100 * agree:.2f} %" if agree is not None and "agreement" not in str(trial.budget) else "")
+        hooks.log(f"fallback: {name} in float -> {trial.verdict_text}"
+                  + (f", agreement {100 * agree:.2f} %" if agree is not None and "agreement" not in str(trial.verdict_text) else "")
                   + ("; further from FP32 than without it: undone, re-ranking" if worse else ""))
         if worse:
             rejected.add(name)

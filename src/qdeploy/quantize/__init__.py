@@ -12,14 +12,14 @@ read-back), trt_cache.py (TensorRT calibration cache in/out).
 """
 from qdeploy.quantize import modelopt_quantizer, nncf_quantizer, onnx_quantizer, qat_quantizer  # noqa: F401  (register the quantizers)
 from qdeploy.quantize.qdq import quantize_onnx
-from qdeploy.quantize.ranges import METHODS, TensorRange, compute_ranges
+from qdeploy.quantize.ranges import TensorRange, compute_ranges
 from qdeploy.quantize.registry import (
     QUANTIZERS, NotApplicable, QuantizeInputs, Quantizer, QuantResult, candidates, get_quantizer, quantize, register_quantizer,
 )
 from qdeploy.quantize.trt_cache import read_trt_cache, write_trt_cache
 
 __all__ = [
-    "METHODS", "QUANTIZERS", "NotApplicable", "QuantResult", "QuantizeInputs", "Quantizer", "TensorRange", "candidates",
+    "QUANTIZERS", "NotApplicable", "QuantResult", "QuantizeInputs", "Quantizer", "TensorRange", "candidates",
     "compute_ranges", "get_quantizer", "quantize", "quantize_onnx", "read_trt_cache", "register_quantizer",
     "write_trt_cache",
 ]

@@ -15,18 +15,12 @@ from typing import Iterable, Optional
 import numpy as np
 
 from qdeploy.errors import QDeployError
-from qdeploy.quantize.modelopt_import import import_modelopt
 from qdeploy.utils.log import progress
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 
 class NonFiniteActivation(QDeployError):
     """NaN/Inf inside the model on calibration data: ranges would be meaningless."""
-
-
-def modelopt_histogram_calibrator():
-    """ModelOpt's HistogramCalibrator, imported quietly (a ~4 s import that logs CUDA/JIT notices on CPU boxes)."""
-    return import_modelopt("modelopt.torch.quantization.calib").HistogramCalibrator
 
 
 class AbsHistogram:

@@ -21,12 +21,11 @@ from typing import Iterator
 
 import numpy as np
 
-from qdeploy.config import Int8Config
+from qdeploy.config import RANGE_METHODS, Int8Config
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.log import log, warn
 
-METHODS = ("mean-minmax", "max")  # the range methods NNCF offers here (Int8Config.method)
 
 
 @register_quantizer
@@ -35,7 +34,7 @@ class NncfQuantizer(Quantizer):
     description = "OpenVINO's own Q/DQ placement and ranges, made by NNCF (nncf.quantize on the ONNX; placement openvino)"
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
-        if cfg.placement != "openvino":
+        if not self.makes(cfg.placement):
             raise NotApplicable(f"placement {cfg.placement}: quantizer nncf makes placement openvino only (OpenVINO's own "
                                 "Q/DQ placement)")
         if importlib.util.find_spec("nncf") is None:
@@ -132,8 +131,10 @@ class NncfQuantizer(Quantizer):
 
 
 def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ConfigError(f"method {method}: quantizer nncf (placement openvino) offers mean-minmax and max here "
+    if method not in RANGE_METHODS or not RANGE_METHODS[method].nncf:
+        offered = sorted((m.name for m in RANGE_METHODS.values() if m.nncf),
+                         key=lambda name: name != Int8Config.model_fields["method"].default)  # the default first
+        raise ConfigError(f"method {method}: quantizer nncf (placement openvino) offers {' and '.join(offered)} here "
                           f"(NNCF's own range estimators); use placement onnxruntime for {method}")
 
 

@@ -223,13 +223,14 @@ class QatQuantizer(Quantizer):
     name = "qat"
     description = ("quantization-aware training: ModelOpt PTQ (TensorRT placement) fine-tuned with the config's qat: section; "
                    "TensorRT Q/DQ ONNX, or the fine-tuned weights quantized for ONNX Runtime")
+    automatic = False  # training is asked for (quantizer: qat), never picked by auto
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
         if not has_torch:
             raise NotApplicable("quantizer qat fine-tunes a PyTorch model; this model is ONNX-only")
         if cfg.calibration_cache:
             raise NotApplicable("quantizer qat starts from its own calibration; a TensorRT cache cannot be fine-tuned")
-        if cfg.placement == "openvino":
+        if not self.makes(cfg.placement):
             raise NotApplicable("quantizer qat trains the TensorRT or ONNX Runtime placement; placement openvino is "
                                 "NNCF's post-training placement")
         if cfg.exclude_ops and cfg.placement == "tensorrt":

@@ -26,6 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
+from qdeploy.config import PLACEMENTS
 from qdeploy.facts.onnxruntime import reduce_range_reason, u8s8_saturates
 from qdeploy.lint.fixes import apply_fixes
 from qdeploy.lint.qdq_graph import QdqGraph
@@ -36,11 +37,8 @@ from qdeploy.utils.atomic import atomic_path
 from qdeploy.utils.log import warn
 from qdeploy.utils.onnx_graph import OnnxGraph, inline_constant_identities
 
-TARGETS = ("tensorrt", "onnxruntime")
-
-
-def _constant_names(model) -> set[str]:
-    return OnnxGraph(model).constants
+# the placements this module inserts Q/DQ for (those quantizer onnx makes: config.PLACEMENTS)
+QDQ_PLACEMENTS = tuple(p.name for p in PLACEMENTS.values() if "onnx" in p.quantizers)
 
 
 def tensors_to_calibrate(model, target: str):
@@ -82,8 +80,8 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     """Write the INT8 ONNX to ``out_path`` (atomically). Returns what was excluded and why."""
     import onnx
 
-    if target not in TARGETS:
-        raise ValueError(f"unknown INT8 target '{target}' (one of {TARGETS})")
+    if target not in QDQ_PLACEMENTS:
+        raise ValueError(f"unknown INT8 target '{target}' (one of {QDQ_PLACEMENTS})")
     model = onnx.load(str(fp32_path))
     inline_constant_identities(model)  # a tied weight is a weight (per-channel Q/DQ), not an activation
     model = onnx.shape_inference.infer_shapes(model)

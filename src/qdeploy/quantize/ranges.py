@@ -4,12 +4,11 @@
 ``HistogramCalibrator`` algorithms, re-implemented in bulk (below), on the |x| histograms collected in
 one pass (collect.AbsHistogram on the ONNX Runtime path, ModelOpt's own calibrators on the ModelOpt path).
 
-ModelOpt ≤ 0.47 bug worked around here: ``_compute_amax_mse`` calls
+ModelOpt ≤ 0.47's ``_compute_amax_mse`` is not used: it calls
 ``fake_tensor_quant(centers, amax, num_bits, unsigned)`` but the signature is
 ``(inputs, amax, bias, num_bits, unsigned, ...)``: num_bits lands in ``bias`` and ``unsigned`` (False)
 becomes ``num_bits=0``, so every candidate quantises to zero and the smallest range wins (top-1 falls
-to ~10 % on CIFAR-10). We detect the bug once on a synthetic histogram and, only if present, call
-the same function with the arguments in their right places.
+to ~10 % on CIFAR-10). ``mse_amax`` below evaluates the same objective with the arguments in their places.
 
 ModelOpt's ``_compute_amax_entropy`` is correct but walks every (candidate, bin) pair in Python: 1.9 s
 per tensor here, 107 s for ResNet-20's 57 activations, which alone breaks the calibration-time goal
@@ -39,13 +38,13 @@ Runtime placement; see entropy_amax and docs/benchmarks.md.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-METHODS = ("max", "entropy", "percentile", "mse", "mean-minmax")
+from qdeploy.config import RANGE_METHODS
+
 SCALE_FLOOR = 1e-8  # an all-zero tensor gets this tiny range instead of a zero scale (division by zero)
 
 
@@ -62,42 +61,6 @@ class TensorRange:
         if self.channel_lo is None:
             return [self.lo, self.hi, self.amax]
         return [self.lo, self.hi, self.amax, list(self.channel_lo), list(self.channel_hi)]
-
-
-@contextlib.contextmanager
-def _mse_fix():
-    from modelopt.torch.quantization.calib import histogram
-
-    original = histogram.fake_tensor_quant
-
-    def fixed(inputs, amax, *args, **kwargs):
-        if len(args) == 2 and not kwargs:  # the buggy (num_bits, unsigned) positional call
-            return original(inputs, amax, None, *args)
-        return original(inputs, amax, *args, **kwargs)
-
-    histogram.fake_tensor_quant = fixed
-    try:
-        yield
-    finally:
-        histogram.fake_tensor_quant = original
-
-
-_MSE_BUGGY: Optional[bool] = None
-
-
-def modelopt_mse_is_buggy() -> bool:
-    """True when ModelOpt's histogram MSE picks a far-too-small range on a plain Gaussian."""
-    global _MSE_BUGGY
-    if _MSE_BUGGY is None:
-        import torch
-
-        from qdeploy.quantize.collect import modelopt_histogram_calibrator
-
-        calib = modelopt_histogram_calibrator()(num_bins=2048)
-        calib.collect(torch.from_numpy(np.random.default_rng(0).standard_normal(200_000).astype(np.float32)))
-        amax = float(calib.compute_amax("mse"))
-        _MSE_BUGGY = amax < 1.0  # a correct MSE range for N(0,1) at 8 bits lies around 3-5
-    return _MSE_BUGGY
 
 
 MAX_CANDIDATES = 4096  # candidate ranges evaluated per tensor by entropy/mse; histograms up to 4224 bins are searched exhaustively
@@ -139,7 +102,7 @@ def compute_amax(stats, method: str, percentile: float = 99.99, max_candidates: 
             stride = search_stride(len(hist), max_candidates=max_candidates)
             amax = entropy_amax(hist, edges, stride=stride) if method == "entropy" else mse_amax_bounded(hist, edges, stride=stride)
     else:
-        raise ValueError(f"unknown calibrator '{method}' (one of {METHODS})")
+        raise ValueError(f"unknown calibrator '{method}' (one of {tuple(RANGE_METHODS)})")
     return max(min(amax, absmax) if absmax > 0 else amax, SCALE_FLOOR)
 
 

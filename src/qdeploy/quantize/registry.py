@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import onnx
 
-from qdeploy.config import Int8Config, Preprocess
+from qdeploy.config import PLACEMENTS, Int8Config, Preprocess
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.lint import lint_model, load_qdq_model, structure_line
 from qdeploy.quantize.exclude import module_of_node, scope_key
@@ -63,6 +63,11 @@ class QuantResult:
 class Quantizer(ABC):
     name: str = ""
     description: str = ""
+    automatic: bool = True  # quantizer auto may pick it (for the placements that list it: config.PLACEMENTS)
+
+    def makes(self, placement: str) -> bool:
+        """Whether this quantizer makes ``placement`` (config.PLACEMENTS[placement].quantizers)."""
+        return self.name in PLACEMENTS[placement].quantizers
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
         """Raise NotApplicable when these settings cannot run with this quantizer (before any work)."""
@@ -88,13 +93,14 @@ def get_quantizer(name: str) -> Quantizer:
 
 
 def candidates(cfg: Int8Config, has_torch: bool) -> list[Quantizer]:
-    """Quantizers to try, in order. ``auto``: ModelOpt on the PyTorch model for the TensorRT placement
-    (quantizes the model TensorRT users actually train and fine-tune), else Q/DQ inserted into the ONNX."""
+    """Quantizers to try, in order. ``auto``: the automatic quantizers that make the placement, in the placement's
+    order (config.PLACEMENTS): for TensorRT, ModelOpt on the PyTorch model (quantizes the model TensorRT users actually
+    train and fine-tune), else Q/DQ inserted into the ONNX."""
     if cfg.quantizer != AUTO:
         q = get_quantizer(cfg.quantizer)
         q.check(cfg, has_torch)  # an explicit choice that cannot work is the user's error
         return [q]
-    order = [QUANTIZERS[n] for n in ("modelopt", "onnx", "nncf") if n in QUANTIZERS]
+    order = [QUANTIZERS[n] for n in PLACEMENTS[cfg.placement].quantizers if n in QUANTIZERS and QUANTIZERS[n].automatic]
     usable = []
     for q in order:
         try:
@@ -143,7 +149,8 @@ def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name:
     qdq_model = load_qdq_model(out_path)  # read once: the lint and the explanations below share it
     report = lint_model(qdq_model, out_path.name)
     structure = report.to_dict(with_ops=True)["structure"]
-    if cfg.placement == "tensorrt":
+    placement = PLACEMENTS[cfg.placement]
+    if placement.lint_rules:
         # layers left float on purpose are explained findings, not defects
         reasons = {n: "too narrow for TensorRT's INT8 kernels (left float by the placement)"
                    for n in result.info.get("excluded_small_channel_convs") or []}
@@ -154,8 +161,7 @@ def finish(result: QuantResult, cfg: Int8Config, out_path: Path, quantizer_name:
         report.explain(reasons)
         lint = {k: v for k, v in report.to_dict().items() if k in ("by", "verdict", "counts", "findings")}
     else:
-        lint = {"skipped": f"placement {cfg.placement}: {'OpenVINO' if cfg.placement == 'openvino' else 'ONNX Runtime'}'s "
-                           "CPU layout, TensorRT's rules do not apply"}
+        lint = {"skipped": f"placement {cfg.placement}: {placement.runtime}'s CPU layout, TensorRT's rules do not apply"}
     result.info.update(quantizer=quantizer_name, placement=cfg.placement, trt_calibration_cache=str(trt_cache),
                        quantize_time_s=round(time.perf_counter() - t0, 3), structure=structure, lint=lint)
     log(f"quantize: {out_path.name} ({quantizer_name}): {structure_line(structure)}"

@@ -11,16 +11,18 @@ from collections.abc import Mapping
 from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from qdeploy.evaluate.verdict_rules import RAN_STATUSES
 from qdeploy.tasks import TASKS as REGISTERED_TASKS
 
 SCHEMA_VERSION = "qdeploy.results/2"
 
 TASKS = tuple(REGISTERED_TASKS)
 # degraded: ran and measured, but its INT8 accuracy collapsed (see report.verdict.mark_degraded).
-STATUSES = ("ok", "degraded", "skipped", "failed")
-# Where a variant stopped: "check" = found unavailable before anything was built.
-FAILED_STAGES = ("check", "build", "load", "eval", "bench")
+STATUSES = (*RAN_STATUSES, "skipped", "failed")
+# A variant's stages, in order (its record's ``stages``: pipeline.VariantRecord).
 STAGES = ("build", "load", "eval", "bench")
+# Where a variant stopped: "check" = found unavailable before anything was built.
+FAILED_STAGES = ("check", *STAGES)
 STAGE_STATUSES = ("ok", "failed", "skipped", "not_run")
 # accuracy_change.verdict: the paired test's answer (qdeploy.evaluate.stats)
 CHANGE_VERDICTS = ("no detectable change", "worse", "better")

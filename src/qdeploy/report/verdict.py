@@ -8,37 +8,26 @@ them once the measurements are in, and the reports only show what they decided:
     results["warnings"] = run_warnings(results, chance)     # reference near chance, every INT8 variant failed
 
 The statistics themselves (exact McNemar, Agresti–Min and bootstrap intervals, the binomial chance test) are in
-:mod:`qdeploy.evaluate.stats`.
+:mod:`qdeploy.evaluate.stats`; the agreement rules and the two warnings, which ``qdeploy optimize`` applies too, in
+:mod:`qdeploy.evaluate.verdict_rules`.
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 
 from qdeploy.config import DEFAULT_MIN_AGREEMENT
 from qdeploy.evaluate.stats import ratio_of_medians
+from qdeploy.evaluate.verdict_rules import (EPS, RULE_MIN_AGREEMENT, SIBLING_GAP, agreement_rule, int8_failure_warning,
+                                            near_chance_warning)
 from qdeploy.report import tables as T
 from qdeploy.tasks import DEFAULT_TASK, TASKS, get_task
 
-# An INT8 variant whose agreement is this far (as a fraction) below the median of its INT8 siblings is
-# degraded even above min_agreement: its calibration went wrong where the others' did not.
-SIBLING_GAP = 0.10
-SIBLINGS_NEEDED = 2  # with one sibling there is no telling which of the two is the odd one
 # Winner and runner-up whose p50s differ by less than this share are a tie on a real machine.
 CLOSE_P50 = 0.05
-_EPS = 1e-9  # a difference of exactly the threshold (0.5 points, 0.10) is not "beyond" it
 
 # a metric key's name in sentences: each task's headline, and the report's other columns
 METRIC_NAMES = {**{t.metric: t.metric_label for t in TASKS.values()},
                 "top5": "top-5", "pixel_acc": "pixel accuracy", "map50": "mAP@0.5"}
-
-# results["warnings"][i]["code"]: what the headline opens with (and what `qdeploy run`'s exit code reads)
-NEAR_CHANCE = "reference-near-chance"
-INT8_ALL_FAILED = "every-int8-variant-failed"
-NEAR_CHANCE_CAUSES = ("input size (model.preprocess input_size/resize/crop: a 32x32 model fed 224x224?)",
-                      "normalisation (preprocess mean/std, RGB vs L)",
-                      "class order (data.eval classes/class_names vs the order the model was trained with)",
-                      "weights (model.weights not loaded, or of another model)")
 
 
 def _metric(task: str) -> tuple[str, str]:
@@ -78,28 +67,6 @@ def _evidence(change: Mapping) -> str:
             + (f" on {n:,.0f} images" if n is not None else ""))
 
 
-# ---------------------------------------------------------------------------- the agreement rules
-# Which agreement rule rejected a variant or candidate: read by mark_degraded here and by optimize's agreement floor
-# (optimize/decide.agreement_floor), so that `qdeploy run` and `qdeploy optimize` judge agreement the same way.
-RULE_MIN_AGREEMENT = "min_agreement"
-RULE_SIBLINGS = "siblings"
-
-
-def agreement_rule(agreement: float, min_agreement: float, siblings=()) -> tuple[str, float] | None:
-    """The two agreement rules on numbers (agreement with the reference as a fraction): ``(RULE_MIN_AGREEMENT,
-    min_agreement)`` when ``agreement`` is below ``min_agreement``; else ``(RULE_SIBLINGS, median)`` when it is more than
-    ``SIBLING_GAP`` below the ``median`` agreement of ``siblings`` (the other INT8 variants' agreements) and there are
-    at least ``SIBLINGS_NEEDED`` of them; else None. A difference of exactly a threshold is not beyond it."""
-    if agreement < min_agreement - _EPS:
-        return RULE_MIN_AGREEMENT, min_agreement
-    siblings = list(siblings)
-    if len(siblings) >= SIBLINGS_NEEDED:
-        median = statistics.median(siblings)
-        if median - agreement > SIBLING_GAP + _EPS:
-            return RULE_SIBLINGS, median
-    return None
-
-
 # ---------------------------------------------------------------------------- degraded INT8 variants
 def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAULT_MIN_AGREEMENT,
                   tolerance: float = 0.5) -> None:
@@ -120,7 +87,7 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAUL
        variants, when there are at least ``SIBLINGS_NEEDED`` (2) of them. It catches one broken calibration method
        among several healthy ones even when it clears the threshold.
 
-    The agreement rules (1, 2: :func:`agreement_rule`, shared with ``qdeploy optimize``'s agreement floor) apply with
+    The agreement rules (1, 2: ``verdict_rules.agreement_rule``, shared with ``qdeploy optimize``'s agreement floor) apply with
     and without labels: a variant that agrees with the reference on less than ``min_agreement`` of the images is
     degraded even when McNemar sees "no detectable change" in top-1. A near-chance or random-weight reference makes
     accuracy blind (a collapsed model that answers the most frequent class scores what the reference scores), while
@@ -138,7 +105,7 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAUL
     for v in candidates:
         change = T.section(v, "accuracy_change")
         drop = T.num(change.get("drop_points"))
-        if change.get("verdict") == "worse" and drop is not None and drop > tolerance + _EPS:
+        if change.get("verdict") == "worse" and drop is not None and drop > tolerance + EPS:
             name = METRIC_NAMES.get(str(change.get("metric")), metric)
             a = T.num(v.get("agreement"))
             reasons.setdefault(id(v), []).append(
@@ -182,38 +149,6 @@ def mark_degraded(variants: list[dict], task: str, min_agreement: float = DEFAUL
 
 
 # ---------------------------------------------------------------------------- what the headline opens with
-def near_chance_warning(results: Mapping, check: Mapping, chance_basis: str = "") -> dict | None:
-    """The ``reference-near-chance`` warning from :func:`qdeploy.evaluate.stats.near_chance`'s ``check`` on the
-    reference's top-1, or None when the reference is clearly above chance."""
-    if not check or not check.get("near"):
-        return None
-    ref = results.get("reference")
-    n = T.num(check.get("n"))
-    message = (f"The reference {ref}'s top-1 {_pct(check['top1'])} is near chance ({_pct(check['chance'])}"
-               + (f", {chance_basis}" if chance_basis else "") + f"): not clearly above {_pct(check['threshold'])} "
-               f"(exact binomial test, one-sided p = {check['p_value']:.2g} on {n:,.0f} labelled images). The model or "
-               "its inputs are likely wrong; check the " + "; the ".join(NEAR_CHANCE_CAUSES)
-               + ". Every comparison below is against a reference that does not work.")
-    return {"code": NEAR_CHANCE, "message": message, "variant": ref,
-            **{k: check[k] for k in ("top1", "chance", "threshold", "p_value", "n", "alpha", "skill") if k in check}}
-
-
-def int8_failure_warning(variants: list[Mapping]) -> dict | None:
-    """The ``every-int8-variant-failed`` warning when the run had INT8 variants and none of them ran (each failed or
-    was skipped), naming each one's stage and reason; None otherwise."""
-    int8 = [v for v in variants if v.get("precision") == "int8"]
-    if not int8 or any(v.get("status") in ("ok", "degraded") for v in int8):
-        return None
-    parts = {}
-    for v in int8:
-        stage = str(v.get("failed_stage") or "?") + (" (skipped)" if v.get("status") == "skipped" else "")
-        parts[str(v.get("name"))] = f"{stage}: {v.get('reason') or 'no reason given'}"
-    every = "every INT8 variant failed" if all(v.get("status") == "failed" for v in int8) else \
-        "no INT8 variant ran (every one failed or was skipped)"
-    message = f"{every[0].upper()}{every[1:]}: " + "; ".join(f"{k}: {why}" for k, why in parts.items())
-    return {"code": INT8_ALL_FAILED, "message": message, "variants": parts}
-
-
 def run_warnings(results: Mapping, near_chance_check: Mapping | None = None, chance_basis: str = "") -> list[dict]:
     """What every report must say before the recommendation: ``[{"code", "message", ...}]``, most basic first."""
     out = [near_chance_warning(results, near_chance_check or {}, chance_basis),
@@ -265,7 +200,6 @@ def recommend(results: Mapping, tolerance: float = 0.5, batch_size: str | int | 
            "reason": "", "excluded": {}}
     excluded: dict[str, str] = {}
     ref = T.reference(results)
-    ref_name = str(results.get("reference")) if ref is not None else None
     ref_value = T.num(T.section(ref, "metrics").get(key)) if ref is not None else None
 
     accurate = []
@@ -277,7 +211,7 @@ def recommend(results: Mapping, tolerance: float = 0.5, batch_size: str | int | 
             why = f"no {metric} measured"
         if why is None and ref_value is None:
             why = f"no reference {metric} to compare with"
-        if why is None and 100 * (ref_value - value) > tolerance + _EPS:
+        if why is None and 100 * (ref_value - value) > tolerance + EPS:
             why = f"{metric} {100 * (value - ref_value):+.2f} points vs the reference (tolerance {tolerance:g})"
         if why is None and not T.deploys_speed(v):
             why = "speed not its deployment engine's: its latency was measured in another runtime"

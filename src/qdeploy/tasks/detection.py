@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from qdeploy.tasks import Task, register_task
+from qdeploy.tasks.base import Task, register_task
 from qdeploy.tasks.detection_decode import matched, postprocess
 from qdeploy.tasks.detection_metrics import DetectionMetrics
 

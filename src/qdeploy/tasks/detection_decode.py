@@ -17,7 +17,7 @@ The built-in heads (their output layouts, as their authors' export code writes t
   ``non_max_suppression``).
 * ``xyxy-scores`` — boxes already decoded by the network, (N, A, 4 + C): ``xmin ymin xmax ymax`` in input pixels then
   C per-class scores (torchvision's SSD/RetinaNet/FCOS heads with their box coder and anchors in the graph and
-  their NMS left out, as bench/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
+  their NMS left out, as bench/train/bccd_models.py's SSDlite exports; DETR-style sets without a no-object column).
 * ``onnx-nms`` — an ONNX detector with its NMS inside (ONNX NonMaxSuppression or TensorRT's EfficientNMS_TRT): the
   graph is cut at that node (:mod:`qdeploy.tasks.detection_nms_graph`), its boxes and per-class scores become the
   output, and the node's own settings apply: box coding, IoU and score thresholds, per-image maximum, class-agnostic

@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from qdeploy.tasks import Task, register_task
+from qdeploy.tasks.base import Task, register_task
 
 
 class SegmentationMetrics:

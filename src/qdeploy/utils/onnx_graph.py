@@ -66,15 +66,6 @@ class OnnxGraph:
                 return numpy_helper.to_array(value)
         return None
 
-    def float_constant_nodes(self) -> list[onnx.NodeProto]:
-        """Constant nodes holding a float tensor (e.g. Pad values that a quantizer may treat as inputs)."""
-        out = []
-        for out_name, node in self._constant_nodes.items():
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None and value.data_type == onnx.TensorProto.FLOAT:
-                out.append(node)
-        return out
-
     def source(self, tensor: str) -> str:
         """``tensor`` followed back through Cast/Identity (ModelOpt's exporter casts before Q)."""
         while tensor in self.producer and self.producer[tensor].op_type in PASS_THROUGH:

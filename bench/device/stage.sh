@@ -1,0 +1,28 @@
+# Sourced (`. bench/device/stage.sh`, from the repository root) by the device-machine scripts of bench/device/.
+# The device reaches no package index, so what its image lacks travels as wheels in a carried folder (at most 64 MiB
+# a call, the repo included: bench/device/stage_*.sh on this machine fill those folders).
+#
+#   install_wheels TARGET WHEEL...   pip-install the carried wheels into TARGET (no index, no dependency resolution:
+#                                    the staging brought every wheel needed); the caller puts TARGET on PYTHONPATH
+#   stage_devsite                    install .devsite.tar.xz (bench/device/stage_gpu_data.sh, stage_keras_gpu.sh) once
+#                                    into /tmp/site, merge .devdata/$tag (if carried) into /tmp/dd, unpack its image
+#                                    .tgz files, set PYTHONPATH; exits 3 on a fresh machine without the site
+
+install_wheels() {
+  local target=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+
+stage_devsite() {
+  if [ -f .devsite.tar.xz ]; then  # carried: (re)install it, also over an older /tmp/site of a warm machine
+    rm -rf /tmp/.devsite && python3 -c "import tarfile; tarfile.open('.devsite.tar.xz').extractall('/tmp')" && mkdir -p /tmp/site && cp -r /tmp/.devsite/. /tmp/site/
+  elif [ ! -d /tmp/site/modelopt ]; then
+    echo "no /tmp/site and no .devsite.tar.xz carried: a fresh machine, stage again from the first call"; exit 3
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160
+  mkdir -p /tmp/dd
+  [ -d ".devdata/$tag" ] && cp -r ".devdata/$tag/." /tmp/dd/
+  for t in /tmp/dd/*.tgz; do [ -e "$t" ] && tar -C /tmp/dd -xzf "$t" && rm "$t"; done  # image folders packed in one file
+  [ -d /tmp/dd/site-packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/dd/site-packages
+  echo "staged in /tmp/dd: $(ls /tmp/dd | tr '\n' ' ')"
+}

@@ -1,0 +1,335 @@
+"""Issue #22's goal: qdeploy's torch-cuda answer against what a user writes by hand, on the GPU machine.
+
+    python bench/suites/gpu_reference.py effnet --data DIR --out DIR [--json docs/results/gpu_reference.json]
+
+Per model (``effnet`` = cifar10-dev/efficientnet_b0_48, ``convnext`` = cifar10-modern/convnext_atto_64, ``deit`` =
+cifar10-modern/deit_tiny_p4_32; issue 35's held-out architectures, trained by bench/train/train_heldout.py: ``tv_vit``,
+``tv_convnext_femto``, ``hf_vit``, ``tv_effnet_b0`` (64x64), ``tv_swin``; DIR holds cifar-test/ (the CIFAR-10 test set,
+image folders) and the .pt weights):
+1. ``qdeploy optimize`` with ``target: torch-cuda``, ``max_drop: 0.3``, bench batch sizes 1 and 32 and every other
+   setting at its default, in its own process (the whole test set: 5,000 search / 5,000 confirm images). Its confirm
+   step already loads the saved program in a fresh process with ``load_model.py``; that process's import check and
+   first-call times are read from optimize.json.
+2. In one process (this one), timed the same way (``load_model.bench``: CUDA events, warm-up until stable, 3 repeats of
+   200 calls, the repeat with the lowest median kept): eager FP32 (PyTorch's defaults), eager FP16, CUDA-graph FP16
+   channels_last, torch.compile reduce-overhead FP16 channels_last, torch.compile + a CUDA graph captured by hand in
+   FP16 and BF16 channels_last (the strongest simple recipe, and the one qdeploy picks), torch.compile max-autotune
+   FP16 channels_last, each written as a user would, and qdeploy's program loaded from --out with its own
+   ``load_model.py``; its outputs are compared with the eager FP32 model's. The ratio to the best reference is taken
+   from the fresh-process p50 (optimize's confirm step, ``fresh_process_p50_ms``: what a user's process gets); the
+   program reloaded here is kept beside it (``reloaded_in_benchmark_p50_ms``).
+3. Both sides in fresh processes, alternating (``--fresh-repeats`` each, default 3): the program's load_model.py --bench
+   and the best in-process recipe (this script --hand-only RECIPE), p50s and the ratio of their medians
+   (``ratio_fresh_vs_fresh``): a cross-process spread of ~14 % at 0.25 ms (issue 35's ConvNeXt-femto diagnosis,
+   bench/gpu_compile_diag.py) is larger than the goal's 5 %, so the one-sided fresh-vs-in-process ratio alone compares
+   moments. Not yet run on the GPU (added 2026-11-26, fifth session, with no device time left).
+Writes one row per batch size: {model, batch_size, gpu, date, references, qdeploy} (merged into --json by model and
+batch size: rows from several runs keep their own date).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+MODELS = {
+    "effnet": ("torchvision:efficientnet_b0", {"num_classes": 10}, "efficientnet_b0_48.pt", 48, "cifar10-dev"),
+    "convnext": ("timm:convnext_atto", {"num_classes": 10, "conv_mlp": False}, "convnext_atto_64.pt", 64, "cifar10-modern"),
+    "deit": ("timm:vit_tiny_patch16_224", {"num_classes": 10, "img_size": 32, "patch_size": 4}, "deit_tiny_p4_32.pt", 32,
+             "cifar10-modern"),
+}
+# issue 35: models qdeploy was not tuned on (other implementations of the same layers), built by this repo's factories
+HERE = Path(__file__).resolve().parent
+TRAIN = HERE.parent / "train"  # bench/train/train_heldout.py: the factories; weights re-trained into .devheld/
+for _name, _size in (("tv_vit", 32), ("tv_convnext_femto", 64), ("hf_vit", 32), ("tv_effnet_b0", 64), ("tv_swin", 32)):
+    MODELS[_name] = (f"{TRAIN / 'train_heldout.py'}:{_name}", {}, f"{_name}.pt", _size, ".devheld")
+BATCHES = (1, 32)
+
+
+def config(name: str, data: Path, max_drop: float) -> dict:
+    source, kwargs, weights, size, _ = MODELS[name]
+    pre = {"input_size": [size, size], **NORM, **({"resize": [size, size]} if size != 32 else {})}
+    return {"model": {"source": source, "kwargs": kwargs, "weights": str(data / weights), "task": "classification",
+                      "preprocess": pre},
+            "data": {"eval": {"format": "imagefolder", "root": str(data / "cifar-test"), "batch_size": 250, "workers": 8}},
+            "variants": [{"engine": "torch"}],
+            "bench": {"batch_sizes": list(BATCHES)},
+            "optimize": {"target": "torch-cuda", "budget": {"max_drop": max_drop}}}
+
+
+def build_model(name: str, data: Path) -> torch.nn.Module:
+    source, kwargs, weights, _, _ = MODELS[name]
+    lib, arch = source.rsplit(":", 1)
+    if lib.endswith(".py"):
+        sys.path.insert(0, str(TRAIN))
+        import train_heldout
+
+        model = train_heldout.FACTORIES[arch][0](**kwargs)
+    elif lib == "timm":
+        import timm
+
+        model = timm.create_model(arch, pretrained=False, **kwargs)
+    else:
+        import torchvision
+
+        model = getattr(torchvision.models, arch)(**kwargs)
+    model.load_state_dict(torch.load(data / weights, weights_only=True))
+    return model.eval()
+
+
+class Hand:
+    """A hand-written way of running the model, shaped like load_model.Program for load_model.bench."""
+
+    device = "cuda"
+
+    def __init__(self, fn, dtype, channels_last: bool):
+        self.fn, self.dtype = fn, dtype
+        self.fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def timed_step(self, images):
+        x = torch.from_numpy(np.ascontiguousarray(images)).cuda().to(self.dtype).contiguous(memory_format=self.fmt)
+        return self.fn(x)
+
+    def synchronize(self):
+        torch.cuda.synchronize()
+
+
+def eager(model):
+    def make(x):
+        def step():
+            with torch.inference_mode():
+                return model(x)
+        return step
+    return make
+
+
+def cuda_graph(model, loader):
+    def make(x):
+        return loader.capture_cuda_graph(model, x)[0].replay
+    return make
+
+
+def bench_images(name: str) -> np.ndarray:
+    size = MODELS[name][3]
+    return np.random.default_rng(0).standard_normal((256, 3, size, size), dtype=np.float32)
+
+
+def references(name: str, data: Path, loader, only: Optional[str] = None) -> dict:
+    """The hand-written recipes (name → Hand) after eager FP32, each on its own copy of the model; ``only``: that one."""
+    recipes = {
+        "eager FP16": lambda: Hand(eager(build_model(name, data).cuda().half()), torch.float16, False),
+        "CUDA-graph FP16 channels_last": lambda: Hand(cuda_graph(
+            build_model(name, data).cuda().half().to(memory_format=torch.channels_last), loader), torch.float16, True),
+        "torch.compile reduce-overhead FP16 channels_last": lambda: Hand(eager(torch.compile(
+            build_model(name, data).cuda().half().to(memory_format=torch.channels_last), mode="reduce-overhead")),
+            torch.float16, True)}
+    # issue 35: the strongest simple recipes (and qdeploy's own): torch.compile, then a CUDA graph captured by hand,
+    # in FP16 and BF16 channels_last; and max-autotune (Inductor's kernel search, CUDA graphs included; run last, below)
+    for label, dtype in (("FP16", torch.float16), ("BF16", torch.bfloat16)):
+        recipes[f"torch.compile + hand CUDA graph {label} channels_last"] = (
+            lambda dtype=dtype: Hand(cuda_graph(torch.compile(
+                build_model(name, data).cuda().to(dtype).to(memory_format=torch.channels_last)), loader), dtype, True))
+    if only is not None:
+        if only not in recipes:
+            raise SystemExit(f"--hand-only: {only!r} is not one of {sorted(recipes)}")
+        return {only: recipes[only]()}
+    return {k: make() for k, make in recipes.items()}
+
+
+def fresh_alternating(args, out: Path, recipe: str, repeats: int) -> dict:
+    """The saved program (its load_model.py --bench) and the hand-written ``recipe`` (this script --hand-only), each in
+    ``repeats`` fresh processes, alternating: both sides of the ratio measured the same way and at interleaved moments.
+    Why: at ~0.25 ms a recipe's p50 moved 14 % between two runs of the same code (docs/gpu.md),
+    more than the 5 % goal, so a fresh-process figure against an in-process one compares moments, not
+    programs. Per batch size: every p50, their medians and the ratio of the medians."""
+    got: dict = {"recipe": recipe, "repeats": repeats, "program": {str(b): [] for b in BATCHES},
+                 "hand": {str(b): [] for b in BATCHES}}
+    tmp = out / "fresh-alternating.json"
+    for i in range(repeats):
+        for side, cmd in (("program", [sys.executable, str(out / "load_model.py"), str(out), "--bench",
+                                       ",".join(map(str, BATCHES)), "--json", str(tmp)]),
+                          ("hand", [sys.executable, str(Path(__file__).resolve()), args.model, "--data", str(args.data),
+                                    "--out", str(args.out), "--hand-only", recipe, "--json", str(tmp)])):
+            tmp.unlink(missing_ok=True)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if p.returncode != 0 or not tmp.is_file():
+                got.setdefault("errors", []).append(f"{side} #{i + 1}: exit {p.returncode}: {p.stderr[-400:]}")
+                continue
+            lat = json.loads(tmp.read_text())["latency_ms"]
+            for b in BATCHES:
+                got[side][str(b)].append(round(lat[str(b)]["p50"], 5))
+    got["ratio"] = {}
+    for b in map(str, BATCHES):
+        if got["program"][b] and got["hand"][b]:
+            got["ratio"][b] = round(float(np.median(got["program"][b]) / np.median(got["hand"][b])), 4)
+    print(f"fresh processes, alternating ({repeats} each), {recipe}: " + ", ".join(
+        f"b{b} program {got['program'][b]} / hand {got['hand'][b]} = {got['ratio'].get(b)}" for b in map(str, BATCHES)),
+        flush=True)
+    return got
+
+
+def gpu_facts() -> dict:
+    d = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for lib in ("torchvision", "timm", "transformers"):
+        try:
+            d[lib] = __import__(lib).__version__
+        except ImportError:
+            pass
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.sm,power.limit",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        d["nvidia_smi"] = q
+    except OSError:
+        pass
+    return d
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="optimize's --out goes to OUT/<model>")
+    ap.add_argument("--json", type=Path, default=None, help="merge the rows into this file")
+    ap.add_argument("--max-drop", type=float, default=0.3)
+    ap.add_argument("--skip-optimize", action="store_true", help="reuse OUT/<model> from an earlier run")
+    ap.add_argument("--skip-max-autotune", action="store_true", help="leave out the max-autotune reference (minutes of "
+                    "kernel search); the rows name it in references_not_measured")
+    ap.add_argument("--fresh-repeats", type=int, default=3, help="fresh processes per side for the alternating "
+                    "program-vs-best-recipe comparison (0: leave it out)")
+    ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
+                    "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
+    args = ap.parse_args()
+    out = args.out / args.model
+    if args.hand_only:
+        torch.backends.cudnn.benchmark = True
+        spec = importlib.util.spec_from_file_location("load_model", out / "load_model.py")
+        loader = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loader)
+        (hand,) = references(args.model, args.data, loader, only=args.hand_only).values()
+        args.json.write_text(json.dumps({"recipe": args.hand_only,
+                                         "latency_ms": loader.bench(hand, bench_images(args.model), BATCHES)}))
+        return
+    # hand-tuned: cuDNN's autotuner on, as any user timing fixed shapes sets it (without it cuDNN's heuristics picked
+    # FP16 depthwise kernels 2x slower than FP32's on the H100); qdeploy's engine and load_model.py set it too
+    torch.backends.cudnn.benchmark = True
+    facts = gpu_facts()
+    print(json.dumps(facts), flush=True)
+    if not args.skip_optimize:
+        cfg_path = args.out / f"{args.model}.json"
+        args.out.mkdir(parents=True, exist_ok=True)
+        cfg_path.write_text(json.dumps(config(args.model, args.data, args.max_drop)))
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "qdeploy", "optimize", str(cfg_path), "--out", str(out)],
+                           env={**os.environ, "COLUMNS": "200"})
+        print(f"optimize exit {p.returncode} in {time.perf_counter() - t0:.0f} s", flush=True)
+    summary = json.loads((out / "optimize.json").read_text())
+    chosen, program = summary["chosen"], summary.get("program") or {}
+    fresh = program.get("fresh_process") or {}
+    print(json.dumps({"chosen": chosen["variant"], "time_s": summary["time_s"], "budget_met": summary["budget_met"],
+                      "fresh_process": {k: fresh.get(k) for k in ("load_s", "environment", "log")},
+                      "first_call_s": program.get("first_call_s")}, indent=1), flush=True)
+
+    # ---- one process: the hand-written references and the program loaded from --out
+    spec = importlib.util.spec_from_file_location("load_model", out / "load_model.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    model = build_model(args.model, args.data).cuda()
+    images = bench_images(args.model)
+    with torch.inference_mode():
+        want = model(torch.from_numpy(images).cuda()).float().cpu().numpy()
+    refs = {"eager FP32": Hand(eager(model), torch.float32, False), **references(args.model, args.data, loader)}
+    timings = {}
+    for name, hand in refs.items():
+        t0 = time.perf_counter()
+        timings[name] = loader.bench(hand, images, BATCHES)
+        print(f"{name}: " + ", ".join(f"b{b} {v['p50']:.4f} ms" for b, v in timings[name].items())
+              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    t0 = time.perf_counter()
+    prog = loader.load(out)
+    load_s = time.perf_counter() - t0
+    got = loader.predict(prog, images, 32)
+    cos = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)))
+    agree = float((got.argmax(1) == want.argmax(1)).mean())
+    max_rel = float(np.abs(got - want).max() / np.abs(want).max())
+    qd = loader.bench(prog, images, BATCHES)
+    print(f"qdeploy {chosen['variant']} (loaded in {load_s:.1f} s): " + ", ".join(
+        f"b{b} {v['p50']:.4f} ms (first call {v['first_call_s']:.2f} s)" for b, v in qd.items())
+          + f"; vs eager FP32 on 256 random inputs: cosine {cos:.6f}, top-1 agreement {agree:.4f}, max |diff|/max|y| "
+          f"{max_rel:.4f}", flush=True)
+    # the same comparison with both sides in fresh processes, alternating (the best recipe by the geometric mean of
+    # its in-process p50s over the batch sizes)
+    best_recipe = min((k for k in timings if k != "eager FP32"),
+                      key=lambda k: float(np.prod([timings[k][str(b)]["p50"] for b in BATCHES])))
+    alt = fresh_alternating(args, out, best_recipe, args.fresh_repeats) if args.fresh_repeats > 0 else None
+    ref_metric, got_metric = chosen.get("reference_confirm_metric"), chosen.get("confirm_metric")
+    date = datetime.date.today().isoformat()
+
+    def write_rows(missing: list) -> None:
+        rows = []
+        for b in BATCHES:
+            refs_p50 = {k: round(v[str(b)]["p50"], 5) for k, v in timings.items()}
+            best = min(refs_p50.values())
+            in_process = qd[str(b)]["p50"]
+            fresh_p50 = (program.get("latency_p50_ms") or {}).get(str(b))
+            # the ratio is the fresh-process figure's (what a user's process gets from load_model.py), the program reloaded
+            # here is kept beside it
+            p50 = fresh_p50 if fresh_p50 is not None else in_process
+            rows.append({"model": args.model, "weights": MODELS[args.model][4] + "/" + MODELS[args.model][2],
+                         "batch_size": b, "gpu": facts["gpu"], "date": date, "torch": facts["torch"],
+                         "versions": {k: facts.get(k) for k in ("torchvision", "timm", "transformers")},
+                         "nvidia_smi": facts.get("nvidia_smi"), "references": refs_p50,
+                         "references_not_measured": missing,
+                         "qdeploy": {"variant": chosen["variant"], "artifact": chosen.get("artifact"),
+                                     "format": (program.get("manifest") or {}).get("format"), "p50_ms": round(p50, 5),
+                                     "ratio_to_best_reference": round(p50 / best, 4),
+                                     "fresh_process_p50_ms": fresh_p50, "reloaded_in_benchmark_p50_ms": round(in_process, 5),
+                                     "ratio_from": "fresh_process_p50_ms" if fresh_p50 is not None else "reloaded_in_benchmark",
+                                     "first_call_s_after_reload": (program.get("first_call_s") or {}).get(str(b)),
+                                     "imported_sources_in_fresh_process": (fresh.get("environment") or {}).get("imported_sources"),
+                                     "confirm_drop": None if ref_metric is None or got_metric is None
+                                     else round(100 * (ref_metric - got_metric), 3),
+                                     "budget_met": summary["budget_met"], "optimize_time_s": summary["time_s"],
+                                     "outputs_vs_eager_fp32": {"cosine": round(cos, 6), "top1_agreement": agree,
+                                                               "max_rel_diff": round(max_rel, 5)},
+                                     "noisy": qd[str(b)]["noisy"],
+                                     "ratio_fresh_vs_fresh": (alt or {}).get("ratio", {}).get(str(b)),
+                                     "fresh_alternating": None if alt is None else {
+                                         "recipe": alt["recipe"], "program_p50_ms": alt["program"][str(b)],
+                                         "hand_p50_ms": alt["hand"][str(b)], "errors": alt.get("errors")}}})
+            print(f"ROW {args.model} b{b}: qdeploy {p50:.4f} ms / best hand-written {best:.4f} ms = {p50 / best:.3f}x "
+                  f"(goal <= 1.05x); both in fresh processes, alternating: "
+                  f"{rows[-1]['qdeploy']['ratio_fresh_vs_fresh']}x; confirm drop {rows[-1]['qdeploy']['confirm_drop']} "
+                  "points", flush=True)
+        if args.json:
+            old = json.loads(args.json.read_text()) if args.json.is_file() else []
+            keep = [r for r in old if (r["model"], r["batch_size"]) not in {(x["model"], x["batch_size"]) for x in rows}]
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(keep + rows, indent=1))
+
+    # rows first, then max-autotune (its kernel search takes minutes): a device call cut short by its time limit keeps
+    # the rows, which then say which reference is missing
+    autotune = "torch.compile max-autotune FP16 channels_last"
+    write_rows([autotune])
+    if not args.skip_max_autotune:
+        tuned = torch.compile(build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last),
+                              mode="max-autotune")
+        t0 = time.perf_counter()
+        timings[autotune] = loader.bench(Hand(eager(tuned), torch.float16, True), images, BATCHES)
+        print(f"{autotune}: " + ", ".join(f"b{b} {v['p50']:.4f} ms" for b, v in timings[autotune].items())
+              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        write_rows([])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""The steps of ``qdeploy optimize``: each owns one kind of candidate and registers itself by name in
+:data:`STEPS`; a target lists the steps it runs (``candidates.Target.steps``) and ``search.py`` runs them in order.
+
+- ``floats`` (floats.py): the FP32 reference and the target's float candidates;
+- ``ptq`` (ptq.py): INT8 post-training quantization, its range methods ranked on a subset;
+- ``cpu-engines`` (cpu_engines.py): the CPU placements a profile or a lint finding asks for, and the other CPU engines'
+  INT8 (OpenVINO: the same Q/DQ ONNX and its own NNCF placement);
+- ``fallback`` (fallback.py): per-layer fallback and QAT where PTQ misses the budget, or a fallback for speed;
+- ``torch-runtimes`` (torch_runtimes.py): the PyTorch targets' precision x layout x runtime search.
+
+The confirm split (confirm.py) follows every search.
+"""
+from qdeploy.optimize.steps import cpu_engines, fallback, floats, ptq, torch_runtimes  # noqa: F401 (they register)
+from qdeploy.optimize.steps.base import STEPS, Step, register_step
+
+__all__ = ["STEPS", "Step", "register_step"]

@@ -1,0 +1,241 @@
+"""The search of the PyTorch targets (torch-cuda, torch-cpu): which way of running the model is fastest within budget.
+
+At the batch sizes of small vision models a GPU is bound by kernel launches, not by arithmetic: eager PyTorch is 6-13x
+slower than the same kernels replayed as a CUDA graph or fused by torch.compile. The candidates are precision (FP32
+strict, FP32 with TF32 math, FP16, BF16) × memory layout (contiguous, channels_last) × runtime (eager, CUDA-graph replay,
+torch.compile per mode, with and without CUDA graphs). Too many to evaluate each, and torch.compile costs seconds to
+minutes per candidate, so:
+
+1. **Accuracy per precision** (eager, contiguous): the reference and each reduced precision are evaluated on the whole
+   search split. A precision outside the budget is dropped with everything built on it.
+2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
+3. **Compilation** of every precision kept in step 1, each in its faster layout by step 2, both layouts where step 2
+   cannot separate them (``compile_pairs``: brief eager timings do not rank precisions, compiled ones do), in each
+   mode of ``optimize.compile_modes``, with and without CUDA graphs; each compile's time is recorded and counted
+   against ``time_limit``: a compile that would not fit in the time left (estimated from the ones before) is skipped,
+   and the log says so.
+4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
+   brief timing: layout, capture and compilation change the kernels and so the numerics a little, so a candidate's
+   own predictions decide its budget verdict, never its precision's.
+
+Candidates are ranked by the geometric mean of their p50 over the ranked batch sizes (each batch size counts by ratio).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from qdeploy.benchmark.latency import fill_batch, time_iterations
+from qdeploy.config import VariantSpec
+from qdeploy.engines.base import create_engine, resolve_variant
+from qdeploy.facts.torchao import torchao_problem
+from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
+                                         TorchaoCandidate, TorchCandidate)
+from qdeploy.optimize.decide import LATENCY_TIE
+from qdeploy.optimize.steps.base import Step, register_step
+from qdeploy.tasks import get_task
+
+BRIEF_WARMUP = 10
+BRIEF_ITERATIONS = 40
+RESERVE = 1.5      # a compile is started only when the time left is this many times its estimate
+
+
+@register_step
+class TorchRuntimesStep(Step):
+    name = "torch-runtimes"
+
+    def run(self) -> None:
+        evaluate_torch(self.s, self.s.planned)
+
+
+def evaluate_torch(s, planned: list[Candidate]) -> None:
+    """The search for a PyTorch target; ``s`` is the session.SearchSession (measure, note, time_left, rank_batches)."""
+    if "compile" in s.target.runtimes and s.o.compile_modes and s.aoti_probe is None:
+        from qdeploy.artifacts.torch_program import AotiProbe
+
+        s.aoti_probe = AotiProbe(s.target.engine["device"], s.cache_root / "torch-program")  # in the background
+    t0 = time.perf_counter()
+    s.measure(planned[0])
+    s.check_reference(time.perf_counter() - t0, len(s.reference.predictions))
+    # 1. accuracy per precision
+    kept = [(planned[0].precision, False)]
+    for cand in planned[1:]:
+        if s.out_of_time():
+            s.timed_out = True
+            break
+        s.measure(cand)
+        if cand.within_budget:
+            kept.append((cand.precision, isinstance(cand, TorchCandidate) and cand.tf32))
+    dropped = [c.variant for c in planned[1:] if c.status != "planned" and not c.within_budget]
+    s.note("precisions kept for the runtime search: " + ", ".join(p + ("-tf32" if t else "") for p, t in kept)
+           + (f" (outside the budget or failed: {', '.join(dropped)})" if dropped else ""))
+    # 2. brief timing of eager and CUDA-graph candidates
+    measured = {c.variant: c for c in s.candidates}
+    brief: list[TorchCandidate] = []
+    kinds = [EagerCandidate] + ([CudaGraphCandidate] if "cudagraph" in s.target.runtimes else [])
+    for precision, tf32 in kept:
+        for channels_last in (False, True):
+            for kind in kinds:
+                cand = kind.planned(s.target, precision, channels_last, tf32)
+                if cand.variant == f"{s.reference.precision}-eager":
+                    cand = s.reference  # the strict FP32 reference is the contiguous FP32 eager candidate
+                if s.out_of_time():
+                    s.timed_out = True
+                    break
+                brief.append(_time_briefly(s, measured.get(cand.variant, cand)))
+    _note_brief(s, "eager and CUDA-graph", brief)
+    # 3. compile the best pairs
+    if "compile" in s.target.runtimes and s.o.compile_modes and not s.timed_out:
+        pairs = compile_pairs(brief)
+        primary = len({(p, t) for p, t, _ in pairs})
+        name = [f"{p}{'-tf32' if t else ''}{'-cl' if cl else ''}" for p, t, cl in pairs]
+        s.note("compiled: one layout per precision within budget, the faster by brief timing: " + ", ".join(name[:primary])
+               + (f"; and the other layout where brief timing cannot separate the two (within "
+                  f"{LATENCY_TIE:.0%}): " + ", ".join(name[primary:]) if pairs[primary:] else ""))
+        graphs = (False, True) if "cudagraph" in s.target.runtimes else (False,)
+        compiled: list[TorchCandidate] = []
+        estimate = None
+        for precision, tf32, channels_last in pairs:
+            for mode in s.o.compile_modes:
+                for cuda_graphs in graphs:
+                    cand = CompiledCandidate.planned(s.target, precision, channels_last, tf32, mode, cuda_graphs)
+                    left = s.time_left()
+                    if left is not None and estimate is not None and left < RESERVE * estimate:
+                        s.note(f"{cand.variant}: not compiled, {left:.0f} s left of optimize.time_limit and the compiles "
+                               f"so far took up to {estimate:.0f} s each")
+                        continue
+                    _time_briefly(s, cand)
+                    compiled.append(cand)
+                    if cand.compile_s is not None:
+                        estimate = max(estimate or 0.0, cand.compile_s)
+        _note_brief(s, "torch.compile", compiled)
+        brief += compiled
+        if s.target.name == "torch-cuda" and s.o.torchao and not s.timed_out:
+            brief += _torchao_stage(s, compiled, estimate)
+    # 4. the finalists, measured fully
+    timed = sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank)
+    finalists = [c for c in timed if c.variant not in measured][: s.o.finalists]
+    s.note("measured fully (evaluation + timing): " + (", ".join(c.variant for c in finalists) or "none"))
+    for cand in finalists:
+        if s.out_of_time():
+            s.timed_out = True
+            s.note(f"{cand.variant}: not measured, optimize.time_limit reached")
+            break
+        s.measure(cand)
+    for cand in brief:  # the rows of candidates only timed briefly
+        if cand not in s.candidates:
+            s.candidates.append(cand)
+    if s.out_of_time():
+        s.timed_out = True
+
+
+def compile_pairs(brief: list, tie: float = LATENCY_TIE) -> list[tuple]:
+    """(precision, tf32, channels_last) to compile: every precision that reached the runtime search (within budget),
+    each in its faster layout by brief timing, fastest first; then the other layout of each precision whose brief
+    timing is within ``tie`` of the faster one's (the time limit cuts from the end, so these first).
+
+    Why not the best two pairs overall: eager and CUDA-graph timings at small batch sizes are launch-bound and noisy
+    and do not predict compiled speed (EfficientNet-B0 eager FP16 10.9 ms vs FP32 4.9 ms in one run, while
+    FP16 compiled was 1.13-1.28x faster than the FP32-TF32 compiled program chosen; a Hugging Face ViT got FP32 in one run
+    and FP16 in another). Only compiled timings rank the precisions.
+    Why both layouts on a tie: where a brief timing cannot separate the layouts (a ViT's, whose only convolution is
+    the patch embedding: 0.226/0.377 ms contiguous vs 0.229/0.379 ms channels_last in one run, channels_last 7 % faster
+    at batch 32 in the next), picking one by it is a coin toss that repeated runs answer differently; compiled, both
+    are timed and the choice is made (or the tie named) among compiled candidates."""
+    best: dict = {}
+    layouts: dict = {}
+    for c in sorted((c for c in brief if c.brief_rank is not None), key=lambda c: c.brief_rank):
+        best.setdefault((c.precision, c.tf32), (c.precision, c.tf32, c.channels_last))
+        layouts.setdefault((c.precision, c.tf32, c.channels_last), c.brief_rank)
+    tied = [(p, t, not cl) for (p, t, cl) in best.values()
+            if (p, t, not cl) in layouts and layouts[(p, t, not cl)] <= layouts[(p, t, cl)] * (1 + tie)]
+    return list(best.values()) + tied
+
+
+def _torchao_stage(s, compiled: list, estimate) -> list:
+    """torchao's schemes (facts/torchao.py) on the fastest compiled BF16/FP16 candidate: the same runtime with its
+    Linear layers quantized. Said plainly when a scheme cannot run here or is not faster than its base."""
+    base = min((c for c in compiled if c.brief_rank is not None and c.precision in ("bf16", "fp16")),
+               key=lambda c: c.brief_rank, default=None)
+    if base is None:
+        s.note("torchao: no compiled BF16/FP16 candidate to start from")
+        return []
+    out = []
+    for scheme in s.o.torchao:
+        problem = torchao_problem(scheme, s.target.engine["device"])
+        if problem:
+            s.note(f"torchao {scheme}: not tried: {problem}")
+            continue
+        cand = TorchaoCandidate.planned_from(base, scheme)
+        left = s.time_left()
+        if left is not None and estimate is not None and left < RESERVE * estimate:
+            s.note(f"{cand.variant}: not compiled, {left:.0f} s left of optimize.time_limit")
+            continue
+        _time_briefly(s, cand)
+        out.append(cand)
+        if cand.brief_rank is not None:
+            faster = cand.brief_rank < base.brief_rank
+            s.note(f"torchao {scheme} on {base.variant}'s Linear layers: "
+                   + "/".join(f"{v:.3f}" for v in cand.brief_p50_ms.values()) + " ms vs "
+                   + "/".join(f"{v:.3f}" for v in base.brief_p50_ms.values()) + " ms without"
+                   + (f" (compile {cand.compile_s:.1f} s)" if cand.compile_s is not None else "")
+                   + (": faster, a candidate" if faster else ": not faster here (the quantize/dequantize work costs more "
+                      "than the Linear matmuls it speeds up at these sizes)"))
+    return out
+
+
+def _time_briefly(s, cand: TorchCandidate) -> TorchCandidate:
+    """Load the candidate (compiling it, capturing its graphs) and time it for a few dozen calls per ranked batch size
+    on the run's real inputs, in memory; a failure is the candidate's, with its reason."""
+    spec = VariantSpec.model_validate(cand.spec)
+    variant = resolve_variant(spec, 0)
+    t0 = time.perf_counter()
+    engine, loaded = None, False
+    try:
+        artifact = s.ctx.builder.build(variant.artifact_request())
+        variant.engine.check(variant, s.ctx.builder.has_torch)
+        engine = create_engine(variant, artifact)
+        engine.load()
+        loaded = True
+        images = s.ctx.bench_inputs()
+        p50 = {}
+        for b in s.rank_batches:
+            step = engine.prepare_timed(fill_batch(images, b))
+            step()  # compile / capture for this shape: counted in compile_s, not in the timing
+            engine.synchronize()
+            p50[b] = statistics.median(time_iterations(engine, step, BRIEF_WARMUP, BRIEF_ITERATIONS))
+        # compile time: loading plus the first calls (Inductor compiles per shape on first call), minus the timing
+        spent = time.perf_counter() - t0
+        timing = sum(p50.values()) * (BRIEF_WARMUP + BRIEF_ITERATIONS) / 1e3
+        cand.timed_briefly(p50, max(0.0, spent - timing))
+    except Exception as e:  # noqa: BLE001 - a candidate that cannot compile or capture is listed, with why
+        if cand.ok:  # measured fully already (the reference, an eager precision): its verdict stands
+            s.note(f"{cand.variant}: brief timing failed ({type(e).__name__}); ranked by its full measurement")
+            return cand
+        cand.status, cand.failed_stage = "failed", "bench" if loaded else "load"
+        cand.reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        cand.verdict_text = f"failed ({cand.failed_stage}): {cand.reason}"
+        s.note(f"{cand.variant}: failed while timing briefly: {cand.reason}", warning=True)
+    finally:
+        if engine is not None:
+            engine.close()
+    return cand
+
+
+def _note_brief(s, what: str, cands: list[TorchCandidate]) -> None:
+    ok = sorted((c for c in cands if c.brief_rank is not None), key=lambda c: c.brief_rank)
+    if not ok:
+        return
+    s.note(f"{what} candidates timed briefly ({BRIEF_ITERATIONS} calls after {BRIEF_WARMUP} per batch size "
+           f"{', '.join(str(b) for b in s.rank_batches)}; p50 ms): "
+           + "; ".join(f"{c.variant} " + "/".join(f"{v:.3f}" for v in c.brief_p50_ms.values())
+                       + (f" (compile {c.compile_s:.1f} s)" if c.compile_mode else "") for c in ok))
+
+
+def brief_only(cands) -> list:
+    return [c for c in cands if isinstance(c, TorchCandidate) and c.status == "timed briefly only"]
+
+
+__all__ = ["TorchRuntimesStep", "brief_only", "compile_pairs", "evaluate_torch"]
