@@ -21,7 +21,7 @@ def test_budget_check_in_points_relative_and_agreement():
     assert not budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9140, 0.99).within      # 0.33 points
     assert budget_check(BudgetSpec(relative=0.01), 0.80, 0.7925, 0.99).within           # 0.75 of 0.80 allowed
     assert not budget_check(BudgetSpec(relative=0.01), 0.80, 0.7900, 0.99).within
-    # no agreement measured: the floor cannot be checked, so not within (it was within before issue 33)
+    # no agreement measured: the floor cannot be checked, so not within
     assert not budget_check(BudgetSpec(max_drop=0.3), 0.9173, 0.9150, None).within
     assert budget_check(BudgetSpec(min_agreement=0.98), None, None, 0.981).within
     v = budget_check(BudgetSpec(max_drop=0.3), None, None, 0.99)
@@ -94,9 +94,9 @@ def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
 
 
 def test_a_faster_int8_outside_the_budget_by_its_drop_gets_a_fallback_although_a_slower_one_is_within():
-    """issue 36 (the AMX Xeon): OpenVINO INT8 3.51 ms outside by its drop bound, BF16 4.07 ms within: the fallback is
-    tried from the OpenVINO INT8; not from one rejected by the agreement floor, nor where nothing outside is faster, nor
-    where rank keys are INT8 shares (no latency)."""
+    """On an AMX CPU, OpenVINO INT8 (3.51 ms) can be outside the budget by its drop bound while BF16 (4.07 ms) is
+    within (docs/results/cpu_goals_xeon.json): the fallback is tried from the OpenVINO INT8; not from one rejected by
+    the agreement floor, nor where nothing outside is faster, nor where rank keys are INT8 shares (no latency)."""
     from qdeploy.optimize.decide import fallback_for_speed
 
     bf16 = _cand("openvino-bf16", within_budget=True, rank_key=4.07, margin=0.07)
@@ -119,7 +119,7 @@ def test_one_budget_kind_and_min_agreement_as_its_floor():
         BudgetSpec(max_drop=0.3, relative=0.01)
     with pytest.raises(ValueError, match="got none"):
         BudgetSpec()
-    # issue 33: min_agreement goes with max_drop (a floor); it was refused ("exactly one") before
+    # min_agreement goes with max_drop (a floor)
     assert BudgetSpec(max_drop=0.3, min_agreement=0.98).floor == 0.98
 
 
@@ -142,7 +142,7 @@ def test_fastest_within_and_best_effort():
             _cand("c", within_budget=True, rank_key=7.80, margin=0.30)]
     assert fastest_within(tied).variant == "b"
     assert fastest_within(tied, tie=0.0).variant == "a"
-    # issue 35: the tie is said in the decisions (a rerun that picks "a" is noise, not another answer)
+    # the tie is said in the decisions (a rerun that picks "a" is noise, not another answer)
     from qdeploy.optimize.decide import choose
     ref = _cand("fp32", reference=True, within_budget=True, rank_key=9.0, margin=1.0)
     chosen, met, why = choose([ref, *tied], measured=True)
@@ -172,7 +172,8 @@ def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     assert on_disk["budget_met"] is True and on_disk["splits"] == {"search": 12, "confirm": 12, "seed": 0}
     variants = {x["variant"] for x in on_disk["candidates"]}
     # plus at most one more, where ONNX Runtime's profiler measured a data-movement or elementwise op class slower in
-    # INT8 on this CPU (FLOAT_WHEN_SLOWER: Add on an AVX2-only host, not on others): those op types left float
+    # INT8 on this CPU (FLOAT_WHEN_SLOWER: Add on AVX2-only CPUs, docs/results/cpu_goals_avx2_rerun.json): those op
+    # types left float
     extra = variants - {"fp32", "int8-max", "int8-mean-minmax"}
     assert variants >= {"fp32", "int8-max", "int8-mean-minmax"} and len(extra) <= 1, variants
     assert all(re.fullmatch(r"int8-(max|mean-minmax)-float-[A-Za-z+]+", v) for v in extra), extra

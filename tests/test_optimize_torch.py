@@ -96,8 +96,8 @@ def test_torch_cpu_saves_the_chosen_program_and_confirms_it_from_out_in_a_fresh_
 
 @pytest.mark.slow
 def test_a_chosen_program_that_fails_from_out_gives_way_to_the_next_candidate(tmp_path, monkeypatch):
-    """Issue 35: torchvision Swin's chosen program ran in the search but failed in the fresh process, and optimize
-    ended without an artifact. The first confirmation here is made to fail after the program was written (fault
+    """A chosen program can run in the search and fail in the fresh process (torchvision Swin's did); optimize must
+    still end with an artifact. The first confirmation here is made to fail after the program was written (fault
     injection on qdeploy's own step): the next candidate within budget is saved and confirmed instead, the failed
     attempt's files are gone and optimize.json says what was replaced and why."""
     from qdeploy.optimize.steps import confirm as confirm_step
@@ -193,9 +193,9 @@ def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_
 
 
 def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
-    """Issue 35: precisions were pruned by brief eager timings (launch-bound, noisy: EfficientNet's eager FP16 read
-    10.9 ms vs FP32 4.9 ms) before compiling, and FP32 was chosen where FP16 compiled was 1.1-1.5x faster. Every
-    precision that reached the runtime search is compiled now, each in the layout its brief timing favours."""
+    """Brief eager timings are launch-bound and noisy (EfficientNet's eager FP16 reads slower than its FP32 although
+    compiled FP16 is faster, docs/results/gpu_reference.json), so they never prune a precision: every precision that
+    reached the runtime search is compiled, each in the layout its brief timing favours."""
     from types import SimpleNamespace as C
 
     from qdeploy.optimize.steps.torch_runtimes import compile_pairs
@@ -212,9 +212,9 @@ def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
 
 
 def test_layouts_a_brief_timing_cannot_separate_are_both_compiled_after_the_others():
-    """Issue 35's three repeated runs on a ViT: FP16 contiguous 0.226/0.377 ms vs channels_last 0.229/0.379 ms by brief
-    timing in one run (contiguous compiled), channels_last ahead in the next two: a coin toss. Within the latency tie
-    both layouts are compiled, the second ones after every precision's first (the time limit cuts them first)."""
+    """Two layouts within the latency tie by brief timing are a coin toss (on a ViT, contiguous ahead in one of three
+    runs and channels_last in the others, docs/results/optimize_stability.json). Within the tie both layouts are
+    compiled, the second ones after every precision's first (the time limit cuts them first)."""
     from types import SimpleNamespace as C
 
     from qdeploy.optimize.decide import LATENCY_TIE

@@ -115,7 +115,7 @@ def test_qat_takes_the_onnx_twin_where_modelopt_cannot_cover_the_module(exported
     module (onnx2torch; matmuls on stored weights as nn.Linear). On this attention block the twin does not export
     with quantizers (onnx2torch's LayerNormalization reads its shape at run time, which the TorchScript exporter
     cannot trace): QAT then refuses with both reasons in one message, rather than training a model with float
-    linears. (Known gap, issue 34's closing note.)"""
+    linears. (A known gap: this block has no QAT route yet.)"""
     pytest.importorskip("onnx2torch")
     from qdeploy.quantize.qat_quantizer import plan_covering_model
 

@@ -38,8 +38,8 @@ def test_a_005_point_difference_on_2000_images_is_no_detectable_change():
     # the paired test alone does not degrade it: under a lower eval.min_agreement it stays ok
     mark_degraded(variants, "classification", min_agreement=0.75)
     assert int8["status"] == "ok" and int8["reason"] is None
-    # issue 33: below eval.min_agreement (0.9) it is degraded although McNemar sees no change in top-1 (it was "ok"
-    # before: the agreement rules applied only without labels), and the reason says what the test saw
+    # below eval.min_agreement (0.9) it is degraded although McNemar sees no change in top-1 (the agreement rules apply
+    # with labels too), and the reason says what the test saw
     int8 = _v("int8", "int8", top1=0.3710, agreement=0.80, accuracy_change=change)
     mark_degraded([_v("torch-fp32", top1=0.3715), int8], "classification")
     assert int8["status"] == "degraded" and "80.00 % of its predictions agree" in int8["reason"]
@@ -69,8 +69,8 @@ def test_a_significant_drop_beyond_the_tolerance_is_degraded_and_a_small_one_is_
                 _v("noisy", "int8", top1=0.72, agreement=0.5, accuracy_change=noisy),
                 _v("fp16", "fp16", top1=0.72, agreement=0.99, accuracy_change=big)]  # only INT8 is judged
     mark_degraded(variants, "classification", tolerance=0.5)
-    # "better" and "noisy" agree on 50 % of the images: degraded by eval.min_agreement whatever their top-1 (issue 33;
-    # they were "ok" when the agreement rules applied only without labels)
+    # "better" and "noisy" agree on 50 % of the images: degraded by eval.min_agreement whatever their top-1 (the
+    # agreement rules apply with labels too)
     assert {v["name"]: v["status"] for v in variants} == {"torch-fp32": "ok", "big": "degraded", "small": "ok",
                                                           "better": "degraded", "noisy": "degraded", "fp16": "ok"}
     assert all("50.00 % of its predictions agree" in v["reason"] for v in variants if v["name"] in ("better", "noisy"))
@@ -173,7 +173,7 @@ def test_a_speed_up_is_headlined_with_its_interval_and_a_noisy_one_is_not():
     assert rec["variant"] == "int8" and rec["speedup"]["noisy"] == ["torch-fp32"]
     assert "×" not in rec["reason"].split(" among ")[0]  # no ratio in the headline
     assert "speed-up over torch-fp32 not stated: timing too noisy (torch-fp32 CV 143.0 %)" in rec["reason"]
-    # issue 33: the latency table withholds it too, by the same rule and with the same why (it showed the ratio)
+    # the latency table withholds it too, by the same rule and with the same why
     table = T.latency_tables(results)[0]
     cell = table.rows[1][table.headers.index("Speed-up")]
     assert cell == "not stated: timing too noisy (torch-fp32 CV 143.0 %)", cell
@@ -317,8 +317,8 @@ def test_untrained_cnn_is_flagged_near_chance_and_its_int8_degraded_by_agreement
     assert change["variant"] == pytest.approx(int8["metrics"]["top1"])
     # (on an AVX2 host, 7-bit weights: 1 image lost, 8 gained, p 0.04: "better"; elsewhere no detectable change)
     assert change["verdict"] in ("no detectable change", "better")
-    # issue 33: below eval.min_agreement it is degraded all the same (it was "ok" while the agreement rules applied
-    # only without labels): a near-chance reference makes top-1 blind, agreement is not
+    # below eval.min_agreement it is degraded all the same (the agreement rules apply with labels too): a near-chance
+    # reference makes top-1 blind, agreement is not
     assert int8["status"] == "degraded" and "eval.min_agreement" in int8["reason"] and change["verdict"] in int8["reason"]
     on_disk = json.loads((out / "results.json").read_text())
     assert [w["code"] for w in on_disk["warnings"]] == [NEAR_CHANCE]

@@ -20,9 +20,8 @@ image folders) and the .pt weights):
    program reloaded here is kept beside it (``reloaded_in_benchmark_p50_ms``).
 3. Both sides in fresh processes, alternating (``--fresh-repeats`` each, default 3): the program's load_model.py --bench
    and the best in-process recipe (this script --hand-only RECIPE), p50s and the ratio of their medians
-   (``ratio_fresh_vs_fresh``): a cross-process spread of ~14 % at 0.25 ms (issue 35's ConvNeXt-femto diagnosis,
-   bench/gpu_compile_diag.py) is larger than the goal's 5 %, so the one-sided fresh-vs-in-process ratio alone compares
-   moments. Not yet run on the GPU (added 2026-11-26, fifth session, with no device time left).
+   (``ratio_fresh_vs_fresh``): a cross-process spread of ~14 % at 0.25 ms (docs/gpu.md, "The ConvNeXt-femto
+   gap") is larger than the goal's 5 %, so the one-sided fresh-vs-in-process ratio alone compares moments.
 Writes one row per batch size: {model, batch_size, gpu, date, references, qdeploy} (merged into --json by model and
 batch size: rows from several runs keep their own date).
 """

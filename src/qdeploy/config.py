@@ -558,7 +558,7 @@ class ReportSpec(_Strict):
 class QatConfig(_Strict):
     """Quantization-aware training (``qdeploy qat``): fine-tune the PTQ-calibrated ModelOpt model (TensorRT placement).
 
-    Defaults and where they come from (docs/benchmarks.md repeats this):
+    Defaults and where they come from (docs/qat.md measures them):
     - ``lr`` 1e-4, cosine schedule, ranges frozen, a few epochs: ModelOpt's ``cnn_qat`` example;
     - "about 1 % of the original LR for about 10 % of the original schedule": pytorch-quantization's guide
       (1e-4 is ~1 % of the 0.01-0.1 SGD rates CNNs are trained with);
@@ -677,10 +677,15 @@ class BudgetSpec(_Strict):
         return f"{kind}{dflt}, {agree}" + (" (default)" if self.min_agreement is None else "")
 
 
+# the names optimize.target accepts; what each target is (its engine, placement, steps) is optimize.candidates.TARGETS,
+# which checks at import that it defines exactly these
+OptimizeTarget = Literal["onnxruntime-cpu", "cpu", "tensorrt", "torch-cuda", "torch-cpu", "onnxruntime-cuda"]
+
+
 class OptimizeConfig(_Strict):
     """``qdeploy optimize``: the fastest artifact within ``budget``, chosen on a search split, confirmed once on another."""
 
-    target: Literal["onnxruntime-cpu", "cpu", "tensorrt", "torch-cuda", "torch-cpu", "onnxruntime-cuda"] = Field(
+    target: OptimizeTarget = Field(
         "onnxruntime-cpu", description="where the answer runs: onnxruntime-cpu (ONNX Runtime's CPU provider), cpu (ONNX "
                                        "Runtime or OpenVINO, whichever is faster within budget), tensorrt, torch-cuda, "
                                        "torch-cpu, onnxruntime-cuda")

@@ -229,7 +229,7 @@ def _stage(record: VariantRecord, name: str):
 
 
 def _reproduction(ctx: RunContext, record: VariantRecord) -> None:
-    """TensorRT variants, built or skipped: the trtexec command lines and the ONNX files they use (issue #10)."""
+    """TensorRT variants, built or skipped: the trtexec command lines and the ONNX files they use."""
     from qdeploy.engines.tensorrt_engine import reproduction
 
     if record.variant.engine.name != "tensorrt":

@@ -1,4 +1,4 @@
-"""Where an INT8 ONNX spends its time in ONNX Runtime, next to its FP32 ONNX: kernel time per op class (issue #23).
+"""Where an INT8 ONNX spends its time in ONNX Runtime, next to its FP32 ONNX: kernel time per op class.
 
 ONNX Runtime's profiler times every kernel of the *optimized* graph, where Q/DQ pairs around supported ops are already
 fused (QLinearConv, QLinearMatMul, QLinearAdd ...) and float convs are rewritten to the NCHWc layout (NchwcConv,

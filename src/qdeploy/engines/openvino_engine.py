@@ -181,7 +181,7 @@ def constant_dequantize_folded(model) -> int:
     reparameterized branch's ``+ bias``, NF-RegNet's ``* gamma``). OpenVINO 2026.4.1's low-precision transformations
     (MultiplyPartialTransformation, AddTransformation) throw "Check 'index < m_inputs.size()' failed ... index '0' out
     of range" on ``Mul(DQ(Q(x)), DQ(Q(constant)))``: the files ONNX Runtime 1.30 writes for 18 of the zoo's
-    architectures, on the device's Xeon and on an AMD EPYC alike, with or without Snippets and AMX (bench/diagnose/ov_probe.py);
+    architectures, on an Intel Xeon and an AMD EPYC alike, with or without Snippets and AMX (bench/diagnose/ov_probe.py);
     1.32's quantized-initializer form compiles, and is folded too. The fold is exact: the DequantizeLinear of a constant is a
     constant, computed here as ONNX does (round half to even, saturate, subtract the zero point, times the scale, in
     float32). OpenVINO then sees an elementwise op with one quantized input and a float constant, which it runs.

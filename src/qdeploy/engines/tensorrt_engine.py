@@ -1,4 +1,4 @@
-"""TensorRT engine (issue #10): runs a ``.engine`` the build stage made; skipped with the reason where
+"""TensorRT engine: runs a ``.engine`` the build stage made; skipped with the reason where
 TensorRT or a CUDA GPU is missing, and then still records the trtexec command lines and writes the ONNX they use.
 
 Runner: ``execute_async_v3`` with tensors bound by address (PyTorch CUDA tensors as the buffers, no pycuda), optional

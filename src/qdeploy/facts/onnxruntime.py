@@ -7,8 +7,8 @@ which adds two u8×s8 products into one *int16* and saturates when the sum does 
 guide ("When and why do I need to try U8U8?") says so and names the remedy: quantize the weights with 7 bits
 (``reduce_range``) or use U8U8; OpenVINO's "Saturation (overflow) issue workaround" page describes the same hardware
 fact and the same 7-bit-weights remedy. VNNI's VPDPBUSD accumulates in int32 and does not saturate.
-Measured here (ResNet-20 on CIFAR-10, AVX2-only host, entropy ranges): 8-bit weights 90.99 % top-1 vs FP32 91.73 %;
-the earlier AVX-512 VNNI host gave 91.2-91.7 % with the same artifact (docs/benchmarks.md).
+Measured on an AVX2-only CPU (ResNet-20 on CIFAR-10, entropy ranges; docs/first-run.md): 8-bit weights 90.99 % top-1
+vs FP32 91.73 %; an AVX-512 VNNI CPU gave 91.2-91.7 % with the same artifact.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def reduce_range_reason(saturates: bool) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Can this onnxruntime run the CUDA execution provider here? (issue #22: the onnxruntime-cuda target)
+# Can this onnxruntime run the CUDA execution provider here? (the onnxruntime-cuda target needs it)
 #
 # Where ONNX Runtime exposes its facts (read in onnxruntime 1.32's own package, and microsoft/onnxruntime's setup.py):
 #   * ``onnxruntime.get_available_providers()``: the providers compiled into the installed build; the CPU wheel

@@ -3,8 +3,8 @@
 Squeeze-excitation branches (``GlobalAveragePool|ReduceMean → Conv → act → Conv → Sigmoid|HardSigmoid → Mul``
 with the pooled tensor; data-movement ops such as the Squeeze → Reshape a Keras model's SE block converts to are
 seen through): NNCF's ``SE_BLOCK`` ignored pattern (``nncf/onnx/quantization/ignored_patterns.py``)
-leaves them float by default. Measured on the CIFAR-10 EfficientNet-B0 (issue #8 ablation): with the same
-activation ranges as NNCF's (identical scales on the 33 tensors both quantize), quantizing the branch's two
+leaves them float by default. Measured on the CIFAR-10 EfficientNet-B0 (the ablation in docs/int8-accuracy.md): with
+the same activation ranges as NNCF's (identical scales on the 33 tensors both quantize), quantizing the branch's two
 convs was what separated qdeploy (76.5 %) from NNCF (80.0 %, FP32 80.5 %). The gate multiplies every channel
 of the block, so an error in the branch's 1×1 convs scales a whole feature map; the branch computes on a
 C×1×1 vector, so keeping it float costs next to nothing in ONNX Runtime or TensorRT.

@@ -138,8 +138,8 @@ _SOFTMAX_WHY = ("Softmax stays float: inside ModelOpt's attention partition (Mat
                 "INT8 scale resolves poorly (PTQ4ViT's twin-uniform quantization exists for it)")
 _GELU_WHY = ("GELU stays whole and float: ModelOpt's ONNX INT8 matches Div → Erf → Add → Mul → Mul as a "
              "non-quantizable pattern (partitioning.py, find_hardcoded_patterns) and TensorRT fuses it into the "
-             "preceding GEMM; quantizing its pieces separately adds four roundings (as SiLU's did on EfficientNet, "
-             "issue #8)")
+             "preceding GEMM; quantizing its pieces separately adds four roundings (as SiLU's did on EfficientNet: "
+             "docs/results/issue8_peer_ptq_split_efficientnet_b0_48.json)")
 
 def conv_runs_int8_in_tensorrt(g: QdqGraph, conv: onnx.NodeProto) -> Optional[bool]:
     """Whether TensorRT has an INT8 kernel for this Conv (``facts.tensorrt.conv_int8_supported``); None: shape unknown."""
@@ -286,7 +286,7 @@ OP_RULES: list[OpRule] = [
 COMPUTE_OPS: tuple[str, ...] = tuple(dict.fromkeys(t for r in OP_RULES if r.compute for t in r.onnx_ops))
 
 
-# ONNX Runtime placement: which quantized convs ONNX Runtime can run in INT8 at all (measured, issue #23)
+# ONNX Runtime placement: which quantized convs ONNX Runtime can run in INT8 at all (bench/diagnose/ort_op_profile.py)
 CONV_FLOAT_OUTPUT_WHY = (
     "a Conv whose output is not quantized stays float in the ONNX Runtime placement: ONNX Runtime's CPU provider runs a "
     "quantized Conv only as QLinearConv, which its QDQ transformer fuses from DequantizeLinear → Conv → QuantizeLinear "

@@ -10,8 +10,8 @@ Two build paths, chosen by the version string: TensorRT 10.x (Q/DQ INT8 needs ``
 allowed too so float layers may pick FP16) and TensorRT 11.x (strongly typed networks, no precision flags:
 float layers keep the ONNX's float type). Other versions are not attempted.
 
-What ran where: nothing in this module has run against a real TensorRT (none could be installed in the
-session that wrote it). The TensorRT names it touches, its own and those Polygraphy 0.53.6 touches for it,
+What ran where: nothing in this module has run against a real TensorRT (docs/tensorrt.md keeps that list). The
+TensorRT names it touches, its own and those Polygraphy 0.53.6 touches for it,
 are listed in ``TRT_NAMES_USED`` and checked by tests/test_lint_tensorrt.py against the API surfaces dumped
 from the 10.3.0, 10.16.1 and 11.4.0 Python bindings (API conformance only). The inspector's JSON layout
 (``Layers``, ``Name``, ``LayerType``/``ParameterType``, ``Metadata`` "[ONNX Layer: …]", ``Inputs``/

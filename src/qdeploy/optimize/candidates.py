@@ -14,25 +14,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, get_args
 
 import numpy as np
 
 from qdeploy.artifacts import ArtifactKind
-from qdeploy.config import OptimizeConfig
+from qdeploy.config import OptimizeConfig, OptimizeTarget
 from qdeploy.optimize.decide import budget_check
 from qdeploy.optimize.sensitivity import layer_names_map
 from qdeploy.report import tables as T
 from qdeploy.utils.hashing import sha256_json
+from qdeploy.utils.registry import registrar
 
 CANDIDATE_KINDS: dict[str, type["Candidate"]] = {}
 
 
-def register(cls: type["Candidate"]) -> type["Candidate"]:
-    if cls.kind in CANDIDATE_KINDS:
-        raise ValueError(f"candidate kind {cls.kind!r} is registered twice")
-    CANDIDATE_KINDS[cls.kind] = cls
-    return cls
+register = registrar(CANDIDATE_KINDS, "candidate kind", key=lambda cls: cls.kind)
 
 
 # ---------------------------------------------------------------------------- targets
@@ -92,6 +89,9 @@ TARGETS = {
     "onnxruntime-cuda": Target("onnxruntime-cuda", {"engine": "onnxruntime", "device": "cuda"}, None, ("fp16",),
                                graph_capture=True, steps=("floats", "ptq")),
 }
+if set(TARGETS) != set(get_args(OptimizeTarget)):
+    raise RuntimeError(f"optimize.candidates.TARGETS {sorted(TARGETS)} and config.OptimizeTarget "
+                       f"{sorted(get_args(OptimizeTarget))} name different targets")
 
 
 def target_for(name: str, tensorrt_available: bool) -> Target:
@@ -170,16 +170,6 @@ class Candidate:
     replayed: bool = False
     scores_replayed: bool = False  # accuracy from a search of the same model timed otherwise (batch, threads)
     predictions: Optional[np.ndarray] = field(default=None, repr=False)
-
-    # TRANSITIONAL (remove once optimize/search.py, session.py, torch_search.py, fallback.py read verdict_text): the
-    # old name of verdict_text, kept only so the steps being restructured run meanwhile.
-    @property
-    def budget(self) -> str:
-        return self.verdict_text
-
-    @budget.setter
-    def budget(self, text: str) -> None:
-        self.verdict_text = text
 
     # ---- what it is
     @property

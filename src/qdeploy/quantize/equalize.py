@@ -5,7 +5,7 @@ conv's output after BN and SiLU/ReLU6) span very different ranges: on the CIFAR-
 per-channel maxima of one tensor differ by 100x. One per-tensor scale then quantizes the narrow channels
 to a few levels. NNCF quantizes these inputs per channel (its CPU hardware setup, ``q8_a_ch`` for
 ``DEPTHWISE_CONVOLUTION``, with each channel's global min/max). That is what separated its PTQ from ours
-on EfficientNet-B0 (issue #8 ablation, docs/benchmarks.md): with NNCF's per-channel depthwise inputs
+on EfficientNet-B0 (the ablation in docs/int8-accuracy.md): with NNCF's per-channel depthwise inputs
 turned into per-tensor ones its model falls from 80.0 % to 49 %; qdeploy's went from 79.5 % to 80.3 %
 with them.
 

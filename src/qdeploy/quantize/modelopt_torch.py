@@ -645,66 +645,15 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
         stats = stats_memo.get(memo_key) if stats_memo is not None and method != "max" else None
         shared = stats is not None
         if stats is None:  # one statistics pass; histogram methods of the same run share it
-            for q in quantizers.values():
-                q.disable_quant()
-                q.enable_calib()
-            # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            qm.to(device)
-            extremes = _SampleExtremes(qm, quantizers)
-            with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
-                for x in batches:
-                    qm(torch.from_numpy(x).to(device, non_blocking=True))
-                    advance(len(x))
-            extremes.remove()
-            qm.to("cpu")
-            stats = {"weights": {}, "inputs": {}, "channels": extremes.channels, "activation_stats": extremes.activation_stats()}
-            for name, q in quantizers.items():
-                if name.endswith("weight_quantizer") or method == "max":
-                    q.load_calib_amax()
-                    # a copy: ModelOpt's amax setter writes into this buffer in place (equalization divides it later)
-                    stats["weights" if name.endswith("weight_quantizer") else "inputs"][name] = q.amax.detach().float().cpu().clone()
-                else:
-                    stats["inputs"][name] = q._calibrator
+            stats = _collect_statistics(qm, quantizers, batches, total, method)
             if stats_memo is not None and method != "max":
                 stats_memo[memo_key] = stats
-        amax = {}
-        for name, q in quantizers.items():
-            source = stats["weights"] if name.endswith("weight_quantizer") else stats["inputs"]
-            if name not in source:
-                raise QDeployError(f"quantizer {name} saw no data during calibration")
-            entry = source[name]
-            if method == "mean-minmax" and not name.endswith("weight_quantizer"):
-                # NNCF's per-tensor default, from the per-image extremes the hooks collected (one formula: ranges.py)
-                value = torch.tensor(compute_amax(stats["activation_stats"].tensors[name], "mean-minmax"))
-            elif isinstance(entry, torch.Tensor):
-                value = entry
-            else:  # a histogram calibrator
-                if entry._calib_hist is None:
-                    raise QDeployError(f"quantizer {name} saw no data during calibration")
-                top = float(entry._calib_bin_edges[-1])
-                st = TensorStats(name, lo=-top, hi=top, hist=entry, samples=1)
-                value = torch.tensor(compute_amax(st, method, percentile))
-            value = value.detach().float().cpu()
-            if not torch.isfinite(value).all():
-                raise QDeployError(f"calibration produced NaN/Inf in layer '{name.rsplit('.', 1)[0]}'")
-            q.amax = torch.clamp(value, min=AMAX_FLOOR)  # all-zero channels: a floor, not a zero scale
-            amax[name] = q.amax.tolist()
-            q.disable_calib()
-            q.enable_quant()
+        amax = _set_calibrated_amax(quantizers, stats, method, percentile)
         # the hooked quantizers are exactly the enabled (placed) ones: every tensor here carries a quantizer
         warnings_found = calibration_warnings(calibration_facts(stats["activation_stats"], method, percentile), method, percentile)
         for w in warnings_found:
             warn(f"calibrate: {w['message']}")
-        # depthwise conv inputs: per-channel precision through a gain folded into the weights (quantize/equalize.py)
-        for module_name, (c_lo, c_hi) in stats["channels"].items():
-            q = quantizers.get(f"{module_name}.input_quantizer")
-            if q is None or f"{module_name}.weight_quantizer" not in quantizers:
-                continue
-            a = float(q.amax)
-            gain = channel_gains(TensorRange(-a, a, a, c_lo.tolist(), c_hi.tolist()), symmetric=True)
-            if gain is not None and np.any(gain > 1.0 + 1e-6):
-                amax[f"{module_name}.equalize_gain"] = gain.tolist()
+        amax.update(_depthwise_gains(quantizers, stats["channels"]))
         _apply_equalization(qm, quantizers, amax, scale_weight_amax=True)
     else:
         shared = False
@@ -729,6 +678,79 @@ def quantize_torch_model(model: nn.Module, batches: Iterable[np.ndarray], total:
                       "equalized_depthwise_inputs": equalized, "warnings": warnings_found,
                       "excluded_by_user": excluded, **placement,
                       "shared_scale_groups": shared_groups}
+
+
+def _collect_statistics(qm: nn.Module, quantizers: dict, batches: Iterable[np.ndarray], total: int, method: str) -> dict:
+    """One statistics pass over the calibration batches: every quantizer calibrates (quantization off), hooks keep the
+    per-image extremes. Returns {"weights": {name: amax}, "inputs": {name: amax, or its histogram calibrator},
+    "channels": per-channel extremes of depthwise conv inputs, "activation_stats": collect.ActivationStats}."""
+    for q in quantizers.values():
+        q.disable_quant()
+        q.enable_calib()
+    # statistics on the GPU when there is one (forward passes and histograms); export happens on the CPU
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    qm.to(device)
+    extremes = _SampleExtremes(qm, quantizers)
+    with torch.no_grad(), progress("calibrate: ModelOpt statistics", total) as advance:
+        for x in batches:
+            qm(torch.from_numpy(x).to(device, non_blocking=True))
+            advance(len(x))
+    extremes.remove()
+    qm.to("cpu")
+    stats = {"weights": {}, "inputs": {}, "channels": extremes.channels, "activation_stats": extremes.activation_stats()}
+    for name, q in quantizers.items():
+        if name.endswith("weight_quantizer") or method == "max":
+            q.load_calib_amax()
+            # a copy: ModelOpt's amax setter writes into this buffer in place (equalization divides it later)
+            stats["weights" if name.endswith("weight_quantizer") else "inputs"][name] = q.amax.detach().float().cpu().clone()
+        else:
+            stats["inputs"][name] = q._calibrator
+    return stats
+
+
+def _set_calibrated_amax(quantizers: dict, stats: dict, method: str, percentile: float) -> dict:
+    """Each quantizer's amax from ``stats`` by ``method`` (ranges.compute_amax for activations), set and switched to
+    quantizing. Returns {quantizer name: amax as a list}."""
+    amax = {}
+    for name, q in quantizers.items():
+        source = stats["weights"] if name.endswith("weight_quantizer") else stats["inputs"]
+        if name not in source:
+            raise QDeployError(f"quantizer {name} saw no data during calibration")
+        entry = source[name]
+        if method == "mean-minmax" and not name.endswith("weight_quantizer"):
+            # NNCF's per-tensor default, from the per-image extremes the hooks collected (one formula: ranges.py)
+            value = torch.tensor(compute_amax(stats["activation_stats"].tensors[name], "mean-minmax"))
+        elif isinstance(entry, torch.Tensor):
+            value = entry
+        else:  # a histogram calibrator
+            if entry._calib_hist is None:
+                raise QDeployError(f"quantizer {name} saw no data during calibration")
+            top = float(entry._calib_bin_edges[-1])
+            st = TensorStats(name, lo=-top, hi=top, hist=entry, samples=1)
+            value = torch.tensor(compute_amax(st, method, percentile))
+        value = value.detach().float().cpu()
+        if not torch.isfinite(value).all():
+            raise QDeployError(f"calibration produced NaN/Inf in layer '{name.rsplit('.', 1)[0]}'")
+        q.amax = torch.clamp(value, min=AMAX_FLOOR)  # all-zero channels: a floor, not a zero scale
+        amax[name] = q.amax.tolist()
+        q.disable_calib()
+        q.enable_quant()
+    return amax
+
+
+def _depthwise_gains(quantizers: dict, channels: dict) -> dict:
+    """{"<conv>.equalize_gain": per-channel gains} for the depthwise conv inputs whose channels gain precision from a
+    gain folded into the weights (quantize/equalize.py), from their per-channel extremes ``channels``."""
+    gains = {}
+    for module_name, (c_lo, c_hi) in channels.items():
+        q = quantizers.get(f"{module_name}.input_quantizer")
+        if q is None or f"{module_name}.weight_quantizer" not in quantizers:
+            continue
+        a = float(q.amax)
+        gain = channel_gains(TensorRange(-a, a, a, c_lo.tolist(), c_hi.tolist()), symmetric=True)
+        if gain is not None and np.any(gain > 1.0 + 1e-6):
+            gains[f"{module_name}.equalize_gain"] = gain.tolist()
+    return gains
 
 
 def snap_weights_to_grid(qm: nn.Module) -> int:

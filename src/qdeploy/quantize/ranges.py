@@ -34,7 +34,7 @@ stated in ``search_stride`` and tested in tests/test_ranges.py.
 One departure from ModelOpt's entropy, ``entropy_amax(keep_majority=True)``: its KL objective is blind
 to clipping, and on tensors whose values all lie away from 0 (sigmoid / hard-sigmoid gates) its minimum
 is a range below every value. That collapsed EfficientNet-B0 and MobileNetV3 to chance on the ONNX
-Runtime placement; see entropy_amax and docs/benchmarks.md.
+Runtime placement; see entropy_amax and docs/int8-accuracy.md.
 """
 from __future__ import annotations
 

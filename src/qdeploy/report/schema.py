@@ -12,11 +12,10 @@ from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from qdeploy.evaluate.verdict_rules import RAN_STATUSES
-from qdeploy.tasks import TASKS as REGISTERED_TASKS
+from qdeploy.tasks import TASKS
 
 SCHEMA_VERSION = "qdeploy.results/2"
 
-TASKS = tuple(REGISTERED_TASKS)
 # degraded: ran and measured, but its INT8 accuracy collapsed (see report.verdict.mark_degraded).
 STATUSES = (*RAN_STATUSES, "skipped", "failed")
 # A variant's stages, in order (its record's ``stages``: pipeline.VariantRecord).

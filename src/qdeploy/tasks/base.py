@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from qdeploy.errors import ConfigError
+from qdeploy.utils.registry import registrar
 
 
 class Task:
@@ -101,12 +102,7 @@ TASKS: dict[str, Task] = {}
 DEFAULT_TASK = "classification"  # config's model.task default; a results file without a task is read as this one
 
 
-def register_task(task: Task) -> Task:
-    """Add ``task`` to :data:`TASKS` under its name (a second task of the same name is a bug)."""
-    if task.name in TASKS:
-        raise ValueError(f"task {task.name!r} is registered twice")
-    TASKS[task.name] = task
-    return task
+register_task = registrar(TASKS, "task", key=lambda task: task.name)  # TASKS[task.name] = task, once
 
 
 def get_task(name) -> Task:

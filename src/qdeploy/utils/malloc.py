@@ -2,7 +2,7 @@
 
 PyTorch's CPU allocator uses plain malloc. With glibc defaults every activation above the (dynamic)
 mmap threshold is mmap'ed and munmap'ed again on each forward pass, so each inference page-faults its
-activations back in: measured here (2-core Xeon, EfficientNet-Lite0, batch 64) 52.9 ms/img with 12 s of
+activations back in: measured on a 2-core Xeon (EfficientNet-Lite0, batch 64), 52.9 ms/img with 12 s of
 kernel time vs 15.2 ms/img once both thresholds are 1 GiB (M_MMAP_MAX=0 alone did not help). ONNX Runtime has its own arena and is not
 affected, so without this the torch-vs-ORT comparison on CPU would mostly measure page faults.
 Equivalent to starting with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set (or preloading

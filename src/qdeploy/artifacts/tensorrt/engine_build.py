@@ -5,8 +5,7 @@ touch no removed name (``BuilderFlag.FP16/INT8``, ``int8_calibrator``), and plai
 TensorRT names each path uses (``TRT_NAMES_USED``), which tests/test_tensorrt_build.py checks against the API
 surfaces of TensorRT 10.3, 10.16 and 11.4 (../shared/tensorrt-api). That is a check of names and signatures only.
 
-What ran where: no TensorRT could be installed in the sessions that wrote this; the build is untested against a
-real TensorRT (docs/tensorrt.md keeps that list).
+What ran where: the build is untested against a real TensorRT (docs/tensorrt.md keeps that list).
 """
 from __future__ import annotations
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Optional
 
+from qdeploy.utils.registry import registrar
+
 STEPS: dict[str, type["Step"]] = {}
-
-
-def register_step(cls: type["Step"]) -> type["Step"]:
-    if cls.name in STEPS:
-        raise ValueError(f"optimize step {cls.name!r} is registered twice")
-    STEPS[cls.name] = cls
-    return cls
+register_step = registrar(STEPS, "optimize step", key=lambda cls: cls.name)
 
 
 class Step:
