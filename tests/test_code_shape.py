@@ -1,10 +1,13 @@
-"""No import circle between qdeploy's modules: a module never needs, directly or through others, a module that
-needs it. Function-local imports count: a circle hidden inside a function is still one module knowing another's
-privates from both sides (tests/test_layering.py checks the order of the stages, this the modules within them)."""
+"""The shape of the code a newcomer reads: no import circle between qdeploy's modules (tests/test_layering.py checks
+the order of the stages, this the modules within them), no function longer than a screen or two, and comments that
+say what the code does and why rather than when it was written."""
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "qdeploy"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "qdeploy"
+MAX_FUNCTION_LINES = 100
 
 
 def _modules() -> dict[str, Path]:
@@ -78,6 +81,43 @@ def test_circles_are_found():
 
 
 def test_no_import_circle_in_the_package():
+    """A module never needs, directly or through others, a module that needs it. Function-local imports count: a
+    circle hidden inside a function is still two modules that each know the other."""
     graph = import_graph()
     assert "qdeploy.optimize.search" in graph and graph["qdeploy.optimize.search"], "the import graph was not read"
     assert circles(graph) == [], "modules that import each other (directly or through others)"
+
+
+def test_no_function_is_longer_than_a_hundred_lines():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split these functions: " + "; ".join(long)
+
+
+# a comment or docstring that dates itself ("the third session", "issue 36's run") instead of citing its evidence
+# (a docs/results file)
+NARRATION = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|this|last) session\b"
+                       r"|\bissue [0-9]+'s\b", re.IGNORECASE)
+
+
+def test_the_code_does_not_narrate_its_history():
+    assert NARRATION.search("measured in the eighth session") and NARRATION.search("issue 36's Xeon rows")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for folder in (PACKAGE, ROOT / "tests") for p in folder.rglob("*.py")
+            if p.name != Path(__file__).name
+            for i, line in enumerate(p.read_text().splitlines(), 1) if NARRATION.search(line)]
+    assert not hits, "say what the code does and why, and cite docs/results for a measurement: " + ", ".join(hits)
+
+
+def test_the_search_runs_steps_and_stays_short():
+    """optimize/search.py runs the steps its target lists; a new kind of candidate goes into a step (optimize/steps/)."""
+    from qdeploy.optimize.candidates import TARGETS
+    from qdeploy.optimize.steps import STEPS
+
+    assert len((PACKAGE / "optimize" / "search.py").read_text().splitlines()) <= 400
+    for target in TARGETS.values():
+        assert target.steps and set(target.steps) <= set(STEPS), target.name
