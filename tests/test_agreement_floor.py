@@ -129,7 +129,7 @@ def test_the_budget_is_printed_in_words_not_as_a_dict():
     assert head.caption.startswith("Budget: at most 1.00 point of top-1 below FP32 (default), agreement") \
         and "{" not in head.caption
     assert ["engine", "onnxruntime", "onnxruntime"] in head.rows
-    # an optimize.json written before issue 33 (no budget_text): still words, not a dict
+    # an older optimize.json (no budget_text): still words, not a dict
     assert budget_text({"budget": {"max_drop": 1.0}}) == "max_drop: 1.0"
 
 

@@ -3,8 +3,8 @@
 EfficientNet-B0 and MobileNetV3-Large trained on CIFAR-10 (../shared/models/cifar10-dev), ONNX Runtime-
 targeted placement (uint8 asymmetric activations, ORT's own Q/DQ placement, which also quantizes the
 sigmoid / hard-sigmoid gates that feed QLinearMul), all five range methods, 512 calibration images from
-cifar10/train, 1,500 seeded images of cifar10/test. Entropy used to collapse to chance here (10.64 % /
-10.00 %: it clipped every value of the gates, see ranges.entropy_amax); no method may do that again.
+cifar10/train, 1,500 seeded images of cifar10/test. Entropy calibration can collapse these models to chance
+(10.64 % / 10.00 % when it clips every value of the gates, see ranges.entropy_amax); no method may do that.
 About 1-2 minutes per model on 2 cores. Full-test-set numbers are in docs/int8-accuracy.md.
 """
 import json

@@ -82,7 +82,7 @@ def test_fp16_runs_only_where_the_cpu_lists_fp16():
 
 
 def test_bf16_runs_only_where_the_cpu_lists_bf16_and_then_computes_in_bf16(tmp_path):
-    """Issue 36: BF16 (AMX-BF16 / AVX512-BF16) as a candidate that needs no calibration, never picked on a CPU without
+    """OpenVINO BF16 (AMX-BF16 / AVX512-BF16) as a candidate that needs no calibration, never picked on a CPU without
     native BF16: there the variant is refused with the CPU's capability list."""
     caps = cpu_capabilities()
     variant = resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0)
@@ -321,7 +321,7 @@ def _constant_operand_qdq(path: Path) -> Path:
     w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
     # 7-bit weights (|q| <= 63): on a CPU without VNNI (AVX2, AVX-512 without VNNI) OpenVINO's INT8 conv adds u8 x s8
     # pairs in 16 bits (vpmaddubsw), which saturates for full-range activations (zero point 128) and weights (2 x 255 x
-    # 127 > 32767; seen on an AVX2-only EPYC: 7 % of outputs off by up to 0.72). That is the CPU's arithmetic, not the
+    # 127 > 32767; on an AVX2-only CPU 7 % of outputs come out off by up to 0.72). That is the CPU's arithmetic, not the
     # folding tested here, and qdeploy's own ONNX Runtime-placement files are 7-bit on such CPUs for the same reason
     # (facts/onnxruntime.u8s8_saturates); 2 x 255 x 63 fits, so the comparison below holds on every CPU
     w_scale = (np.abs(w).reshape(4, -1).max(1) / 63).astype(np.float32)
@@ -438,7 +438,7 @@ def test_missing_openvino_leaves_qdeploy_importable_and_the_engine_unusable():
 
 
 def test_target_cpu_plans_a_bf16_candidate_exactly_where_the_cpu_runs_bf16_and_says_how_to_deploy_it():
-    """Issue 36: optimize --target cpu weighs OpenVINO BF16 (no calibration) beside FP32 and INT8 on CPUs with native
+    """optimize --target cpu weighs OpenVINO BF16 (no calibration) beside FP32 and INT8 on CPUs with native
     BF16, never elsewhere; the chosen BF16 answer is the FP32 ONNX, so optimize.json says the compile call that makes it
     BF16 (and FP32/INT8 say f32: the plugin's default would be bf16 on such a CPU)."""
     from qdeploy.config import OptimizeConfig
@@ -458,7 +458,7 @@ def test_target_cpu_plans_a_bf16_candidate_exactly_where_the_cpu_runs_bf16_and_s
 
 
 def test_an_int8_models_float_layers_run_in_bf16_only_where_asked_and_where_the_cpu_runs_bf16(tmp_path, monkeypatch):
-    """Issue 36: OpenVINO INT8 with its float layers (here the Gemm after the pooled Q/DQ conv) in BF16, as the CPU
+    """OpenVINO INT8 with its float layers (here the Gemm after the pooled Q/DQ conv) in BF16, as the CPU
     plugin runs an INT8 model by default on an AMX/AVX512-BF16 CPU: an option of INT8 variants only, planned by
     optimize beside the f32-hinted NNCF candidate, refused on a CPU without native BF16 with its capability list."""
     import qdeploy.engines.openvino_engine as ove

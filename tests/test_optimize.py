@@ -314,9 +314,29 @@ def _fragile_config(tmp_path, **optimize):
     return cfg
 
 
+@pytest.fixture(scope="module")
+def fragile_search(tmp_path_factory):
+    """The fragile model's search twice on one cache, as a user would run it: first without the fallback (the CLI: the
+    budget is missed, exit 3), then with it allowed (FP32 and PTQ replayed from the first, the fallback run). The
+    tests below read both; each optimize of this model costs seconds."""
+    import contextlib
+    import io
+
+    from qdeploy.cli import main
+
+    root = tmp_path_factory.mktemp("fragile")
+    (root / "cfg.yaml").write_text(yaml.safe_dump(_fragile_config(root, fallback=False)))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["optimize", str(root / "cfg.yaml"), "--out", str(root / "a"), "--cache-dir", str(root / "cache")])
+    first = json.loads((root / "a" / "optimize.json").read_text())
+    second = api.optimize(_fragile_config(root, max_float_fraction=1.0), root / "b", cache_dir=root / "cache")
+    return {"root": root, "code": code, "stdout": stdout.getvalue(), "first": first, "second": second}
+
+
 @pytest.mark.slow
-def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
-    s = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "out", cache_dir=tmp_path / "cache")
+def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(fragile_search):
+    s, out = fragile_search["second"], fragile_search["root"] / "b"
     ptq = next(c for c in s["candidates"] if c["variant"] == "int8-max")
     assert not ptq["within_budget"] and ptq["agreement"] < 0.9     # the outlier really breaks plain PTQ
     fb = s["stages"]["fallback"]
@@ -330,23 +350,18 @@ def test_fallback_keeps_exactly_the_layer_that_breaks_int8_in_float(tmp_path):
     assert abs(c["int8_share"] + c["float_macs_share"] - 1) < 1e-3 and c["int8_ops_share"] == 0.75
     assert s["evaluations"]["subset"] >= 4 and s["evaluations"]["sensitivity"] == 1
     assert any(d.startswith("fallback: /model/conv2/Conv in float") for d in s["decisions"])
-    assert (tmp_path / "out" / c["artifact"]).is_file()
-    page = (tmp_path / "out" / "optimize.html").read_text()
+    assert (out / c["artifact"]).is_file()
+    page = (out / "optimize.html").read_text()
     assert "Per-layer fallback: the refined ranking" in page and "/model/conv2/Conv" in page and "found by" in page
 
 
 @pytest.mark.slow
-def test_a_budget_no_candidate_meets_writes_the_best_and_exits_3(tmp_path, capsys):
-    from qdeploy.cli import main
-
-    cfg = _fragile_config(tmp_path, fallback=False)
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    code = main(["optimize", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
-    s = json.loads((tmp_path / "out" / "optimize.json").read_text())
-    assert code == 3 and s["budget_met"] is False and s["budget_met_search"] is False
-    assert s["chosen"]["variant"] == "int8-max" and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+def test_a_budget_no_candidate_meets_writes_the_best_and_exits_3(fragile_search):
+    s, out = fragile_search["first"], fragile_search["root"] / "a"
+    assert fragile_search["code"] == 3 and s["budget_met"] is False and s["budget_met_search"] is False
+    assert s["chosen"]["variant"] == "int8-max" and (out / s["chosen"]["artifact"]).is_file()
     assert s["chosen"]["confirm_agreement"] < 0.9
-    assert "MISSED" in capsys.readouterr().out
+    assert "MISSED" in fragile_search["stdout"]
 
 
 @pytest.mark.slow
@@ -369,21 +384,20 @@ def test_qat_needs_training_images_that_are_not_evaluation_images(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_search_resumes_from_the_candidates_already_evaluated(tmp_path):
-    first = api.optimize(_fragile_config(tmp_path, fallback=False), tmp_path / "a", cache_dir=tmp_path / "cache")
+def test_a_search_resumes_from_the_candidates_already_evaluated(fragile_search):
+    first, second, root = fragile_search["first"], fragile_search["second"], fragile_search["root"]
     assert first["evaluations"]["cached"] == 0
     # started again (after an interruption, or with the fallback now allowed): FP32 and PTQ are replayed, not re-run
-    second = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "b", cache_dir=tmp_path / "cache")
     assert second["evaluations"]["cached"] == 2
     assert any("[replayed from an earlier run]" in d for d in second["decisions"])
     assert {c["variant"] for c in second["candidates"] if c["replayed"]} >= {"fp32"}  # optimize.json says so per row
     assert second["chosen"]["float_layers"] == ["/model/conv2/Conv"]
-    again = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0), tmp_path / "c", cache_dir=tmp_path / "cache")
+    again = api.optimize(_fragile_config(root, max_float_fraction=1.0), root / "c", cache_dir=root / "cache")
     assert again["evaluations"]["full"] == 2 and again["evaluations"]["subset"] == 0  # only the confirm split runs
     assert again["chosen"]["variant"] == second["chosen"]["variant"]
     # other methods: the store is keyed by model, data and split, not by the candidate list, so FP32 still replays
-    other = api.optimize(_fragile_config(tmp_path, max_float_fraction=1.0, methods=["max", "mean-minmax"]), tmp_path / "d",
-                         cache_dir=tmp_path / "cache")
+    other = api.optimize(_fragile_config(root, max_float_fraction=1.0, methods=["max", "mean-minmax"]), root / "d",
+                         cache_dir=root / "cache")
     assert any(d.startswith("fp32:") and d.endswith("[replayed from an earlier run]") for d in other["decisions"])
 
 
@@ -811,7 +825,7 @@ def test_a_model_file_replaced_in_place_is_never_answered_with_the_old_numbers(t
         torch.onnx.export(net, torch.randn(2, 3, 16, 16), str(path), input_names=["x"], output_names=["y"], opset_version=17,
                           dynamo=False, dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
 
-    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0})
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, methods=["max"])  # one PTQ method: the store is what is tested
     cfg["model"] = {"source": str(path), "preprocess": cfg["model"]["preprocess"]}
     save(0)
     first = api.optimize(cfg, tmp_path / "a", cache_dir=tmp_path / "cache")

@@ -59,11 +59,32 @@ def _config(tmp_path, objective="distill", epochs=2.0, **qat):
             "data": data, "qat": {"objective": objective, "epochs": epochs, "batch_size": 8, "lr": 1e-3, "method": "max", **qat}}
 
 
+@pytest.fixture(scope="module")
+def qat_runs(tmp_path_factory):
+    """``qat_runs(objective, epochs, **qat)``: one ``api.qat`` of that config per module, on one project (model file,
+    image folders, cache). Several tests read the same finished run: each QAT of the small model costs seconds."""
+    from types import SimpleNamespace
+
+    root = tmp_path_factory.mktemp("qat-runs")
+    done = {}
+
+    def run(objective="distill", epochs=2.0, **qat):
+        key = (objective, epochs, tuple(sorted(qat.items())))
+        if key not in done:
+            cfg = _config(root, objective, epochs, **qat)
+            out, cache = root / f"out{len(done)}", root / "cache"
+            done[key] = SimpleNamespace(cfg=cfg, out=out, cache=cache, root=root,
+                                        summary=api.qat(cfg, out, cache_dir=cache))
+        return done[key]
+    run.root, run.cache = root, root / "cache"
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["distill", "supervised", "both"])
-def test_qat_trains_exports_and_reports(tmp_path, objective):
-    summary = api.qat(_config(tmp_path, objective), tmp_path / "out", cache_dir=tmp_path / "cache")
-    out = tmp_path / "out"
+def test_qat_trains_exports_and_reports(qat_runs, objective):
+    run = qat_runs(objective)
+    summary, out = run.summary, run.out
     on_disk = json.loads((out / "qat.json").read_text())
     assert on_disk["artifact"] == "qat.onnx" and (out / "qat.onnx").is_file() and (out / "qat.trtcache").is_file()
     for key in ("fp32", "before", "after", "after_onnx"):
@@ -112,36 +133,37 @@ def test_losses_of_a_softmax_model_equal_those_of_its_logits():
 
 
 @pytest.mark.slow
-def test_qat_of_a_model_ending_in_softmax_distills_its_logits(tmp_path, capsys):
-    cfg = _config(tmp_path, "distill", epochs=2.0, lr=5e-3, augment=False)
+def test_qat_of_a_model_ending_in_softmax_distills_its_logits(qat_runs, tmp_path, capsys):
+    # the same network without its softmax, trained the same way: the same losses (KL of the same distributions)
+    plain = qat_runs("distill", 2.0, lr=5e-3, augment=False).summary
+    capsys.readouterr()
+    cfg = _config(qat_runs.root, "distill", epochs=2.0, lr=5e-3, augment=False)
     cfg["model"]["source"] = cfg["model"]["source"].replace(":small", ":small_softmax")
     summary = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
     assert "the model's outputs are probabilities" in capsys.readouterr().err
     assert summary["outputs"] == "probabilities"
-    # the same network without its softmax, trained the same way: the same losses (KL of the same distributions)
-    plain = api.qat(_config(tmp_path, "distill", epochs=2.0, lr=5e-3, augment=False), tmp_path / "plain", cache_dir=tmp_path / "cache")
     assert plain["outputs"] == "logits"
     for a, b in zip(summary["log"], plain["log"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=0.05), (summary["log"], plain["log"])
 
 
 @pytest.mark.slow
-def test_qat_changes_the_weights_and_distillation_lowers_its_loss(tmp_path):
-    summary = api.qat(_config(tmp_path, "distill", epochs=4.0, lr=5e-3, augment=False), tmp_path / "out", cache_dir=tmp_path / "cache")
+def test_qat_changes_the_weights_and_distillation_lowers_its_loss(qat_runs):
+    summary = qat_runs("distill", 2.0, lr=5e-3, augment=False).summary
     losses = [e["loss"] for e in summary["log"]]
     assert losses[-1] < losses[0], losses
 
 
 @pytest.mark.slow
-def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
+def test_resume_reaches_the_uninterrupted_result(qat_runs, tmp_path, monkeypatch):
     """Two epochs in one go vs. killed right after epoch 1's checkpoint, then --resume: the same weights, bit for bit.
     The interrupted run leaves no --out at all (it is written whole, at the end); its checkpoint is in the training
     folder that --resume into the same --out finds."""
     from qdeploy.quantize.qat import QatTrainer
     from qdeploy.quantize.qat_quantizer import command_folder
 
-    cfg = _config(tmp_path, "both", epochs=2.0)
-    whole = api.qat(cfg, tmp_path / "whole", cache_dir=tmp_path / "cache")
+    uninterrupted = qat_runs("both", 2.0)  # the run test_qat_trains_exports_and_reports checks
+    cfg, whole = uninterrupted.cfg, uninterrupted.summary
     save = QatTrainer._save
 
     def save_then_die(self, epochs_done, step):
@@ -155,7 +177,7 @@ def test_resume_reaches_the_uninterrupted_result(tmp_path, monkeypatch):
     assert torch.load(command_folder(tmp_path / "cache", tmp_path / "part") / "qat-checkpoint.pt", weights_only=False)["epochs_done"] == 1
     assert not (tmp_path / "part").exists() and not list(tmp_path.glob(".part.*"))
     resumed = api.qat(cfg, tmp_path / "part", resume=True, cache_dir=tmp_path / "cache")
-    a = torch.load(tmp_path / "whole" / "qat-checkpoint.pt", weights_only=False)["model"]
+    a = torch.load(uninterrupted.out / "qat-checkpoint.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "part" / "qat-checkpoint.pt", weights_only=False)["model"]
     assert a.keys() == b.keys()
     for k in a:
@@ -182,10 +204,10 @@ def test_training_classes_must_match_the_model_outputs(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
-    api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "out", cache_dir=tmp_path / "cache")
+def test_resume_refuses_a_checkpoint_of_another_config(qat_runs):
+    finished = qat_runs("distill", 1.0)
     with pytest.raises(QDeployError, match="belongs to another model, data or QAT config"):
-        api.qat(_config(tmp_path, "distill", epochs=1.0, lr=3e-3), tmp_path / "out", resume=True, cache_dir=tmp_path / "cache")
+        api.qat(_config(finished.root, "distill", epochs=1.0, lr=3e-3), finished.out, resume=True, cache_dir=finished.cache)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -380,11 +402,12 @@ def test_qat_variant_refuses_training_on_evaluation_images(tmp_path):
 
 
 @pytest.mark.slow
-def test_residual_quantizers_false_leaves_the_residual_add_float(tmp_path):
-    """Seed 002's "QAT without the skip-input quantizers": no Q/DQ on either input of the residual Add."""
-    with_q = api.qat(_config(tmp_path, "distill", epochs=1.0), tmp_path / "with", cache_dir=tmp_path / "cache")
-    without = api.qat(_config(tmp_path, "distill", epochs=1.0, residual_quantizers=False), tmp_path / "without",
-                      cache_dir=tmp_path / "cache")
+def test_residual_quantizers_false_leaves_the_residual_add_float(qat_runs, tmp_path):
+    """QAT without the skip-input quantizers (``residual_quantizers: false``): no Q/DQ on either input of the residual
+    Add. Same project and cache as the run with them: a cache key that ignored the option would give the same model."""
+    with_q = qat_runs("distill", 1.0).summary
+    without = api.qat(_config(qat_runs.root, "distill", epochs=1.0, residual_quantizers=False), tmp_path / "without",
+                      cache_dir=qat_runs.cache)
     assert with_q["structure"]["residual_add_forms"] == {"fusible": 1}
     assert "fusible" not in without["structure"]["residual_add_forms"], without["structure"]["residual_add_forms"]
     assert without["fingerprint"] != with_q["fingerprint"]
@@ -446,14 +469,14 @@ def test_adamw_steps_equalized_weights_as_if_unequalized():
 
 
 @pytest.mark.slow
-def test_resume_of_a_finished_run_reuses_it_without_training(tmp_path, monkeypatch):
+def test_resume_of_a_finished_run_reuses_it_without_training(qat_runs, monkeypatch):
     """`qdeploy qat --resume` after the run finished: no epoch runs again, and the same result is written."""
     from qdeploy.quantize.qat import QatTrainer
 
-    cfg = _config(tmp_path, "distill", epochs=1.0)
-    first = api.qat(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    finished = qat_runs("distill", 1.0)
+    first = finished.summary
     monkeypatch.setattr(QatTrainer, "fit", lambda self, resume=False: pytest.fail("trained again"))
-    again = api.qat(cfg, tmp_path / "out", resume=True, cache_dir=tmp_path / "cache")
+    again = api.qat(finished.cfg, finished.out, resume=True, cache_dir=finished.cache)
     for key in ("fp32", "before", "after", "after_onnx"):
         assert again[key] == first[key], key
     assert again["log"] == first["log"]
