@@ -5,7 +5,7 @@ run uses a fresh qdeploy cache (QDEPLOY_CACHE in a temporary folder) so nothing 
 (trained demo weights, exports, calibration ranges) helps it, and every example config a command names is checked
 not to read ../shared (a user's clone does not have it). `.ci/run` calls this after `make test`.
 
-    python bench/ci/readme_walkthrough.py [--keep-cache] [--json docs/results/readme_walkthrough.json]
+    python bench/ci/readme_walkthrough.py [--keep-cache] [--json docs/results/first-run/readme_walkthrough.json]
 """
 from __future__ import annotations
 

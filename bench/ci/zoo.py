@@ -2,7 +2,7 @@
 
     python bench/ci/zoo.py --list                              # the registry
     python bench/ci/zoo.py --slice fast --json OUT.json        # ~10 diverse models (the CI slice)
-    python bench/ci/zoo.py --all --json docs/results/zoo.json --markdown docs/zoo.md
+    python bench/ci/zoo.py --all --json docs/results/zoo/zoo.json --markdown docs/zoo.md
     python bench/ci/zoo.py --only resnet18 --only timm/deit --json OUT.json --merge
     python bench/ci/zoo.py --all --source timm --jobs 8 --threads 2 --part 1/3 --deadline 430 --stop-at 540 --json OUT.json
                                                             # 8 models at a time, a third of them, within a time limit

@@ -1,8 +1,8 @@
-"""Merge zoo sweeps run in parts (device calls, a local Keras run) into docs/results/zoo.json and docs/zoo.md.
+"""Merge zoo sweeps run in parts (device calls, a local Keras run) into docs/results/zoo/zoo.json and docs/zoo.md.
 
-    python bench/ci/zoo_merge.py PART.json [PART.json ...] --json docs/results/zoo.json --markdown docs/zoo.md
+    python bench/ci/zoo_merge.py PART.json [PART.json ...] --json docs/results/zoo/zoo.json --markdown docs/zoo.md
 
-A part may be an earlier merge (docs/results/zoo.json itself): its parts and rows are kept, later parts replace the
+A part may be an earlier merge (docs/results/zoo/zoo.json itself): its parts and rows are kept, later parts replace the
 rows they ran. Each part keeps its own machine, command, jobs/threads and wall time under ``runs``; rows a part did not run (deadline)
 are taken from a later part that did; the summary (pass rates, failures by cause) is computed over the merged rows by
 bench/ci/zoo.py's own ``summarize``, and the table by its ``markdown``."""

@@ -50,7 +50,7 @@
 #   call 5: deeplabv3 (BF16 weights)           61,748,570 bytes, 4.3 MiB to spare (CamVid only, no CIFAR data)
 # Fewer is impossible: the 8 CIFAR models' weights are 62.5 MB xz'd and a call holds at most 19.7 MB of them beside the repo
 # (19.6 MiB), the site (19.2 MiB) and the CIFAR images (6.4 MiB). The run time can need more calls than the size: on
-# this checkout's 2-core host (docs/results/cpu_goals.json, batch 1 and 32, all cores) the pairs took 251, 587, 424, 428
+# this checkout's 2-core host (docs/results/cpu/cpu_goals.json, batch 1 and 32, all cores) the pairs took 251, 587, 424, 428
 # and 938 s; every --threads count is one more optimize per model and batch. A call stopped at its deadline keeps the
 # rows it finished (bench/device/cpu_goals_device.sh); the rest can run in the next call from the same staging, e.g. with
 # --batch 32 alone.

@@ -2,7 +2,7 @@
 ONNX Runtime and OpenVINO, with NNCF's PTQ in OpenVINO side by side (it is one of the target's candidates).
 
     python bench/suites/cpu_goals.py resnet20 resnet44 efficientnet_b0_48 mobilenet_v3_large_64 deeplabv3 \
-        deit swin convnext mobilevit --batch 1 32 --count 2000 --out runs/cpu-goals [--json docs/results/cpu_goals.json]
+        deit swin convnext mobilevit --batch 1 32 --count 2000 --out runs/cpu-goals [--json docs/results/cpu/cpu_goals.json]
         [--threads 1:1,4,16 32:16]    # issue 36: per batch size, the thread counts to run optimize with (default: all
                                       # cores only); each (model, batch, threads) is one optimize, one row
 
@@ -23,11 +23,11 @@ The CPU's name, flags (`lscpu`) and the versions are printed and stored with the
 On the device machine's Xeon the models travel a few per call (bench/device/stage_cpu_device.sh); the calls' JSONs become one
 file by this script, not by hand (every part must name the same machine and versions):
 
-    python bench/suites/cpu_goals.py --merge /work/.device/1/cpu_goals.json ... --json docs/results/cpu_goals_xeon.json
+    python bench/suites/cpu_goals.py --merge /work/.device/1/cpu_goals.json ... --json docs/results/cpu/cpu_goals_xeon.json
 
 A re-run against an earlier file, row by row (chosen p50 and within-run speed-up, before and now):
 
-    python bench/suites/cpu_goals.py --compare docs/results/cpu_goals.json NEW.json
+    python bench/suites/cpu_goals.py --compare docs/results/cpu/cpu_goals.json NEW.json
 """
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--methods", default="mean-minmax,max,percentile")
     ap.add_argument("--out", type=Path, default=Path("runs/cpu-goals"))
-    ap.add_argument("--json", type=Path, default=None, help="also write every row here (docs/results/cpu_goals.json)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every row here (docs/results/cpu/cpu_goals.json)")
     ap.add_argument("--threads", default=None, help="per batch size, the thread counts: '1:1,4,16 32:16' (default: all "
                     "cores)")
     args = ap.parse_args()

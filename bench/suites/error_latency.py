@@ -5,7 +5,7 @@ Goal: every user error in at most 2 s on a 2-core machine (it took 8.5-9.8 s whe
 openvino and modelopt were imported before the first check).
 
     .venv/bin/python bench/suites/error_latency.py --label after     # run and optimize, 5 runs each: a table on stdout and
-                                                              # docs/results/error_latency.json
+                                                              # docs/results/first-run/error_latency.json
     .venv/bin/python bench/suites/error_latency.py --label quick --repeat 2 --commands run --out /tmp/el.json
 
 Each --label is stored in the JSON beside the labels already there (``runs[label]``), so a before/after pair stays in
@@ -34,7 +34,7 @@ import yaml
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "docs" / "results" / "error_latency.json"
+DEFAULT_OUT = REPO / "docs" / "results" / "first-run" / "error_latency.json"
 GOAL_S = 2.0
 
 MODEL_PY = '''

@@ -1,6 +1,6 @@
 """Issue #22's goal: qdeploy's torch-cuda answer against what a user writes by hand, on the GPU machine.
 
-    python bench/suites/gpu_reference.py effnet --data DIR --out DIR [--json docs/results/gpu_reference.json]
+    python bench/suites/gpu_reference.py effnet --data DIR --out DIR [--json docs/results/gpu/gpu_reference.json]
 
 Per model (``effnet`` = cifar10-dev/efficientnet_b0_48, ``convnext`` = cifar10-modern/convnext_atto_64, ``deit`` =
 cifar10-modern/deit_tiny_p4_32; issue 35's held-out architectures, trained by bench/train/train_heldout.py: ``tv_vit``,

@@ -1,6 +1,6 @@
-"""Merge the rows a device call of bench/device/gpu_reference_call.sh brought back into docs/results/gpu_reference.json (by
+"""Merge the rows a device call of bench/device/gpu_reference_call.sh brought back into docs/results/gpu/gpu_reference.json (by
 model and batch size: a model's new rows replace its old ones, other rows keep their own date); copy the call's logs and
-optimize.json files into docs/results/gpu_reference_runs/.
+optimize.json files into docs/results/gpu/gpu_reference_runs/.
     python bench/suites/gpu_reference_merge.py /work/.device/N
     python bench/suites/gpu_reference_merge.py --from-log MODEL /work/.device/N   # a call cut off by its time limit before
         gpu_reference.py wrote its rows: the rows are read from MODEL.log (the references timed, the fresh-process p50s

@@ -139,7 +139,7 @@ _SOFTMAX_WHY = ("Softmax stays float: inside ModelOpt's attention partition (Mat
 _GELU_WHY = ("GELU stays whole and float: ModelOpt's ONNX INT8 matches Div → Erf → Add → Mul → Mul as a "
              "non-quantizable pattern (partitioning.py, find_hardcoded_patterns) and TensorRT fuses it into the "
              "preceding GEMM; quantizing its pieces separately adds four roundings (as SiLU's did on EfficientNet: "
-             "docs/results/issue8_peer_ptq_split_efficientnet_b0_48.json)")
+             "docs/results/int8/issue8_peer_ptq_split_efficientnet_b0_48.json)")
 
 def conv_runs_int8_in_tensorrt(g: QdqGraph, conv: onnx.NodeProto) -> Optional[bool]:
     """Whether TensorRT has an INT8 kernel for this Conv (``facts.tensorrt.conv_int8_supported``); None: shape unknown."""

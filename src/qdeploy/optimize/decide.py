@@ -182,7 +182,7 @@ def fallback_for_speed(candidates: list, int8: list, tie: float = LATENCY_TIE):
     candidate outside the budget by its accuracy drop (``rejected_by`` max_drop: a fallback keeps the layers that cost
     accuracy in float; an agreement collapse is not that), faster than every candidate within budget by more than
     ``tie``. Why: on a CPU with several engines the fastest INT8 is often another engine's, a few tenths of a point
-    outside a budget its slower sibling meets (measured on an AMX CPU, docs/results/cpu_goals_xeon_2026-11-26.json:
+    outside a budget its slower sibling meets (measured on an AMX CPU, docs/results/cpu/cpu_goals_xeon_2026-11-26.json:
     ResNet-44 at batch 32, OpenVINO INT8 3.51 ms with a drop bound of 0.39 > 0.30, while the answer was BF16 at
     4.07 ms); without this, the fallback was tried only when no INT8 at all met the budget. None where latencies are
     not measured (rank keys are INT8 shares, not times) or nothing faster is outside."""

@@ -112,7 +112,7 @@ def quantize_onnx(fp32_path: Path, ranges: dict, target: str, out_path: Path,
     if target == "onnxruntime" and not split_activations:
         # activation functions stay whole, as in NNCF and TensorRT: ONNX Runtime would quantize SiLU's x, sigmoid(x)
         # and product separately (QLinearSigmoid/QLinearMul), which cost 0.9 point on EfficientNet-B0
-        # (docs/results/issue8_peer_ptq_split_efficientnet_b0_48.json), but
+        # (docs/results/int8/issue8_peer_ptq_split_efficientnet_b0_48.json), but
         # runs them in int8: Int8Config.split_activations chooses that speed (about 2x on MobileNetV3 / EfficientNet-B0)
         g = QdqGraph(model)
         for node in g.nodes:

@@ -26,8 +26,8 @@ from qdeploy.optimize.steps.base import Step, register_step
 # op classes (benchmark/op_profile.op_class) that are also ONNX op types the placement can leave float without losing a
 # compute op's INT8 kernel: data movement and elementwise work, whose INT8 form saves no arithmetic. Add and Mul
 # (QLinearAdd / QLinearMul: dequantize, compute, requantize per element) were measured slower in INT8 than in float by
-# this profile on both CPUs it ran on (an AVX-512 VNNI + AMX Xeon: docs/results/cpu_goals_xeon.json; a 2-core AVX2
-# EPYC: docs/results/cpu_goals.json). Whether they are on a given CPU is what the profile measures, so no ISA flag is
+# this profile on both CPUs it ran on (an AVX-512 VNNI + AMX Xeon: docs/results/cpu/cpu_goals_xeon.json; a 2-core AVX2
+# EPYC: docs/results/cpu/cpu_goals.json). Whether they are on a given CPU is what the profile measures, so no ISA flag is
 # read here: the rule is the measurement, taken on the CPU that will run the model
 FLOAT_WHEN_SLOWER = ("Transpose", "Reshape", "Concat", "Resize", "Softmax", "Sigmoid", "HardSigmoid", "MaxPool",
                      "AveragePool", "Split", "Slice", "Pad", "Add", "Mul")
@@ -110,7 +110,7 @@ class CpuEnginesStep(Step):
                                                               and not c.spec.get("exclude_ops")]
             twins += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
             # the same Q/DQ ONNX with its float layers in BF16, as for the own placement below: faster than its
-            # f32-hinted twin on some models and batch sizes, slower on others (docs/results/cpu_goals_xeon.json), so
+            # f32-hinted twin on some models and batch sizes, slower on others (docs/results/cpu/cpu_goals_xeon.json), so
             # one candidate, measured like the rest
             if best is not None and "bf16" in engine_floats(engine):
                 twins.append(EngineCandidate.planned_twin(s.target, engine, best, float_precision="bf16"))
@@ -121,7 +121,7 @@ class CpuEnginesStep(Step):
             twins.append(EngineCandidate.planned_own_placement(s.target, engine))
             # OpenVINO's CPU plugin runs an INT8 model's float layers in BF16 by default where the CPU has native BF16
             # (AMX-BF16, AVX512-BF16): on a transformer those layers (attention, Softmax, LayerNorm, GELU) are much of
-            # the time, and all-BF16 can beat the f32-hinted INT8 (docs/results/cpu_goals_xeon.json)
+            # the time, and all-BF16 can beat the f32-hinted INT8 (docs/results/cpu/cpu_goals_xeon.json)
             if "bf16" in engine_floats(engine):
                 twins.append(EngineCandidate.planned_own_placement(s.target, engine, float_precision="bf16"))
         return twins
