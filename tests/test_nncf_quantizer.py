@@ -140,10 +140,10 @@ def rescnn(tmp_path_factory):
 def test_check_refuses_what_nncf_does_not_do():
     q = get_quantizer("nncf")
     assert q.name == "nncf" and "NNCF" in q.description
-    with pytest.raises(NotApplicable, match="placement onnxruntime: quantizer nncf makes placement openvino only"):
-        q.check(Int8Config(placement="onnxruntime"), has_torch=True)
+    with pytest.raises(NotApplicable, match=r"placement onnxruntime: quantizer nncf makes placement openvino \(for OpenVINO\) only"):
+        q.applicable(Int8Config(placement="onnxruntime"), has_torch=True)
     with pytest.raises(NotApplicable, match="placement tensorrt"):
-        q.check(Int8Config(placement="tensorrt"), has_torch=True)
+        q.applicable(Int8Config(placement="tensorrt"), has_torch=True)
     with pytest.raises(ConfigError, match="method entropy: quantizer nncf .* offers mean-minmax and max here"):
         q.check(Int8Config(placement="openvino", method="entropy"), has_torch=True)
     for method in ("percentile", "mse"):

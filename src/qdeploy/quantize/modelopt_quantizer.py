@@ -58,8 +58,6 @@ class ModelOptQuantizer(Quantizer):
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
         if not has_torch:
             raise NotApplicable("quantizer modelopt needs a PyTorch model; the source is an ONNX or Keras model (use quantizer: onnx)")
-        if not self.makes(cfg.placement):
-            raise NotApplicable("quantizer modelopt produces the TensorRT placement only (placement: tensorrt)")
         if cfg.calibration_cache:
             raise NotApplicable("quantizer modelopt calibrates itself; ranges from a TensorRT cache need quantizer: onnx")
         if cfg.exclude_ops:

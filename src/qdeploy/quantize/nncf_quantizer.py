@@ -34,9 +34,6 @@ class NncfQuantizer(Quantizer):
     description = "OpenVINO's own Q/DQ placement and ranges, made by NNCF (nncf.quantize on the ONNX; placement openvino)"
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
-        if not self.makes(cfg.placement):
-            raise NotApplicable(f"placement {cfg.placement}: quantizer nncf makes placement openvino only (OpenVINO's own "
-                                "Q/DQ placement)")
         if importlib.util.find_spec("nncf") is None:
             raise NotApplicable("NNCF is not installed (pip install nncf)")
         if cfg.calibration_cache:

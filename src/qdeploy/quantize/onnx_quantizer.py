@@ -24,8 +24,6 @@ class OnnxQdqQuantizer(Quantizer):
     description = "Q/DQ inserted into the ONNX graph (ONNX Runtime's QDQQuantizer); ranges from an ONNX Runtime pass or a TensorRT cache"
 
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
-        if not self.makes(cfg.placement):
-            raise NotApplicable("placement openvino is NNCF's (quantizer nncf)")
         if not cfg.residual_quantizers:
             raise NotApplicable("residual_quantizers: false is implemented by quantizer modelopt (a PyTorch model)")
 

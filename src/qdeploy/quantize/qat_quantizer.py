@@ -230,9 +230,6 @@ class QatQuantizer(Quantizer):
             raise NotApplicable("quantizer qat fine-tunes a PyTorch model; this model is ONNX-only")
         if cfg.calibration_cache:
             raise NotApplicable("quantizer qat starts from its own calibration; a TensorRT cache cannot be fine-tuned")
-        if not self.makes(cfg.placement):
-            raise NotApplicable("quantizer qat trains the TensorRT or ONNX Runtime placement; placement openvino is "
-                                "NNCF's post-training placement")
         if cfg.exclude_ops and cfg.placement == "tensorrt":
             raise NotApplicable("quantizer qat (TensorRT placement) does not take exclude_ops; use exclude (node-name regexes)")
 

@@ -69,8 +69,20 @@ class Quantizer(ABC):
         """Whether this quantizer makes ``placement`` (config.PLACEMENTS[placement].quantizers)."""
         return self.name in PLACEMENTS[placement].quantizers
 
+    def check_placement(self, cfg: Int8Config) -> None:
+        """Raise NotApplicable, naming the placements this quantizer makes, when it does not make ``cfg.placement``."""
+        if not self.makes(cfg.placement):
+            made = " or ".join(f"{p} (for {PLACEMENTS[p].runtime})" for p in PLACEMENTS if self.makes(p))
+            raise NotApplicable(f"placement {cfg.placement}: quantizer {self.name} makes placement {made} only")
+
     def check(self, cfg: Int8Config, has_torch: bool) -> None:
-        """Raise NotApplicable when these settings cannot run with this quantizer (before any work)."""
+        """Raise NotApplicable when these settings cannot run with this quantizer (before any work); the placement is
+        checked before, by :meth:`applicable`."""
+
+    def applicable(self, cfg: Int8Config, has_torch: bool) -> None:
+        """Raise NotApplicable when this quantizer cannot make ``cfg``: its placement, then its own :meth:`check`."""
+        self.check_placement(cfg)
+        self.check(cfg, has_torch)
 
     @abstractmethod
     def quantize(self, inputs: QuantizeInputs, cfg: Int8Config, out_path: Path) -> QuantResult: ...
@@ -98,13 +110,13 @@ def candidates(cfg: Int8Config, has_torch: bool) -> list[Quantizer]:
     train and fine-tune), else Q/DQ inserted into the ONNX."""
     if cfg.quantizer != AUTO:
         q = get_quantizer(cfg.quantizer)
-        q.check(cfg, has_torch)  # an explicit choice that cannot work is the user's error
+        q.applicable(cfg, has_torch)  # an explicit choice that cannot work is the user's error
         return [q]
     order = [QUANTIZERS[n] for n in PLACEMENTS[cfg.placement].quantizers if n in QUANTIZERS and QUANTIZERS[n].automatic]
     usable = []
     for q in order:
         try:
-            q.check(cfg, has_torch)
+            q.applicable(cfg, has_torch)
         except NotApplicable:
             continue
         usable.append(q)
