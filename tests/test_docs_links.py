@@ -37,3 +37,11 @@ def test_the_check_finds_a_missing_file():
 def test_every_cited_path_exists(page):
     missing = sorted({ref for ref in cited(page.read_text()) if not exists(ref, page)})
     assert not missing, f"{page.relative_to(ROOT)} cites paths that do not exist: {missing}"
+
+
+def test_every_results_file_the_code_cites_exists():
+    """A measured reason in a comment cites its docs/results file; the file is there."""
+    files = [p for folder in ("src", "tests", "bench") for p in (ROOT / folder).rglob("*.py")]
+    missing = sorted({f"{p.relative_to(ROOT)}: {ref}" for p in files for ref in cited(p.read_text())
+                      if ref.startswith("docs/results/") and not exists(ref, p)})
+    assert not missing, missing
