@@ -129,6 +129,16 @@ def tiny_weights(tiny_model_file, tmp_path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _loud_log():
+    """``cli.main(["--quiet", ...])`` sets the log's quiet flag for the whole process: every test starts with it off,
+    so a test that reads qdeploy's log lines (capsys) does not depend on which test ran before it."""
+    from qdeploy.utils import log
+
+    log.set_quiet(False)
+    yield
+
+
 def write_image_folder(root: Path, classes=("a", "b", "c"), per_class=6, size=(12, 10), seed=0) -> Path:
     rng = np.random.default_rng(seed)
     for c in classes:

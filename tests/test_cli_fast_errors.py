@@ -202,32 +202,22 @@ def test_early_error_is_the_pipelines_line_and_exit_code(case_id, command, setup
 
 
 def test_a_working_config_passes_the_early_checks(template, tmp_path):
-    """The early checks refuse nothing the pipeline accepts: folders that this command does not read (calibration
-    images without an INT8 variant, QAT's training images) may be missing, as they may for the pipeline (exit 0)."""
+    """The early checks refuse nothing the pipeline accepts (exit 0): folders that this command does not read
+    (calibration images without an INT8 variant, QAT's training images) may be missing, as they may for the pipeline;
+    and with on_error: skip a corrupt first image is not an error but left to the data stage, which lists it as
+    skipped. One run covers both (each run starts torch in a subprocess)."""
     cfg = copy.deepcopy(BASE)
     cfg["variants"] = [{"engine": "torch"}]
     cfg["data"]["calibration"]["root"] = "data/not-here"
     cfg["data"]["train"] = {"root": "data/not-here-either"}
-    project, config = _project(template, tmp_path, cfg)
-    p = _cli("--quiet", "eval", str(config), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
-             cwd=project)
-    assert p.returncode == 0, p.stderr
-    assert (tmp_path / "out" / "results.json").is_file()
-
-
-def test_skipped_unreadable_images_are_left_to_the_data_stage(template, tmp_path):
-    """With on_error: skip a corrupt first image is not an error: the early check must not refuse it (the run then
-    lists it as skipped)."""
-    cfg = copy.deepcopy(BASE)
-    cfg["variants"] = [{"engine": "torch"}]
     cfg["data"]["eval"]["on_error"] = "skip"
     project, config = _project(template, tmp_path, cfg)
     (project / "data" / "eval" / "a" / "0.png").write_bytes(GARBAGE_PNG)
     p = _cli("--quiet", "eval", str(config), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
              cwd=project)
     assert p.returncode == 0, p.stderr
-    skipped = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert "0.png" in json.dumps(skipped)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "0.png" in json.dumps(results)
 
 
 # ---- qdeploy optimize's flags -------------------------------------------------------------------------------------------
@@ -296,15 +286,13 @@ def _optimize_json(template: Path, tmp_path: Path, optimize: dict, *flags: str) 
 
 def test_optimize_flags_override_the_config_section(template, tmp_path):
     """The config asks for torch-cpu, a relative budget and a 1 ms time limit (which stops the search before one
-    evaluation: exit 2); the flags' target, budget and time limit are the ones optimize.json reports."""
+    evaluation: exit 2); the flags' target, budget (--max-drop with --min-agreement as its floor) and time limit are
+    the ones optimize.json reports."""
     _, summary = _optimize_json(template, tmp_path, {"target": "torch-cpu", "budget": {"relative": 0.01},
                                                      "time_limit": 0.001},
-                                "--target", "onnxruntime-cpu", "--max-drop", "50", "--time-limit", "900")
+                                "--target", "onnxruntime-cpu", "--max-drop", "50", "--min-agreement", "0.5",
+                                "--time-limit", "900")
     assert summary["target"] == "onnxruntime-cpu"
     assert summary["budget"].get("max_drop") == 50 and "relative" not in summary["budget"]
-    assert summary["timed_out"] is False
-
-
-def test_optimize_min_agreement_flag_sets_the_budget(template, tmp_path):
-    _, summary = _optimize_json(template, tmp_path, {"target": "onnxruntime-cpu"}, "--min-agreement", "0.5")
     assert summary["budget"].get("min_agreement") == 0.5
+    assert summary["timed_out"] is False

@@ -47,6 +47,13 @@ def keras_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def keras_cache(tmp_path_factory) -> Path:
+    """One qdeploy cache for the tests that read the same Keras file (convbn.keras, se.keras): each conversion starts
+    TensorFlow in a child process, so it is made once. A cache hit still verifies the ONNX against Keras' outputs."""
+    return tmp_path_factory.mktemp("keras-cache")
+
+
+@pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("images")
     return write_image_folder(root / "eval", size=(8, 8)), write_image_folder(root / "calib", size=(8, 8), seed=1)
@@ -60,11 +67,12 @@ def _config(source, folders, variants, preset="keras-tf", **model) -> dict:
 
 
 @pytest.mark.slow
-def test_a_keras_file_runs_as_one_nchw_onnx_verified_against_keras_in_every_onnx_engine(tmp_path, keras_dir, folders):
+def test_a_keras_file_runs_as_one_nchw_onnx_verified_against_keras_in_every_onnx_engine(tmp_path, keras_dir, folders,
+                                                                                         keras_cache):
     variants = [{"engine": "onnxruntime"}, {"engine": "openvino"},
                 {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt"},
                 {"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"}]
-    results = api.run(_config(keras_dir / "convbn.keras", folders, variants), tmp_path / "out", cache_dir=tmp_path / "cache")
+    results = api.run(_config(keras_dir / "convbn.keras", folders, variants), tmp_path / "out", cache_dir=keras_cache)
     assert [v["status"] for v in results["variants"]] == ["ok"] * 4, [v.get("reason") for v in results["variants"]]
     verify = results["model"]["onnx"]["verify"]
     assert verify["reference"] == "Keras" and verify["passed"] and verify["samples"] == 8
@@ -80,12 +88,12 @@ def test_a_keras_file_runs_as_one_nchw_onnx_verified_against_keras_in_every_onnx
 
 
 @pytest.mark.slow
-def test_h5_and_savedmodel_convert_to_the_same_outputs_as_the_keras_file(tmp_path, keras_dir, folders):
+def test_h5_and_savedmodel_convert_to_the_same_outputs_as_the_keras_file(tmp_path, keras_dir, folders, keras_cache):
     outputs = {}
     for name in ("convbn.keras", "convbn.h5", "convbn_savedmodel"):
         cfg = _config(keras_dir / name, folders, [{"engine": "onnxruntime"}])
         cfg["bench"] = {"enabled": False}
-        results = api.run(cfg, tmp_path / name, cache_dir=tmp_path / "cache")
+        results = api.run(cfg, tmp_path / name, cache_dir=keras_cache)
         assert results["variants"][0]["status"] == "ok", results["variants"][0].get("reason")
         assert results["model"]["onnx"]["verify"]["passed"]
         sess = ort.InferenceSession(str(tmp_path / name / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -108,12 +116,12 @@ def test_captured_normalization_constants_become_initializers(tmp_path, keras_di
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["tensorrt", "onnxruntime"])
 def test_a_keras_squeeze_excitation_branch_stays_float_through_its_squeeze_and_reshape(tmp_path, keras_dir, folders,
-                                                                                          placement):
+                                                                                          keras_cache, placement):
     """The placement rules read the converted graph: tf2onnx's GlobalAveragePool → Squeeze → Reshape before the SE
     convs is seen through (lint/patterns.py), and the TensorRT lint stays clean."""
     cfg = _config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime", "precision": "int8", "method": "max",
                                                      "placement": placement, "name": "v"}])
-    info = api.quantize(cfg, tmp_path / "q", cache_dir=tmp_path / "cache")["variants"]["v"]
+    info = api.quantize(cfg, tmp_path / "q", cache_dir=keras_cache)["variants"]["v"]
     assert info["status"] == "ok", info["reason"]
     se = info["excluded_squeeze_excitation"]
     assert any("se_reduce" in n for n in se) and any("se_expand" in n for n in se) and any("se_squeeze" in n for n in se)
@@ -209,7 +217,8 @@ def test_a_missing_tensorflow_is_one_line_naming_the_extra(tmp_path, folders, ca
 
 
 @pytest.mark.slow
-def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qdq(tmp_path, keras_dir, folders):
+def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qdq(tmp_path, keras_dir, folders,
+                                                                                    keras_cache):
     """Item 3: a Keras model fine-tuned by qdeploy's QAT (onnx2torch module of the verified ONNX, checked equal to
     ONNX Runtime) gives the same TensorRT-placement Q/DQ ONNX, structure report and lint as a PyTorch model."""
     train = write_image_folder(tmp_path / "train", size=(8, 8), per_class=8, seed=5)
@@ -219,7 +228,7 @@ def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qd
     cfg["data"]["train"] = {"root": str(train), "batch_size": 8, "workers": 0}
     cfg["qat"] = {"objective": "distill", "epochs": 1, "batch_size": 8, "lr": 1e-4, "method": "max"}
     cfg["bench"] = {"enabled": False}
-    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    results = api.run(cfg, tmp_path / "out", cache_dir=keras_cache)
     v = results["variants"][1]
     assert v["status"] == "ok", v.get("reason")
     q = v["quantization"]
@@ -232,13 +241,12 @@ def test_qat_of_a_keras_model_trains_its_onnx2torch_twin_and_exports_tensorrt_qd
 
 
 @pytest.mark.slow
-def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_dir, folders):
+def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_dir, folders, keras_cache):
     """One placement for both quantizers: the SE convs (placement rule) and a node named by ``exclude`` (how
     optimize's fallback keeps a layer float) stay float in QAT of the onnx2torch twin as in the ONNX quantizer's PTQ.
     onnx2torch names modules after ONNX nodes, not PyTorch scopes; before, QAT quantized them all (82/82 on the Keras
     EfficientNet while PTQ kept 36 float)."""
-    api.run(_config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime"}]), tmp_path / "fp32",
-                   cache_dir=tmp_path / "cache")
+    api.run(_config(keras_dir / "se.keras", folders, [{"engine": "onnxruntime"}]), tmp_path / "fp32", cache_dir=keras_cache)
     graph = onnx.load(str(tmp_path / "fp32" / "model.onnx")).graph
     stem = next(n.name for n in graph.node if n.op_type == "Conv")  # the first conv: the stem (tf2onnx names it Conv__N)
     train = write_image_folder(tmp_path / "train", size=(8, 8), per_class=8, seed=5)
@@ -248,7 +256,7 @@ def test_qat_of_a_keras_model_keeps_float_what_ptq_keeps_float(tmp_path, keras_d
     cfg["data"]["train"] = {"root": str(train), "batch_size": 8, "workers": 0}
     cfg["qat"] = {"objective": "distill", "epochs": 1, "batch_size": 8, "lr": 1e-4, "method": "max"}
     cfg["bench"] = {"enabled": False}
-    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    results = api.run(cfg, tmp_path / "out", cache_dir=keras_cache)
     assert [v["status"] for v in results["variants"]] == ["ok", "ok"], [v.get("reason") for v in results["variants"]]
     ptq, qat = (v["quantization"] for v in results["variants"])
     assert len(qat["excluded_squeeze_excitation"]) == 2 and qat["excluded_by_user"], qat

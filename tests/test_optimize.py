@@ -95,7 +95,7 @@ def test_no_fallback_when_the_target_measures_int8_slower_than_fp32():
 
 def test_a_faster_int8_outside_the_budget_by_its_drop_gets_a_fallback_although_a_slower_one_is_within():
     """On an AMX CPU, OpenVINO INT8 (3.51 ms) can be outside the budget by its drop bound while BF16 (4.07 ms) is
-    within (docs/results/cpu_goals_xeon.json): the fallback is tried from the OpenVINO INT8; not from one rejected by
+    within (docs/results/cpu/cpu_goals_xeon.json): the fallback is tried from the OpenVINO INT8; not from one rejected by
     the agreement floor, nor where nothing outside is faster, nor where rank keys are INT8 shares (no latency)."""
     from qdeploy.optimize.decide import fallback_for_speed
 
@@ -172,7 +172,7 @@ def test_optimize_chooses_on_search_and_confirms_on_the_rest(tmp_path):
     assert on_disk["budget_met"] is True and on_disk["splits"] == {"search": 12, "confirm": 12, "seed": 0}
     variants = {x["variant"] for x in on_disk["candidates"]}
     # plus at most one more, where ONNX Runtime's profiler measured a data-movement or elementwise op class slower in
-    # INT8 on this CPU (FLOAT_WHEN_SLOWER: Add on AVX2-only CPUs, docs/results/cpu_goals_avx2_rerun.json): those op
+    # INT8 on this CPU (FLOAT_WHEN_SLOWER: Add on AVX2-only CPUs, docs/results/cpu/cpu_goals_avx2_rerun.json): those op
     # types left float
     extra = variants - {"fp32", "int8-max", "int8-mean-minmax"}
     assert variants >= {"fp32", "int8-max", "int8-mean-minmax"} and len(extra) <= 1, variants

@@ -79,7 +79,7 @@ def test_it_stops_at_the_time_limit_with_what_it_has():
 def test_a_fallback_for_speed_stops_once_it_is_no_faster_than_the_answer_within_budget():
     """A fallback made for speed (an INT8 outside the budget faster than the fastest answer within it) must not
     float layer after layer into a model slower than that answer (on ResNet-44 it would reach 9 float layers;
-    docs/results/cpu_goals_xeon.json). Each float layer adds time (here 0.05 ms): the fallback stops at the first
+    docs/results/cpu/cpu_goals_xeon.json). Each float layer adds time (here 0.05 ms): the fallback stops at the first
     model that no longer wins."""
     log = []
     hooks, calls = _hooks(lambda f: 0.5 + 0.05 * len(f), log)
@@ -95,7 +95,7 @@ def test_a_fallback_for_speed_stops_once_it_is_no_faster_than_the_answer_within_
 @pytest.mark.slow
 def test_an_nncf_layer_reads_float_activations_in_the_proxy_its_ranking_uses(tmp_path):
     """NNCF rebuilds the whole model for every ignored scope (tens of seconds a build for Swin, several builds a
-    ranking; docs/results/cpu_goals_xeon.json), so the fallback ranks an NNCF model's layers on that model with one
+    ranking; docs/results/cpu/cpu_goals_xeon.json), so the fallback ranks an NNCF model's layers on that model with one
     layer's activation Q/DQ bypassed. Real NNCF on a model whose second conv reads an outlier channel: bypassing that conv's input brings the output back towards
     FP32, and only that consumer is rewired."""
     import numpy as np

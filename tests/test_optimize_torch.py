@@ -194,7 +194,7 @@ def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_
 
 def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
     """Brief eager timings are launch-bound and noisy (EfficientNet's eager FP16 reads slower than its FP32 although
-    compiled FP16 is faster, docs/results/gpu_reference.json), so they never prune a precision: every precision that
+    compiled FP16 is faster, docs/results/gpu/gpu_reference.json), so they never prune a precision: every precision that
     reached the runtime search is compiled, each in the layout its brief timing favours."""
     from types import SimpleNamespace as C
 
@@ -213,7 +213,7 @@ def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
 
 def test_layouts_a_brief_timing_cannot_separate_are_both_compiled_after_the_others():
     """Two layouts within the latency tie by brief timing are a coin toss (on a ViT, contiguous ahead in one of three
-    runs and channels_last in the others, docs/results/optimize_stability.json). Within the tie both layouts are
+    runs and channels_last in the others, docs/results/gpu/optimize_stability.json). Within the tie both layouts are
     compiled, the second ones after every precision's first (the time limit cuts them first)."""
     from types import SimpleNamespace as C
 

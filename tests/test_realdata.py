@@ -25,10 +25,27 @@ def _eval(example: str, tmp_path, **overrides):
     return by["torch-fp32"], by["onnxruntime-fp32"], results
 
 
-def test_cifar10_resnet20_top1_in_torch_and_onnxruntime(tmp_path):
+@pytest.fixture(scope="module")
+def resnet20_run(tmp_path_factory):
+    """One run of examples/cifar10_resnet20.yaml on the whole test split: FP32 in PyTorch and ONNX Runtime and the two
+    INT8 placements (entropy ranges), read by both ResNet-20 tests (each pass over the 10,000 images costs seconds)."""
     shared_path("models", "cifar10-resnet", "resnet20.pt")
     shared_path("data", "cifar10", "test")
-    t, o, results = _eval("cifar10_resnet20.yaml", tmp_path)
+    shared_path("data", "cifar10", "train")
+    cfg = load_config(REPO / "examples" / "cifar10_resnet20.yaml")
+    cfg.variants = [VariantSpec(engine="torch"), VariantSpec(engine="onnxruntime"),
+                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy"),
+                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy", placement="tensorrt")]
+    cfg.bench.enabled = False
+    out = tmp_path_factory.mktemp("resnet20")
+    return api.run(cfg, out / "out", cache_dir=out / "cache")
+
+
+def test_cifar10_resnet20_top1_in_torch_and_onnxruntime(resnet20_run):
+    results = resnet20_run
+    t, o = results["variants"][:2]
+    assert t["name"] == "torch-fp32" and t["status"] == "ok", t["reason"]
+    assert o["name"] == "onnxruntime-fp32" and o["status"] == "ok", o["reason"]
     assert t["metrics"]["samples"] == 10000
     assert t["metrics"]["top1"] == pytest.approx(0.9173, abs=1e-9)
     assert o["metrics"]["top1"] == pytest.approx(0.9173, abs=1e-9)
@@ -60,18 +77,13 @@ def test_efficientnet_lite0_on_imagenet_subset_with_synsets(tmp_path):
     assert abs(o["metrics"]["top1"] - t["metrics"]["top1"]) <= 0.002 and o["agreement"] > 0.99
 
 
-def test_cifar10_resnet20_int8_keeps_accuracy(tmp_path):
+def test_cifar10_resnet20_int8_keeps_accuracy(resnet20_run):
     """INT8 goals on real data: both artifacts within 0.3 point of FP32 91.73 (recorded per calibrator in
-    docs/int8-accuracy.md), ORT-targeted artifact above ONNX Runtime's own quantize_static best (91.23)."""
-    shared_path("models", "cifar10-resnet", "resnet20.pt")
-    shared_path("data", "cifar10", "train")
-    cfg = load_config(REPO / "examples" / "cifar10_resnet20.yaml")
-    cfg.variants = [VariantSpec(engine="onnxruntime"),
-                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy"),
-                    VariantSpec(engine="onnxruntime", precision="int8", method="entropy", placement="tensorrt")]
-    cfg.bench.enabled = False
-    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
-    fp32, ort8, trt8 = results["variants"]
+    docs/int8-accuracy.md), ORT-targeted artifact above ONNX Runtime's own quantize_static best (91.23); agreement
+    with the reference, PyTorch FP32."""
+    results = resnet20_run
+    assert results["reference"] == "torch-fp32"
+    fp32, ort8, trt8 = results["variants"][1:]
     assert fp32["metrics"]["top1"] == pytest.approx(0.9173, abs=1e-9)
     assert ort8["metrics"]["top1"] > 0.9123 and ort8["agreement"] > 0.98
     assert abs(trt8["metrics"]["top1"] - 0.9173) <= 0.003 and trt8["agreement"] > 0.98
