@@ -11,7 +11,7 @@ demo: $(STAMP)
 	$(VENV)/bin/qdeploy demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=15
 
 setup: $(STAMP)
 
