@@ -173,7 +173,7 @@ def tiny_config(tiny_model_file, tiny_weights, image_folder) -> dict:
 # `pytest -m fast` runs the unit tests: every test not marked `slow` (whole pipelines, training, subprocesses, more than
 # about 0.4 s on 2 cores) or `realdata` (../shared). A test file marks its slow tests itself; this hook only adds the
 # complement, so a new test is fast until someone marks it slow. The split was set from `pytest --durations=0` of the
-# whole suite (the fast subset: 409 tests in about 30 s on the 2-core CI machine); rerun it when the subset grows.
+# whole suite (the fast subset: 634 tests in 43-57 s on a 2-core host); rerun it when the subset nears a minute.
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("realdata") is None:
