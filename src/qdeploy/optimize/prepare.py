@@ -4,6 +4,7 @@ split into search and confirm."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import torch
@@ -39,8 +40,6 @@ class SearchPlan:
     @property
     def threads(self) -> Optional[int]:
         """The CPU threads every candidate runs and is timed with (None: a GPU target)."""
-        import os
-
         return (self.target.threads or os.cpu_count()) if self.o.target in CPU_TARGETS else None
 
 
