@@ -12,7 +12,7 @@ from PIL import Image
 from conftest import shared_path
 from qdeploy.errors import DataError, UnreadableImage
 from qdeploy.tasks.detection_data import (COCO80, DetectionSample, map_classes, read_coco, read_voc, read_voc_xml,
-                                          read_yolo, skipped_boxes, yolo_names)
+                                          read_yolo, skipped_boxes, yolo_names, yolo_split_images)
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -22,13 +22,15 @@ def image(path: Path, size=(64, 48)) -> Path:
     return path
 
 
-def voc_xml(path: Path, objects=(("cat", (10, 10, 30, 30)),), size=(64, 48), filename=None) -> Path:
+def voc_xml(path: Path, objects=(("cat", (10, 10, 30, 30)),), size=(64, 48), filename=None, folder=None) -> Path:
     size_xml = "" if size is None else (f"<size><width>{size[0]}</width><height>{size[1]}</height>"
                                         "<depth>3</depth></size>")
     objs = "".join(f"<object><name>{n}</name><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin><xmax>{b[2]}</xmax>"
                    f"<ymax>{b[3]}</ymax></bndbox></object>" for n, b in objects)
     fn = f"<filename>{filename}</filename>" if filename else ""
-    path.write_text(f"<annotation>{fn}{size_xml}{objs}</annotation>")
+    fo = f"<folder>{folder}</folder>" if folder else ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"<annotation>{fo}{fn}{size_xml}{objs}</annotation>")
     return path
 
 
@@ -154,7 +156,10 @@ def test_voc_object_without_name(tmp_path):
 
 def test_voc_annotation_without_its_image(tmp_path):
     xml = voc_xml(tmp_path / "a.xml")
-    raises([str(xml), "refers to image", "a.jpg", "does not exist"], read_voc_xml, xml)
+    raises([str(xml), "has no <filename>: no such image in", "nor an image named a.*", str(tmp_path)], read_voc_xml, xml)
+    xml = voc_xml(tmp_path / "a.xml", filename="photo.jpg")
+    raises([str(xml), "refers to image 'photo.jpg'", "no such image in", "nor an image named a.*"],
+           read_voc_xml, xml)
 
 
 def test_voc_image_that_does_not_decode(tmp_path):
@@ -178,6 +183,139 @@ def test_voc_layout_missing_split_names_the_splits(tmp_path):
     (tmp_path / "ImageSets" / "Main" / "train.txt").write_text("x\n")
     raises(["val.txt", "does not exist", "splits here: train"], read_voc, tmp_path, "val")
     raises(["lists x", "x.xml", "does not exist"], read_voc, tmp_path, "train")
+
+
+# ------------------------------------------------------------------------------------------- VOC: published layouts
+def side_by_side(root: Path, names=("b", "a", "c"), ann="annotations", imgs="images", ext=".jpg") -> Path:
+    """The Kaggle / Roboflow export: annotations/<x>.xml beside images/<x>.jpg, each XML's <filename> naming its image."""
+    for n in names:
+        image(root / imgs / f"{n}{ext}")
+        voc_xml(root / ann / f"{n}.xml", filename=f"{n}{ext}", folder=imgs)
+    return root
+
+
+@pytest.mark.parametrize("ann, imgs, ext", [("annotations", "images", ".jpg"), ("Annotations", "Images", ".png"),
+                                            ("annotation", "JPEGImages", ".jpeg")])
+def test_voc_annotations_and_images_side_by_side(tmp_path, ann, imgs, ext):
+    side_by_side(tmp_path, ann=ann, imgs=imgs, ext=ext)
+    samples = read_voc(tmp_path)
+    assert [s.image for s in samples] == [tmp_path / imgs / f"{n}{ext}" for n in "abc"]
+    assert [s.annotation for s in samples] == [tmp_path / ann / f"{n}.xml" for n in "abc"]
+    assert all(s.classes == ["cat"] for s in samples)
+
+
+def test_voc_image_from_filename_folder_or_the_xml_name(tmp_path):
+    image(tmp_path / "images" / "IMG_1.JPG")
+    voc_xml(tmp_path / "annotations" / "one.xml", filename="img_1.jpg")  # another case than the file's
+    image(tmp_path / "shots" / "two.png")
+    voc_xml(tmp_path / "annotations" / "two.xml", filename="two.png", folder="shots")  # <folder> below the root
+    image(tmp_path / "images" / "three.bmp")
+    voc_xml(tmp_path / "annotations" / "three.xml", filename="C:\\labelImg\\old\\renamed.jpg")  # stale: the XML's name
+    image(tmp_path / "images" / "four.jpg")
+    voc_xml(tmp_path / "annotations" / "four.xml", filename="four")  # no extension
+    got = {s.annotation.stem: s.image for s in read_voc(tmp_path)}
+    assert got == {"one": tmp_path / "images" / "IMG_1.JPG", "two": tmp_path / "shots" / "two.png",
+                   "three": tmp_path / "images" / "three.bmp", "four": tmp_path / "images" / "four.jpg"}
+
+
+def test_voc_filename_wins_over_an_image_of_the_xml_name(tmp_path):
+    image(tmp_path / "images" / "photo.jpg", (64, 48))
+    image(tmp_path / "images" / "x.jpg", (32, 32))
+    voc_xml(tmp_path / "annotations" / "x.xml", filename="photo.jpg")
+    voc_xml(tmp_path / "annotations" / "photo2.xml", size=(32, 32), filename="x.jpg")
+    assert {s.annotation.stem: s.image.name for s in read_voc(tmp_path)} == {"x": "photo.jpg", "photo2": "x.jpg"}
+
+
+def test_voc_folder_relative_to_the_parent_of_the_root(tmp_path):
+    image(tmp_path / "pics" / "a.jpg")
+    voc_xml(tmp_path / "set" / "a.xml", filename="a.jpg", folder="pics")
+    assert read_voc(tmp_path / "set")[0].image == tmp_path / "pics" / "a.jpg"
+
+
+def test_voc_root_at_the_annotations_folder_finds_images_beside_it(tmp_path):
+    side_by_side(tmp_path, ann="Annotations", imgs="images")
+    for xml in (tmp_path / "Annotations").iterdir():  # no <folder>: found as the annotations folder's sibling
+        xml.write_text(xml.read_text().replace("<folder>images</folder>", ""))
+    samples = read_voc(tmp_path / "Annotations")
+    assert [s.image for s in samples] == [tmp_path / "images" / f"{n}.jpg" for n in "abc"]
+
+
+def test_voc_xmls_beside_their_images_in_images(tmp_path):
+    for n in "ab":
+        image(tmp_path / "images" / f"{n}.jpg")
+        voc_xml(tmp_path / "images" / f"{n}.xml", filename=f"{n}.jpg")
+    assert [s.image.name for s in read_voc(tmp_path)] == ["a.jpg", "b.jpg"]
+
+
+def test_voc_side_by_side_image_without_annotation(tmp_path):
+    side_by_side(tmp_path, names=("a",))
+    image(tmp_path / "images" / "z.png")
+    raises([str(tmp_path / "images" / "z.png"), "has no annotation", "unannotated: empty"], read_voc, tmp_path)
+    samples = read_voc(tmp_path, unannotated="empty")
+    assert [(s.image.name, len(s.boxes)) for s in samples] == [("a.jpg", 1), ("z.png", 0)]
+
+
+def test_voc_split_files_select_in_the_side_by_side_layout_too(tmp_path):
+    side_by_side(tmp_path)
+    (tmp_path / "ImageSets" / "Main").mkdir(parents=True)
+    (tmp_path / "ImageSets" / "Main" / "val.txt").write_text("c\na\n")
+    assert [s.image.name for s in read_voc(tmp_path, "val")] == ["c.jpg", "a.jpg"]  # the split file's order
+
+
+def test_voc_split_without_split_files(tmp_path):
+    side_by_side(tmp_path)
+    raises([str(tmp_path), "no split files", "ImageSets/Main/val.txt", "leave split out"], read_voc, tmp_path, "val")
+
+
+# -------------------------------------------------------------------------------------------- VOC: what is missing
+def test_voc_images_folder_missing_names_the_xml_and_the_folders(tmp_path):
+    voc_xml(tmp_path / "annotations" / "a.xml", filename="a.jpg", folder="images")
+    msg = raises([str(tmp_path / "annotations" / "a.xml"), "refers to image 'a.jpg'", "nor an image named a.*",
+                  str(tmp_path / "annotations")], read_voc, tmp_path)
+    assert str(tmp_path / "images") in msg  # the folder <folder> names, looked for although absent
+
+
+def test_voc_xml_pointing_to_a_missing_image(tmp_path):
+    side_by_side(tmp_path, names=("a",))
+    voc_xml(tmp_path / "annotations" / "b.xml", filename="gone.jpg")
+    raises([str(tmp_path / "annotations" / "b.xml"), "'gone.jpg'", str(tmp_path / "images"),
+            str(tmp_path / "annotations")], read_voc, tmp_path)
+
+
+def test_voc_many_missing_images_are_one_message_with_examples(tmp_path):
+    (tmp_path / "images").mkdir()
+    for i in range(5):
+        voc_xml(tmp_path / "annotations" / f"{i}.xml", filename=f"{i}.jpg")
+    msg = raises(["5 annotations have no image", "0.xml", "1.xml", "2.xml", ", ...", f"looked in {tmp_path / 'images'}"],
+                 read_voc, tmp_path)
+    assert "3.xml" not in msg and "4.xml" not in msg
+
+
+@pytest.mark.parametrize("make, parts", [
+    (lambda r: image(r / "images" / "a.jpg"), ["accepted layouts", "annotations/ + images/ side by side",
+                                               "Annotations/ + JPEGImages/"]),
+    (lambda r: (image(r / "train" / "a.jpg"), voc_xml(r / "train" / "a.xml"), voc_xml(r / "valid" / "b.xml")),
+     ["train", "valid", "set root to"]),
+    (lambda r: (image(r / "images" / "a.jpg"), (r / "labels").mkdir(), (r / "labels" / "a.txt").write_text("0 .5 .5 .1 .1")),
+     ["YOLO labels? set format: yolo"]),
+    (lambda r: (image(r / "images" / "a.jpg"), (r / "annotations").mkdir(), (r / "annotations" / "x.json").write_text("{}")),
+     [str(Path("annotations")), "set format: coco"]),
+])
+def test_voc_without_xmls_says_where_it_looked_and_what_it_accepts(tmp_path, make, parts):
+    make(tmp_path)
+    raises([f"VOC data folder {tmp_path} has no .xml annotations", f"looked in {tmp_path}", *parts], read_voc, tmp_path)
+
+
+def test_voc_two_annotations_of_one_image(tmp_path):
+    image(tmp_path / "a.jpg")
+    voc_xml(tmp_path / "a.xml", filename="a.jpg")
+    voc_xml(tmp_path / "copy.xml", filename="a.jpg")
+    raises(["a.xml", "copy.xml", "both refer to image", "a.jpg"], read_voc, tmp_path)
+
+
+def test_voc_root_that_is_a_data_yaml(tmp_path):
+    (tmp_path / "data.yaml").write_text("names: [cat]\n")
+    raises(["is not a folder", "set format: yolo"], read_voc, tmp_path / "data.yaml")
 
 
 # ---------------------------------------------------------------------------------------------------------- COCO

@@ -61,10 +61,13 @@ def test_config_validation_from_the_capability_table():
     v = resolve_variant(VariantSpec(engine="openvino", precision="int8", performance_hint="throughput"), 0)
     assert v.label == "openvino-int8-mean-minmax-hint-throughput"
     assert v.artifact_request().kind == ArtifactKind.ONNX_INT8 and v.artifact_request().int8 == v.int8
-    assert resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0).artifact_request().kind == ArtifactKind.ONNX_FP32
+    # the float precisions compile the FP32 IR; INT8 of OpenVINO's own placement is NNCF's INT8 IR
+    assert resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0).artifact_request().kind == ArtifactKind.OPENVINO_IR
+    own = resolve_variant(VariantSpec(engine="openvino", precision="int8", int8={"placement": "openvino"}), 0)
+    assert own.artifact_request().kind == ArtifactKind.OPENVINO_IR_INT8
     with pytest.raises(ConfigError, match="runs on cpu"):
         resolve_variant(VariantSpec(engine="openvino", device="cuda"), 0)
-    assert resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0).artifact_request().kind == ArtifactKind.ONNX_FP32
+    assert resolve_variant(VariantSpec(engine="openvino", precision="bf16"), 0).artifact_request().kind == ArtifactKind.OPENVINO_IR
     with pytest.raises(ConfigError, match="performance_hint"):
         resolve_variant(VariantSpec(engine="openvino", performanc_hint="latency"), 0)
 
@@ -497,3 +500,64 @@ def test_an_int8_models_float_layers_run_in_bf16_only_where_asked_and_where_the_
     finally:
         bf16.close()
         f32.close()
+
+
+@pytest.mark.slow
+def test_openvino_ir_variants_are_deployable_from_out(tmp_path):
+    """FP32 and BF16 compile the FP32 IR (FP32 weights in its .bin, the f32 hint read back), INT8 of OpenVINO's own
+    placement is NNCF's INT8 IR; both land in --out as model.xml + model.bin, and the report's one-line deploy snippet,
+    run from --out, gives the variant's outputs, with a compile cache that a second compile reuses."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny_model.py").write_text(TINY_MODEL)
+    evalset = _color_folder(tmp_path / "eval", seed=1, per_class=20)
+    calib = _color_folder(tmp_path / "calib", seed=2, per_class=8)
+    cfg = {
+        "model": {"source": f"{tmp_path / 'tiny_model.py'}:tiny_res",
+                  "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+        "data": {"eval": {"root": str(evalset), "workers": 0, "batch_size": 8},
+                 "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 24, "seed": 0}},
+        "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
+                     {"engine": "openvino", "precision": "int8", "int8": {"placement": "openvino"}}],
+        "eval": {"reference": "onnxruntime-fp32"},
+        "bench": {"batch_sizes": [1], "warmup": 2, "iterations": 5},
+    }
+    out = tmp_path / "out"
+    results = api.run(cfg, out, cache_dir=tmp_path / "cache")
+    by = {v["name"]: v for v in results["variants"]}
+    ov32, ov8 = by["openvino-fp32"], by["openvino-int8-ov-mean-minmax"]
+    assert ov32["status"] == "ok" and ov8["status"] == "ok", (ov32["reason"], ov8["reason"])
+    assert ov32["details"]["artifact"] == "openvino-ir/model.xml"
+    assert ov8["details"]["artifact"] == "openvino-int8-ov-mean-minmax/model.xml"
+    assert ov32["details"]["ir_route"] in ("onnx", "pytorch") and ov32["details"]["precision_hint"] == "f32"
+    assert ov32["agreement"] >= 0.99 and ov8["agreement"] >= 0.8
+    int8_layers = ov8["details"]["compute_layer_precisions"]
+    assert any(p in ("u8", "i8") for counts in int8_layers.values() for p in counts), int8_layers
+    # FP32 weights stay FP32 in the .bin (openvino.save_model's default would have written FP16)
+    params = sum(int(np.prod(w.dims)) for w in onnx.load(str(out / "model.onnx")).graph.initializer)
+    assert (out / "openvino-ir" / "model.bin").stat().st_size >= 4 * params * 0.9
+    files = {a["path"] for a in results["artifacts"]}
+    assert {"openvino-ir/model.xml", "openvino-int8-ov-mean-minmax/model.xml"} <= files
+    assert all((out / f).is_file() for f in ("openvino-ir/model.bin", "openvino-int8-ov-mean-minmax/model.bin"))
+
+    x = _images(evalset)[:4]
+    np.save(tmp_path / "x.npy", x)
+    for v in (ov32, ov8):
+        line = v["details"]["deploy"]
+        assert line.startswith("openvino.Core().compile_model(") and "CACHE_DIR" in line
+        script = (f"import numpy as np, openvino\nm = {line}\nx = np.load({str(tmp_path / 'x.npy')!r})\n"
+                  "print(__import__('json').dumps(np.asarray(m(x)[0]).tolist()))")
+        first = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stderr[-2000:]
+        blobs = list((out / line.split("'")[1]).parent.joinpath("compile-cache").glob("*"))
+        assert blobs, "the deploy line's compile cache was not written"
+        own = {"placement": "openvino"} if v["precision"] == "int8" else None
+        e = _engine(VariantSpec(engine="openvino", precision=v["precision"], int8=own),
+                    out / line.split("'")[1], ArtifactKind.OPENVINO_IR if v["precision"] == "fp32"
+                    else ArtifactKind.OPENVINO_IR_INT8)
+        try:
+            np.testing.assert_allclose(np.array(json.loads(first.stdout)), e.infer(x), rtol=1e-4, atol=1e-4)
+        finally:
+            e.close()

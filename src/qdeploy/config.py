@@ -239,13 +239,29 @@ class Subsplit(_Strict):
     complement: bool = False
 
 
+def _distinct_names(v, empty: str):
+    """A list of class names (``classes``, ``names``) with no empty entry and none twice: a duplicate would shift every
+    later index by one, or merge two classes."""
+    if isinstance(v, list):
+        if not v:
+            raise ValueError(empty)
+        seen: dict[str, int] = {}
+        for i, name in enumerate(v):
+            if not name.strip():
+                raise ValueError(f"entry {i} is empty")
+            if name in seen:
+                raise ValueError(f"'{name}' is listed twice (entries {seen[name]} and {i})")
+            seen[name] = i
+    return v
+
+
 class DatasetSpec(_Strict):
     """One set of images. ``key`` is where it sits in the config (``data.eval``), for messages; set by its parent."""
 
     _key: Optional[str] = PrivateAttr(None)
 
     format: Literal["imagefolder", "segnet", "voc", "coco", "yolo"] = "imagefolder"
-    root: str
+    root: str = Field(description="the data set's folder (yolo: or its data.yaml, then split picks its images)")
     labels: bool = Field(True, description="false: images without labels (every image under root, any layout, for either "
                                            "task): only agreement with a reference can be measured (optimize: "
                                            "budget.min_agreement); calibration and QAT distill need no labels either")
@@ -260,28 +276,28 @@ class DatasetSpec(_Strict):
     @field_validator("classes")
     @classmethod
     def _classes_given(cls, v):
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("an empty list: list the model's classes in output-index order, or leave classes out")
-            seen: dict[str, int] = {}
-            for i, name in enumerate(v):
-                if not name.strip():
-                    raise ValueError(f"entry {i} is empty")
-                if name in seen:  # a duplicate would shift every later index by one
-                    raise ValueError(f"'{name}' is listed twice (entries {seen[name]} and {i})")
-                seen[name] = i
-        return v
+        return _distinct_names(v, "an empty list: list the model's classes in output-index order, or leave classes out")
 
     @property
     def classes_file(self) -> Optional[str]:
         """``classes`` when it names a file (a path to read), else None."""
         return self.classes if isinstance(self.classes, str) else None
     split: str = Field("test", description="segnet: the split folder (test → test/ + testannot/); voc: the split file "
-                                           "ImageSets/Main/<split>.txt (a flat folder of images + XMLs has none)")
+                                           "ImageSets/Main/<split>.txt where the data set has split files (without "
+                                           "them the default reads every annotation); yolo with root a data.yaml: "
+                                           "its train/val/test entry")
     annotations: Optional[str] = Field(None, description="coco: the annotation JSON (root: its images); yolo: the label "
                                                          "folder (default: images/ → labels/, else beside each image)")
-    names: Optional[Union[str, list[str]]] = Field(None, description="yolo: the data set's class names (a list or its "
-                                                                     "data.yaml) that its txt files' indices refer to")
+    names: Optional[Union[str, list[str]]] = Field(None, description="yolo: the data set's class names that its txt "
+                                                                     "files' indices refer to: a list, its data.yaml "
+                                                                     "(names: a list or {0: name, ...}) or a file with "
+                                                                     "one name a line; without classes, also the "
+                                                                     "model's classes in output order")
+
+    @field_validator("names")
+    @classmethod
+    def _names_given(cls, v):
+        return _distinct_names(v, "an empty list: list the data set's class names in index order, or give its data.yaml")
     bad_boxes: Literal["error", "skip"] = Field("error", description="detection: a box outside its image or of no area "
                                                                      "stops the run (error) or is left out and listed "
                                                                      "(skip)")

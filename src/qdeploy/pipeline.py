@@ -26,6 +26,7 @@ import yaml
 from qdeploy import __version__
 from qdeploy.benchmark import benchmark
 from qdeploy.artifacts import Artifact, ArtifactKind, ArtifactRequest, Builder
+from qdeploy.artifacts.types import IR_KINDS
 from qdeploy.config import RunConfig, check_output_folder, load_config, parse_config
 from qdeploy.data import make_batches, normalize
 from qdeploy.engines import Variant, create_engine, resolve_variants
@@ -327,6 +328,10 @@ def _pick_reference(cfg: RunConfig, records: list[VariantRecord]) -> Optional[st
 
 
 def _deployable_name(artifact: Artifact, label: str) -> str:
+    if artifact.kind in IR_KINDS:
+        from qdeploy.engines.openvino_engine import ir_deploy_name
+
+        return ir_deploy_name(artifact.kind, label)
     if artifact.kind == ArtifactKind.ONNX_FP32:
         return "model.onnx"
     if artifact.kind == ArtifactKind.ONNX_FP16:
@@ -359,8 +364,13 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
             key = (a.kind, a.fingerprint)
             if key not in placed:
                 name = _deployable_name(a, label)
+                ctx.output.path(name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(a.path, ctx.output.path(name))
-                if a.kind == ArtifactKind.TRT_ENGINE:  # the portability sidecar travels with the engine
+                if a.kind in IR_KINDS:  # the weights travel with the IR's .xml
+                    weights = str(Path(name).with_suffix(".bin"))
+                    shutil.copyfile(a.path.with_suffix(".bin"), ctx.output.path(weights))
+                    data_files[key] = [{"path": weights, "sha256": sha256_file(ctx.output.path(weights))}]
+                elif a.kind == ArtifactKind.TRT_ENGINE:  # the portability sidecar travels with the engine
                     shutil.copyfile(a.path.with_suffix(".engine.json"), ctx.output.path(name + ".json"))
                 elif a.path.suffix == ".onnx":
                     data_files[key] = _copy_external_data(a.path, ctx.output)
@@ -368,11 +378,16 @@ def copy_artifacts(ctx: RunContext, records: list[VariantRecord], extra: Iterabl
             name = placed[key]
             entries.append({"variant": label, "kind": a.kind.value, "path": name, "sha256": sha256_file(ctx.output.path(name)),
                             "produced_by": a.produced_by, "inputs": list(a.inputs)})
-            if data_files.get(key):  # the ONNX loads only with these beside it
+            if data_files.get(key):  # the ONNX (or IR) loads only with these beside it
                 entries[-1]["external_data"] = data_files[key]
     # a TensorRT variant's trtexec lines name its ONNX as this variant would call it; when another variant placed the same
-    # artifact first, the file has that variant's name: point the lines at the file that is really in --out
+    # artifact first, the file has that variant's name: point the lines at the file that is really in --out (likewise an
+    # OpenVINO variant's deploy line)
     for r in records:
+        if r.artifact is not None and isinstance(r.details.get("deploy"), str):
+            provisional, final = _deployable_name(r.artifact, r.label), placed.get((r.artifact.kind, r.artifact.fingerprint))
+            if final and final != provisional:
+                r.details["deploy"] = r.details["deploy"].replace(repr(provisional), repr(final))
         for art in r.extra_artifacts:
             for a in [art, *art.companions]:
                 provisional, final = _deployable_name(a, r.label), placed.get((a.kind, a.fingerprint))

@@ -6,6 +6,8 @@ Recipes by kind (one place each):
   ONNX_FP16   export.convert_fp16 of ONNX_FP32
   ONNX_FP16_CALIBRATED  export.fp16.convert_fp16_calibrated of ONNX_FP32 on data.calibration (TensorRT 11's FP16)
   ONNX_INT8   quantize.quantize(ONNX_FP32 / the PyTorch model, Int8Config) + TensorRT calibration cache
+  OPENVINO_IR       export.openvino_ir.convert_fp32 of ONNX_FP32 (or of the PyTorch module, where faster)
+  OPENVINO_IR_INT8  quantize.nncf_quantizer.quantize_openvino_ir (NNCF's OpenVINO backend) of ONNX_FP32's ov.Model
 
 Engines never build: they get the :class:`Artifact` this stage made and only load it.
 """
@@ -109,8 +111,11 @@ class Builder:
         if key not in self._built:
             recipe = {ArtifactKind.PYTORCH: self._pytorch, ArtifactKind.ONNX_FP32: self._onnx_fp32,
                       ArtifactKind.ONNX_FP16: self._onnx_fp16, ArtifactKind.ONNX_INT8: self._onnx_int8,
-                      ArtifactKind.ONNX_FP16_CALIBRATED: self._onnx_fp16_calibrated, ArtifactKind.TRT_ENGINE: self._trt_engine}[request.kind]
-            self._built[key] = recipe(request.int8) if request.kind == ArtifactKind.ONNX_INT8 else \
+                      ArtifactKind.ONNX_FP16_CALIBRATED: self._onnx_fp16_calibrated, ArtifactKind.TRT_ENGINE: self._trt_engine,
+                      ArtifactKind.OPENVINO_IR: self._openvino_ir,
+                      ArtifactKind.OPENVINO_IR_INT8: self._openvino_ir_int8}[request.kind]
+            self._built[key] = recipe(request.int8) if request.kind in (ArtifactKind.ONNX_INT8,
+                                                                        ArtifactKind.OPENVINO_IR_INT8) else \
                 recipe(request) if request.kind == ArtifactKind.TRT_ENGINE else recipe()
         return self._built[key]
 
@@ -328,3 +333,57 @@ class Builder:
         return Artifact(ArtifactKind.ONNX_INT8, fingerprint, produced_by, inputs=[fp32.ref, *data_inputs], path=path,
                         input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset, info=info,
                         companions=companions, cache_hit=hit)
+
+    # ---------------------------------------------------------------- OpenVINO IR
+    def _ir_cached(self, kind: ArtifactKind, fingerprint: str) -> tuple[Path, Path]:
+        """(model.xml, the metadata JSON) of an IR artifact: one folder per IR in the cache."""
+        folder = self.cache_dir / "artifacts" / f"{kind.value}-{fingerprint[:20]}"
+        return folder / "model.xml", folder.with_suffix(".json")
+
+    def _ir_from_cache(self, xml: Path, meta: Path) -> Optional[dict]:
+        if xml.is_file() and xml.with_suffix(".bin").is_file() and meta.is_file():
+            stored = json.loads(meta.read_text())
+            log(f"build: cache hit {xml.parent} ({stored['produced_by']})")
+            return stored
+        return None
+
+    def _openvino_ir(self) -> Artifact:
+        from qdeploy.export.openvino_ir import convert_fp32
+
+        fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        fingerprint = sha256_json({"fp32": fp32.fingerprint, "openvino": dist_version("openvino"),
+                                   "code": source_fingerprint(Path(__file__).parents[1] / "export" / "openvino_ir.py"),
+                                   "routes": "onnx+pytorch" if self.has_torch else "onnx"})
+        xml, meta = self._ir_cached(ArtifactKind.OPENVINO_IR, fingerprint)
+        stored = self._ir_from_cache(xml, meta)
+        hit = stored is not None
+        if stored is None:
+            images = self.check_inputs() if self.has_torch else None
+            xml, info = convert_fp32(fp32.path, xml.parent, self.torch_model if self.has_torch else None, images)
+            produced_by = f"openvino.convert_model ({info['route']} route, FP32 weights)"
+            write_json(meta, {"fingerprint": fingerprint, "produced_by": produced_by, "info": info})
+            stored = {"produced_by": produced_by, "info": info}
+        return Artifact(ArtifactKind.OPENVINO_IR, fingerprint, stored["produced_by"], inputs=[fp32.ref], path=xml,
+                        input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset,
+                        info=stored["info"], cache_hit=hit)
+
+    def _openvino_ir_int8(self, int8: Int8Config) -> Artifact:
+        from qdeploy.quantize.nncf_quantizer import quantize_openvino_ir
+
+        fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        fingerprint = sha256_json({"int8": self._int8_fingerprint(fp32, int8), "openvino": dist_version("openvino"),
+                                   "nncf": dist_version("nncf")})
+        xml, meta = self._ir_cached(ArtifactKind.OPENVINO_IR_INT8, fingerprint)
+        stored = self._ir_from_cache(xml, meta)
+        hit = stored is not None
+        if stored is None:
+            inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,
+                                    cache_dir=self.cache_dir, memo=self.memo)
+            xml, info = quantize_openvino_ir(inputs, int8, xml.parent)
+            produced_by = f"NNCF {info['nncf']} on the OpenVINO model ({int8.method} ranges, openvino placement)"
+            write_json(meta, {"fingerprint": fingerprint, "produced_by": produced_by, "info": info})
+            stored = {"produced_by": produced_by, "info": info}
+        data_inputs = [f"data.calibration:{self.calibration.num_samples} images"] if self.calibration is not None else []
+        return Artifact(ArtifactKind.OPENVINO_IR_INT8, fingerprint, stored["produced_by"], inputs=[fp32.ref, *data_inputs],
+                        path=xml, input_name=fp32.input_name, output_name=fp32.output_name, opset=fp32.opset,
+                        info=stored["info"], cache_hit=hit)

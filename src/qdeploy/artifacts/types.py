@@ -23,6 +23,11 @@ class ArtifactKind(str, Enum):
     TRT_CALIBRATION_CACHE = "tensorrt-calibration-cache"  # companion of every ONNX_INT8
     TRT_ENGINE = "tensorrt-engine"      # a serialized TensorRT engine (+ .engine.json sidecar) for one GPU and TensorRT version
     QAT_CHECKPOINT = "qat-checkpoint"   # companion of a QAT ONNX_INT8: fine-tuned weights + optimizer + training log
+    OPENVINO_IR = "openvino-ir"         # OpenVINO IR (model.xml + model.bin) of the FP32 model, FP32 weights
+    OPENVINO_IR_INT8 = "openvino-ir-int8"  # OpenVINO IR quantized by NNCF's OpenVINO backend (placement openvino)
+
+
+IR_KINDS = (ArtifactKind.OPENVINO_IR, ArtifactKind.OPENVINO_IR_INT8)
 
 
 @dataclass(frozen=True)
@@ -58,5 +63,13 @@ class Artifact:
         return f"{self.kind.value}:{self.fingerprint[:12]}"
 
     @property
+    def files(self) -> list[Path]:
+        """The files the artifact consists of: its path, and an OpenVINO IR's .bin beside its .xml."""
+        if self.path is None:
+            return []
+        return [self.path, self.path.with_suffix(".bin")] if self.kind in IR_KINDS else [self.path]
+
+    @property
     def size_mb(self) -> Optional[float]:
-        return round(self.path.stat().st_size / 2**20, 3) if self.path is not None and self.path.is_file() else None
+        files = [f for f in self.files if f.is_file()]
+        return round(sum(f.stat().st_size for f in files) / 2**20, 3) if files else None

@@ -212,17 +212,17 @@ class DetectionDataset(Dataset):
         self.num_classes = len(self.class_names)
         options = {"bad_boxes": spec.bad_boxes}
         if spec.format == "voc":
-            samples = dd.read_voc(spec.root, spec.split if _voc_layout(Path(spec.root)) else None,
-                                  unannotated=spec.unannotated, **options)
+            samples = dd.read_voc(spec.root, _voc_split(spec), unannotated=spec.unannotated, **options)
         elif spec.format == "coco":
             if spec.annotations is None:
                 raise DataError(f"format coco needs annotations: the COCO JSON of the images under {spec.root}")
             samples = dd.read_coco(spec.annotations, spec.root, **options)
         else:
-            if spec.names is None:
+            if spec.names is None and not dd.is_yolo_data_file(spec.root):
                 raise DataError("format yolo needs names: the data set's class names (a list or its data.yaml), "
-                                "which its txt files' class indices refer to")
-            samples = dd.read_yolo(spec.root, spec.names, spec.annotations, unannotated=spec.unannotated, **options)
+                                "which its txt files' class indices refer to (or root: its data.yaml)")
+            samples = dd.read_yolo(spec.root, spec.names, spec.annotations, unannotated=spec.unannotated,
+                                   split=spec.split, **options)
         if not samples:
             raise DataError(f"no annotated images under {spec.root}")
         names = sorted({c for smp in samples for c in smp.classes})
@@ -250,9 +250,29 @@ class DetectionDataset(Dataset):
         return image, table
 
 
-def _voc_layout(root: Path) -> bool:
-    """A VOC folder (Annotations/ + JPEGImages/: split files apply) rather than a flat folder of images and XMLs."""
-    return (root / "Annotations").is_dir() and (root / "JPEGImages").is_dir()
+def _voc_split(spec: DatasetSpec) -> Optional[str]:
+    """The split a VOC data set is read with: ``split`` where the data set has split files (ImageSets/Main); without
+    them the default (test) reads every annotation, and another split is asked for and refused by name."""
+    from qdeploy.tasks.detection_data import voc_split_files
+
+    default = type(spec).model_fields["split"].default
+    return spec.split if voc_split_files(spec.root) is not None or spec.split != default else None
+
+
+def detection_classes(spec: DatasetSpec) -> list[str]:
+    """The model's class names in output order for a detection data set: ``classes``, else a YOLO data set's
+    ``names`` (a model trained on it, e.g. by Ultralytics, outputs them in that order)."""
+    from qdeploy.tasks.detection_data import yolo_class_names
+
+    if spec.classes is not None:
+        return [line for _, line in _class_file_lines(spec.classes)]
+    names = yolo_class_names(spec.names, spec.root) if spec.format == "yolo" else None
+    if names is None:
+        yolo = " (YOLO data: or names, the data set's data.yaml or list, taken as the model's)" \
+            if spec.format == "yolo" else ""
+        raise DataError("detection needs classes: the model's class names in output order (a list, or a file with "
+                        f"one name per line, e.g. coco.names), onto which the annotations' names are mapped{yolo}")
+    return names
 
 
 class SubsetDataset(Dataset):
@@ -318,8 +338,11 @@ def _without_labels(spec: DatasetSpec) -> Optional[Path]:
     """Where to read images without labels: ``labels: false``, or a calibration set (which never needs labels) whose
     layout has none (a flat folder; a SegNet split without its annotation folder). None: read it with labels."""
     if not spec.labels:
+        if Path(spec.root).expanduser().is_file():  # a YOLO data.yaml: its images are those of a split, not a folder
+            raise DataError(f"labels: false reads every image under a folder, and root {spec.root} is a file: give "
+                            "the image folder as root")
         return Path(spec.root)
-    if not spec.labels_optional:
+    if not spec.labels_optional or Path(spec.root).expanduser().is_file():  # a data.yaml: read through its split
         return None
     root = _existing_dir(spec.root, "dataset folder")
     if spec.format == "segnet":
@@ -347,11 +370,7 @@ def _selected(spec: DatasetSpec, preprocess: Preprocess, task: Task) -> Dataset:
                                 "give one name per class, in label order")
             ds.class_names = list(spec.class_names)
     elif spec.format in ("voc", "coco", "yolo"):
-        if spec.classes is None:
-            raise DataError("detection needs classes: the model's class names in output order (a list, or a file "
-                            "with one name per line, e.g. coco.names), onto which the annotations' names are mapped")
-        names = [line for _, line in _class_file_lines(spec.classes)]
-        ds = DetectionDataset(spec, preprocess, names)
+        ds = DetectionDataset(spec, preprocess, detection_classes(spec))
     else:
         # For segmentation the class-list file only names the classes: line order = label id,
         # the whole line is the name ("Road marking").

@@ -1,14 +1,16 @@
-"""OpenVINO engine (CPU plugin) on qdeploy's ONNX artifacts: the FP32 ONNX, the FP32 ONNX compiled with an FP16
-inference-precision hint, and the INT8 Q/DQ ONNX that qdeploy's quantizers make (OpenVINO reads Q/DQ and runs its own
-INT8 kernels where its transformations accept the pattern).
+"""OpenVINO engine (CPU plugin) on OpenVINO IR, as OpenVINO's users deploy it: the FP32 IR (``openvino.convert_model``;
+export/openvino_ir.py) compiled with the precision hint the variant names (f32, f16, bf16: read back from the compiled
+model), the INT8 IR that NNCF's OpenVINO backend makes from it (placement openvino; quantize/nncf_quantizer.py), and
+the INT8 Q/DQ ONNX of qdeploy's other placements through OpenVINO's ONNX frontend (where it compiles; otherwise the
+variant says why). An IR compiles with a compile cache (CACHE_DIR beside it), so a reload does not recompile.
 
 API used (checked against the installed openvino package, openvino/_ov_api.py, and docs.openvino.ai's "CPU Device"
-page): ``Core().read_model(onnx_path)``, ``Core.compile_model(model, "CPU", config)`` with the properties
-INFERENCE_PRECISION_HINT, INFERENCE_NUM_THREADS and PERFORMANCE_HINT, ``Core.get_property("CPU", ...)`` for
-OPTIMIZATION_CAPABILITIES and FULL_DEVICE_NAME, ``CompiledModel.get_property`` to read the settings back,
-``CompiledModel.create_infer_request``, ``InferRequest.infer`` / ``get_output_tensor`` / ``set_input_tensor``
-(``openvino.Tensor(array, shared_memory=True)``), and
-``CompiledModel.get_runtime_model`` (each executed layer's ``runtimePrecision``).
+and "Model Caching" pages): ``Core().read_model(onnx_path)``, ``Core.compile_model(model_or_path, "CPU", config)`` with
+the properties INFERENCE_PRECISION_HINT, INFERENCE_NUM_THREADS, PERFORMANCE_HINT and CACHE_DIR,
+``Core.get_property("CPU", ...)`` for OPTIMIZATION_CAPABILITIES and FULL_DEVICE_NAME, ``CompiledModel.get_property`` to
+read the settings back, ``CompiledModel.create_infer_request``, ``InferRequest.infer`` / ``get_output_tensor`` /
+``set_input_tensor`` (``openvino.Tensor(array, shared_memory=True)``), and ``CompiledModel.get_runtime_model`` (each
+executed layer's ``runtimePrecision``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts.types import IR_KINDS
 from qdeploy.engines.base import Engine, Variant, register_engine
 from qdeploy.errors import ConfigError, VariantUnavailable
 
@@ -31,10 +34,11 @@ try:
 except ImportError:  # a base dependency, but an image may lack it (the GPU machine does): the engine reports itself
     ov = None        # unusable (doctor, a variant asking for it) instead of breaking `import qdeploy` for every engine
 
-# fp16 and bf16 compile the FP32 ONNX with that precision hint: OpenVINO converts the weights and compute internally
+# fp16 and bf16 compile the FP32 IR with that precision hint: OpenVINO converts the weights and compute internally
 # (bf16: AMX-BF16 tile or AVX512-BF16 dot-product kernels; what the CPU plugin runs by default where the CPU has them)
-_ARTIFACTS = {"fp32": ArtifactKind.ONNX_FP32, "fp16": ArtifactKind.ONNX_FP32, "bf16": ArtifactKind.ONNX_FP32,
-              "int8": ArtifactKind.ONNX_INT8}
+_FLOAT_ARTIFACT = ArtifactKind.OPENVINO_IR
+# the compile cache's folder, beside an IR's model.xml (OpenVINO keys each blob by the model and the compile config)
+COMPILE_CACHE = "compile-cache"
 # INFERENCE_PRECISION_HINT per precision. fp32 and int8 say f32 explicitly: on CPUs with AMX or AVX512_BF16 the CPU
 # plugin's default hint is bf16, so an unset hint would silently run the float layers in bfloat16.
 _PRECISION_HINT = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "f32"}
@@ -100,14 +104,31 @@ def float_precision_problem(variant) -> Optional[str]:
     return f"float_precision bf16: {problem}" if problem else None
 
 
-def deploy_line(artifact: str, precision: str, threads: Optional[int] = None, float_precision: str = "f32") -> str:
-    """How a user runs ``artifact`` as this variant did: the compile call with the variant's precision hint (fp32 and
-    int8 say f32 explicitly: the plugin's default is bf16 on BF16-capable CPUs; an INT8 variant with float_precision
-    bf16 says bf16) and its thread count."""
-    config = {"INFERENCE_PRECISION_HINT": hint_of(precision, float_precision), "PERFORMANCE_HINT": "LATENCY"}
+def ir_deploy_name(kind: ArtifactKind, label: str) -> str:
+    """Where an IR goes in --out: the FP32 IR (shared by the float variants) in openvino-ir/, an INT8 IR in a folder
+    named after its variant."""
+    return f"{'openvino-ir' if kind == ArtifactKind.OPENVINO_IR else label}/model.xml"
+
+
+def compile_config(precision: str, threads: Optional[int] = None, float_precision: str = "f32",
+                   performance_hint: str = "latency", cache_dir: Optional[str] = None) -> dict:
+    """The CPU plugin's compile properties for a variant: its precision hint (fp32 and int8 say f32 explicitly: the
+    plugin's default is bf16 on BF16-capable CPUs; an INT8 variant with float_precision bf16 says bf16), its thread
+    count (unset: every core), and the compile cache's folder."""
+    config = {"INFERENCE_PRECISION_HINT": hint_of(precision, float_precision),
+              "PERFORMANCE_HINT": _PERFORMANCE_HINT[performance_hint]}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
-    return f"openvino.Core().compile_model({artifact!r}, 'CPU', {config!r})"
+    if cache_dir:
+        config["CACHE_DIR"] = str(cache_dir)
+    return config
+
+
+def deploy_line(artifact: str, precision: str, threads: Optional[int] = None, float_precision: str = "f32") -> str:
+    """How a user runs ``artifact`` as this variant did: one line of openvino code, the compile call with the variant's
+    settings (and, for an IR, a compile cache beside it, so that a reload does not recompile)."""
+    cache = str(Path(artifact).parent / COMPILE_CACHE) if str(artifact).endswith(".xml") else None
+    return f"openvino.Core().compile_model({artifact!r}, 'CPU', {compile_config(precision, threads, float_precision, cache_dir=cache)!r})"
 
 
 def signed_activations_as_uint8(model) -> int:
@@ -318,7 +339,7 @@ def readable_onnx(path: Path, quantized: bool) -> Iterator[tuple[Path, dict]]:
     ``signed_activations_as_uint8`` and ``constant_dequantize_folded`` (in a temporary folder, gone when the block
     ends: compile inside it; the artifact is untouched). Read by the engine and benchmark/op_profile."""
     none = {"int8_activations_read_as_uint8": 0, "constant_dequantize_folded": 0}
-    if not quantized:
+    if not quantized or Path(path).suffix != ".onnx":  # an IR (NNCF's FakeQuantize ops) is read as it is
         yield path, none
         return
     import onnx
@@ -386,8 +407,8 @@ def _type_name(value) -> str:
 @register_engine
 class OpenVinoEngine(Engine):
     name = "openvino"
-    description = ("OpenVINO CPU plugin on the built ONNX (FP32, FP32 with an FP16 or BF16 precision hint, or INT8 "
-                   "Q/DQ)")
+    description = ("OpenVINO CPU plugin on OpenVINO IR (FP32 pinned f32, FP16 or BF16 precision hints, INT8 by NNCF on "
+                   "the OpenVINO model) or another placement's INT8 Q/DQ ONNX")
     Options = OpenVinoOptions
     precisions = ("fp32", "fp16", "bf16", "int8")
     devices = ("cpu",)
@@ -428,18 +449,24 @@ class OpenVinoEngine(Engine):
 
     @classmethod
     def artifact(cls, variant: Variant) -> ArtifactRequest:
-        return ArtifactRequest(_ARTIFACTS[variant.precision], variant.int8)
+        """The FP32 IR for the float precisions; for INT8 the IR NNCF's OpenVINO backend makes (placement openvino) or
+        the Q/DQ ONNX of another placement."""
+        if variant.int8 is None:
+            return ArtifactRequest(_FLOAT_ARTIFACT)
+        if variant.int8.placement == "openvino":
+            return ArtifactRequest(ArtifactKind.OPENVINO_IR_INT8, variant.int8)
+        return ArtifactRequest(ArtifactKind.ONNX_INT8, variant.int8)
 
     @classmethod
     def note(cls, variant: Variant) -> Optional[str]:
         bf16 = (", float layers in BF16 (bf16 precision hint)"
                 if variant.int8 is not None and variant.options.float_precision == "bf16" else "")
         if variant.int8 is not None and variant.int8.placement == "openvino":
-            return "NNCF's Q/DQ placement (OpenVINO's own) run by OpenVINO's CPU plugin" + bf16
+            return "INT8 IR made by NNCF on the OpenVINO model (OpenVINO's own placement)" + bf16
         if variant.int8 is not None:
             return "ONNX Runtime-placement Q/DQ run by OpenVINO's CPU plugin (its own INT8 kernels)" + bf16
         if variant.precision in _NATIVE:
-            return f"FP32 ONNX compiled with OpenVINO's {_PRECISION_HINT[variant.precision]} inference-precision hint"
+            return f"FP32 IR compiled with OpenVINO's {_PRECISION_HINT[variant.precision]} inference-precision hint"
         return None
 
     def load(self) -> None:
@@ -448,11 +475,11 @@ class OpenVinoEngine(Engine):
         if problem:
             raise VariantUnavailable(problem)
         self.precision_hint = hint_of(v.precision, self.options.float_precision)
-        config = {"INFERENCE_PRECISION_HINT": self.precision_hint,
-                  "PERFORMANCE_HINT": _PERFORMANCE_HINT[self.options.performance_hint]}
-        if v.threads:
-            config["INFERENCE_NUM_THREADS"] = int(v.threads)  # unset: OpenVINO's default, every core
-        quantized = self.artifact.kind == ArtifactKind.ONNX_INT8
+        ir = self.artifact.kind in IR_KINDS
+        self.cache_dir = self.artifact.path.parent / COMPILE_CACHE if ir else None
+        config = compile_config(v.precision, v.threads, self.options.float_precision, self.options.performance_hint,
+                                self.cache_dir)
+        quantized = self.artifact.kind in (ArtifactKind.ONNX_INT8, ArtifactKind.OPENVINO_IR_INT8)
         with readable_onnx(self.artifact.path, quantized) as (path, self.rewrites):
             if quantized:
                 crash = compile_crash(path, config, key=(str(self.artifact.path), tuple(self.rewrites.values())))
@@ -460,16 +487,26 @@ class OpenVinoEngine(Engine):
                     raise VariantUnavailable(f"OpenVINO {ov.__version__.split('-')[0]} {crash} compiling and running "
                                              f"{self.artifact.path.name} on the CPU (tried in a child process); this "
                                              "INT8 graph is not runnable in OpenVINO here: use engine onnxruntime")
-            model = core().read_model(str(path))
-            self.input_name = model.inputs[0].get_any_name()
-            self.input_shape = str(model.inputs[0].get_partial_shape())  # a static batch is handled upstream (preflight)
-            self.compiled = core().compile_model(model, "CPU", config)
+            # an IR compiles from its file (what the compile cache keys on); a Q/DQ ONNX from the rewritten copy
+            self.compiled = core().compile_model(str(path), "CPU", config)
+        self.input_name = self.compiled.inputs[0].get_any_name()
+        self.input_shape = str(self.compiled.inputs[0].get_partial_shape())  # a static batch is handled upstream
         got = _type_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
         if got != self.precision_hint:  # the plugin overrode the hint: the variant would not run what it says
             raise VariantUnavailable(f"OpenVINO compiled this {v.precision.upper()} variant with inference precision "
                                      f"{got}, not the {self.precision_hint} asked for")
+        reduced = self._reduced_float_layers() if self.precision_hint == "f32" else {}
+        if reduced:  # the hint read back f32, but the executed layers say otherwise
+            raise VariantUnavailable(f"OpenVINO ran compute layers of this {v.precision.upper()} variant in a reduced "
+                                     f"float precision despite the f32 hint: {reduced}")
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.request = self.compiled.create_infer_request()
+
+    def _reduced_float_layers(self) -> dict:
+        """Compute layers of the runtime model that ran in bf16 or f16 (an f32-hinted model must have none)."""
+        return {kind: {p: n for p, n in counts.items() if p in ("bf16", "f16")}
+                for kind, counts in self._compute_precisions().items()
+                if any(p in ("bf16", "f16") for p in counts)}
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=np.float32)
@@ -515,6 +552,11 @@ class OpenVinoEngine(Engine):
             # activation Q/DQ pairs read as uint8 (signed_activations_as_uint8: OpenVINO runs int8 ones wrong) and
             # constant operands of Add/Mul dequantized ahead (constant_dequantize_folded: OpenVINO's LPT throws on them)
             **self.rewrites,
+            **({"ir_route": self.artifact.info.get("route")} if self.artifact.kind == ArtifactKind.OPENVINO_IR else {}),
+            "compile_cache": str(self.cache_dir) if self.cache_dir else None,
+            "deploy": deploy_line(ir_deploy_name(self.artifact.kind, self.variant.label) if self.cache_dir
+                                  else self.artifact.path.name,
+                                  self.variant.precision, self.threads, self.options.float_precision),
             "artifact": self.artifact.kind.value,
             "opset": self.artifact.opset,
             "openvino": ov.__version__,

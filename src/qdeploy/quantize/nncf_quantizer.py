@@ -16,8 +16,9 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -25,7 +26,6 @@ from qdeploy.config import RANGE_METHODS, Int8Config
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.log import log, warn
-
 
 
 @register_quantizer
@@ -51,19 +51,54 @@ class NncfQuantizer(Quantizer):
         import onnx
         from onnxruntime.quantization.onnx_model import ONNXModel
 
-        from qdeploy.lint.placement import attention_matmuls
         from qdeploy.quantize.calibrate import ranges_from_qdq
-        from qdeploy.lint.placement import prediction_head
+        from qdeploy.utils.atomic import atomic_path
+
+        t0 = time.perf_counter()
+        nncf = _import_nncf()
+        model = onnx.load(str(inputs.fp32_onnx))
+        plan = NncfPlan.of(nncf, model, inputs, cfg)
+        plan.log(nncf, "ONNX backend: Q/DQ ONNX")
+        qmodel = plan.run(nncf, model, plan.ignored_scope(nncf), inputs.fp32_onnx)
+        # NNCF inserts its Q/DQ nodes where it finds room: the ONNX spec, the checker and the engines want the nodes in
+        # topological order
+        ONNXModel(qmodel).topological_sort()
+        onnx.checker.check_model(qmodel)
+        with atomic_path(out_path) as tmp:
+            onnx.save(qmodel, str(tmp))
+        info = plan.info(nncf, time.perf_counter() - t0)
+        log(f"quantize: NNCF done in {info['time_s']:.1f} s")
+        return QuantResult(out_path, ranges_from_qdq(out_path), info)
+
+
+@dataclass
+class NncfPlan:
+    """What qdeploy hands NNCF for one model, whichever NNCF backend runs (ONNX: a Q/DQ ONNX; OpenVINO: an INT8 IR):
+    the model type, the ignored scope (the user's exclude resolved on the FP32 ONNX's node names, a detector's
+    prediction head and decoding tail), the calibration images and the range estimator."""
+
+    cfg: Int8Config
+    input_name: str
+    model_type: object
+    attention: list
+    excluded: list
+    unmatched: list
+    head_convs: set
+    head_tail: set
+    chunk: int
+    dataset_source: "_CalibrationImages"
+    advanced: object
+    warnings: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, nncf, model, inputs: QuantizeInputs, cfg: Int8Config) -> "NncfPlan":
+        from qdeploy.lint.placement import attention_matmuls, prediction_head
         from qdeploy.lint.qdq_graph import QdqGraph
         from qdeploy.quantize.qdq import select_excluded
-        from qdeploy.utils.atomic import atomic_path
         from qdeploy.utils.onnx_graph import OnnxGraph
 
         if inputs.calibration is None:
             raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
-        t0 = time.perf_counter()
-        nncf = _import_nncf()
-        model = onnx.load(str(inputs.fp32_onnx))
         graph = OnnxGraph(model)
         if len(graph.input_names) != 1:
             raise NotApplicable(f"{Path(inputs.fp32_onnx).name} has {len(graph.input_names)} inputs "
@@ -75,56 +110,127 @@ class NncfQuantizer(Quantizer):
         # of an activation×activation MatMul: min_max/algorithm.py) and runs SmoothQuant before the range pass
         # (post_training/pipeline.py). Without it an attention model gets the CNN rules, which NNCF does not recommend.
         attention = attention_matmuls(graph)
-        model_type = nncf.ModelType.TRANSFORMER if attention else None
         # qdeploy's exclude rule (module names, or regexes *searched* in node names: quantize/exclude.py) resolved here,
         # then handed to NNCF by name: NNCF's own patterns are re.match'ed (anchored), which would read "conv1" differently
         excluded, unmatched = select_excluded(model, cfg.exclude, cfg.exclude_ops)
         # a detector's prediction convs and decoding tail (lint/placement.prediction_head: the rules prediction-conv and
         # prediction-output): ignored as OpenVINO's own YOLOv8 INT8 recipe ignores the head's decoding and DFL conv
         head_convs, head_tail = prediction_head(QdqGraph(model))
-        head = sorted(head_convs | head_tail)
-        ignored = nncf.IgnoredScope(names=list(dict.fromkeys(excluded + head)), types=list(cfg.exclude_ops),
-                                    validate=False)
         chunk = _static_batch(model, input_name)
-        dataset_source = _CalibrationImages(inputs.calibration, inputs.preprocess, chunk)
-        samples = int(inputs.calibration.num_samples)
         advanced = _advanced_parameters(cfg.method)
         if chunk > 1:
             # a static batch of N: N images per inference, statistics still per image (NNCF's batchwise statistics,
             # what it uses for any batched data loader)
             advanced.batchwise_statistics = True
-        log(f"quantize: NNCF {nncf.__version__} (OpenVINO placement), {samples} calibration images, method {cfg.method}, "
-            f"model_type {'transformer' if model_type else 'default'}"
-            + (f" ({len(attention)} attention matmuls)" if attention else "")
-            + (f", {len(excluded)} nodes excluded" if excluded else "")
-            + (f", prediction head float ({len(head_convs)} convs, {len(head_tail)} decoding nodes)" if head else "")
-            + (f", {len(cfg.exclude_ops)} op types excluded" if cfg.exclude_ops else ""))
-        with _nncf_output(nncf) as nncf_warnings:
+        return cls(cfg, input_name, nncf.ModelType.TRANSFORMER if attention else None, attention, excluded, unmatched,
+                   head_convs, head_tail, chunk, _CalibrationImages(inputs.calibration, inputs.preprocess, chunk),
+                   advanced)
+
+    @property
+    def head(self) -> list:
+        return sorted(self.head_convs | self.head_tail)
+
+    def ignored_names(self) -> list:
+        """The FP32 ONNX's node names NNCF leaves float (the user's exclude, the prediction head)."""
+        return list(dict.fromkeys(self.excluded + self.head))
+
+    def ignored_scope(self, nncf, names: Optional[list] = None):
+        return nncf.IgnoredScope(names=self.ignored_names() if names is None else names,
+                                 types=list(self.cfg.exclude_ops), validate=False)
+
+    def log(self, nncf, backend: str) -> None:
+        samples = int(self.dataset_source.batches.num_samples)
+        log(f"quantize: NNCF {nncf.__version__} (OpenVINO placement, {backend}), {samples} calibration images, "
+            f"method {self.cfg.method}, model_type {'transformer' if self.model_type else 'default'}"
+            + (f" ({len(self.attention)} attention matmuls)" if self.attention else "")
+            + (f", {len(self.excluded)} nodes excluded" if self.excluded else "")
+            + (f", prediction head float ({len(self.head_convs)} convs, {len(self.head_tail)} decoding nodes)"
+               if self.head else "")
+            + (f", {len(self.cfg.exclude_ops)} op types excluded" if self.cfg.exclude_ops else ""))
+
+    def run(self, nncf, model, ignored, source: Path):
+        """``nncf.quantize`` on ``model`` (an onnx.ModelProto or an openvino.Model: NNCF picks the backend by type)."""
+        input_name = self.input_name
+        with _nncf_output(nncf) as self.warnings:
             try:
-                qmodel = nncf.quantize(
-                    model, nncf.Dataset(dataset_source, lambda x: {input_name: x}),
+                return nncf.quantize(
+                    model, nncf.Dataset(self.dataset_source, lambda x: {input_name: x}),
                     # every calibration image (NNCF counts data items: one image each, or one static batch each)
-                    subset_size=max(1, len(dataset_source)),
-                    model_type=model_type, ignored_scope=ignored, advanced_parameters=advanced)
+                    subset_size=max(1, len(self.dataset_source)),
+                    model_type=self.model_type, ignored_scope=ignored, advanced_parameters=self.advanced)
             except (nncf.ValidationError, nncf.UnsupportedModelError, nncf.UnsupportedDatasetError,
                     nncf.ParameterNotSupportedError) as e:
-                raise QDeployError(f"NNCF could not quantize {Path(inputs.fp32_onnx).name}: {e}") from e
-        # NNCF inserts its Q/DQ nodes where it finds room: the ONNX spec, the checker and the engines want the nodes in
-        # topological order
-        ONNXModel(qmodel).topological_sort()
-        onnx.checker.check_model(qmodel)
-        with atomic_path(out_path) as tmp:
-            onnx.save(qmodel, str(tmp))
-        seconds = round(time.perf_counter() - t0, 3)
-        info = {"method": cfg.method, "samples": samples, "nncf": nncf.__version__,
-                "model_type": "transformer" if model_type else None,
-                "attention_matmuls": [n.name for n in attention],
-                "ignored_scope": {"names": excluded, "types": list(cfg.exclude_ops), "patterns": list(cfg.exclude),
-                                  **({"prediction_head": head} if head else {})},
-                "excluded_by_user": excluded, "unmatched_patterns": unmatched,
-                "batch_per_inference": chunk, "nncf_warnings": nncf_warnings, "time_s": seconds}
-        log(f"quantize: NNCF done in {seconds:.1f} s")
-        return QuantResult(out_path, ranges_from_qdq(out_path), info)
+                raise QDeployError(f"NNCF could not quantize {Path(source).name}: {e}") from e
+
+    def info(self, nncf, seconds: float) -> dict:
+        head = self.head
+        return {"method": self.cfg.method, "samples": int(self.dataset_source.batches.num_samples),
+                "nncf": nncf.__version__, "model_type": "transformer" if self.model_type else None,
+                "attention_matmuls": [n.name for n in self.attention],
+                "ignored_scope": {"names": self.excluded, "types": list(self.cfg.exclude_ops),
+                                  "patterns": list(self.cfg.exclude), **({"prediction_head": head} if head else {})},
+                "excluded_by_user": self.excluded, "unmatched_patterns": self.unmatched,
+                "batch_per_inference": self.chunk, "nncf_warnings": list(self.warnings), "time_s": round(seconds, 3)}
+
+
+# compute op types of an OpenVINO model (opset names), and what NNCF's OpenVINO backend puts before an INT8 one
+IR_COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
+
+
+def ir_names_of(onnx_names: list, ov_model) -> tuple[list, list]:
+    """(the ov.Model's node names that stand for ``onnx_names``, the ONNX names with none). OpenVINO's ONNX frontend
+    names each op after the ONNX node it came from, with a ``/<suffix>`` on the ops it splits a node into (a Conv with
+    a bias becomes ``<name>/WithoutBiases`` and its Add ``<name>``)."""
+    names = [op.get_friendly_name() for op in ov_model.get_ordered_ops()]
+    found, missing = [], []
+    for n in onnx_names:
+        hits = [m for m in names if m == n or m.startswith(n + "/")]
+        (found.extend(hits) if hits else missing.append(n))
+    return list(dict.fromkeys(found)), missing
+
+
+def ir_structure(ov_model) -> dict:
+    """How many compute ops the IR has and how many NNCF quantized (a FakeQuantize on their activation input)."""
+    compute = [op for op in ov_model.get_ordered_ops() if op.get_type_name() in IR_COMPUTE_OPS]
+    int8 = [op for op in compute if op.input_value(0).get_node().get_type_name() == "FakeQuantize"]
+    fq = sum(op.get_type_name() == "FakeQuantize" for op in ov_model.get_ordered_ops())
+    return {"compute_ops": len(compute), "compute_ops_int8": len(int8), "fake_quantize": fq,
+            "float_compute_ops": [op.get_friendly_name() for op in compute if op not in int8]}
+
+
+def quantize_openvino_ir(inputs: QuantizeInputs, cfg: Int8Config, folder: Path) -> tuple[Path, dict]:
+    """(model.xml, info) of the INT8 IR NNCF's OpenVINO backend makes, in ``folder``: ``nncf.quantize`` on the
+    ov.Model OpenVINO converts from the FP32 ONNX (the route whose node names qdeploy's placement plan reads), the same
+    model type, ignored scope, calibration images and range estimator as quantizer nncf's Q/DQ ONNX, saved as an IR
+    (FakeQuantize ops and INT8 weights, which the CPU plugin compiles to its INT8 kernels)."""
+    import onnx
+    import openvino as ov
+
+    from qdeploy.export.openvino_ir import save_ir
+
+    NncfQuantizer().check(cfg, inputs.has_torch)
+    t0 = time.perf_counter()
+    nncf = _import_nncf()
+    model = onnx.load(str(inputs.fp32_onnx), load_external_data=False)
+    plan = NncfPlan.of(nncf, model, inputs, cfg)
+    try:
+        ov_model = ov.convert_model(str(inputs.fp32_onnx))
+    except Exception as e:  # noqa: BLE001 - the frontend's own error, named
+        raise QDeployError(f"OpenVINO could not convert {Path(inputs.fp32_onnx).name}: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0][:300]}") from None
+    names, missing = ir_names_of(plan.ignored_names(), ov_model)
+    if missing:
+        warn(f"NNCF (OpenVINO backend): {len(missing)} node(s) to keep float have no op in the OpenVINO model "
+             f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); they are quantized as NNCF decides")
+    plan.log(nncf, "OpenVINO backend: INT8 IR")
+    qmodel = plan.run(nncf, ov_model, plan.ignored_scope(nncf, names), inputs.fp32_onnx)
+    xml = save_ir(qmodel, folder)
+    info = {**plan.info(nncf, time.perf_counter() - t0), "backend": "openvino", "openvino": ov.__version__.split("-")[0],
+            "ignored_ir_nodes": names, "ignored_without_ir_node": missing, "structure": ir_structure(qmodel),
+            "quantizer": NncfQuantizer.name}
+    log(f"quantize: NNCF (OpenVINO backend) done in {info['time_s']:.1f} s: {info['structure']['compute_ops_int8']} of "
+        f"{info['structure']['compute_ops']} compute ops INT8")
+    return xml, info
 
 
 def _check_method(method: str) -> None:

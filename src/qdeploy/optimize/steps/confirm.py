@@ -59,7 +59,7 @@ def confirm(s, plan: SearchPlan, chosen: Optional[Candidate], budget_met_search:
             chosen_metric = cchosen.metrics.get(s.key)
             agree = agreement(cchosen.predictions, cref.predictions) if cchosen is not cref else 1.0
             artifacts = copy_artifacts(cctx, [cchosen]) if cchosen.artifact is not None else []
-            chosen_file = next((a["path"] for a in artifacts if a["kind"].startswith("onnx")), None)
+            chosen_file = next((a["path"] for a in artifacts if a["kind"].startswith(("onnx", "openvino"))), None)
         verdict = budget_check(o.budget, ref_metric, chosen_metric, agree)
         s.note(f"confirm split{' (the saved program, in a fresh process)' if program_target else ''}: "
                f"{chosen.variant if chosen else 'none'} {verdict.why}: "
