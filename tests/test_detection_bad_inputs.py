@@ -1,8 +1,10 @@
 """Bad detection inputs, table-driven (issue 37, as tests/test_bad_inputs.py for images): every case exits 2 with one
 line naming the file, key or class and what to do, no traceback, and nothing written outside --out and the cache.
 
-The project every case copies: a tiny PyTorch detector with a YOLOv8-style head (``model.py``), its weights, a flat
-Pascal VOC folder (16x16 PNGs + XMLs, classes a and b) and a config that runs (checked by the last test).
+The project every case copies: a tiny PyTorch detector with a YOLOv8-style head (``model.py``), its weights, a config
+that runs (checked by the last tests) and the same four 16x16 PNGs with boxes of classes a and b in three layouts: a
+flat Pascal VOC folder (``data/voc``), VOC as Kaggle and Roboflow publish it (``data/sbs``: annotations/ + images/) and
+Ultralytics' YOLO layout (``data/yolo``: images/val, labels/val, data.yaml).
 """
 from __future__ import annotations
 
@@ -65,10 +67,22 @@ def template(tmp_path_factory) -> Path:
     spec.loader.exec_module(mod)
     torch.save(mod.tiny().state_dict(), root / "weights.pt")
     rng = np.random.default_rng(0)
+    for d in ("sbs/annotations", "sbs/images", "yolo/images/val", "yolo/labels/val"):
+        (root / "data" / d).mkdir(parents=True)
     for i in range(4):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / "data" / "voc" / f"{i}.png")
         (root / "data" / "voc" / f"{i}.xml").write_text(_xml(f"{i}.png", boxes=(("a", 2, 2, 8, 8), ("b", 6, 6, 15, 14))))
+        shutil.copy(root / "data" / "voc" / f"{i}.png", root / "data" / "sbs" / "images" / f"{i}.png")
+        (root / "data" / "sbs" / "annotations" / f"{i}.xml").write_text(
+            _xml(f"{i}.png", boxes=(("a", 2, 2, 8, 8), ("b", 6, 6, 15, 14))).replace("<filename>", "<folder>images</folder><filename>"))
+        shutil.copy(root / "data" / "voc" / f"{i}.png", root / "data" / "yolo" / "images" / "val" / f"{i}.png")
+        (root / "data" / "yolo" / "labels" / "val" / f"{i}.txt").write_text(YOLO_LABEL)
+    (root / "data" / "yolo" / "data.yaml").write_text("path: .\nval: images/val\nnames: {0: a, 1: b}\n")
     return root
+
+
+# the boxes of _xml's default two, normalized: a 2,2-8,8 and b 6,6-15,14 in a 16x16 image
+YOLO_LABEL = "0 0.3125 0.3125 0.375 0.375\n1 0.65625 0.625 0.5625 0.5\n"
 
 
 def base_config() -> dict:
@@ -107,6 +121,29 @@ def _remove(rel: str):
     return setup
 
 
+def _remove_folder(rel: str):
+    def setup(project: Path, cfg: dict):
+        shutil.rmtree(project / rel)
+    return setup
+
+
+def _eval(**spec):
+    """data.eval replaced by ``spec`` (keeping batch_size and workers)."""
+    def setup(project: Path, cfg: dict):
+        cfg["data"]["eval"] = {"batch_size": 2, "workers": 0, **spec}
+    return setup
+
+
+def _favour_second_class(project: Path, cfg: dict):
+    """The detector's second class wins every anchor, so a class list of one name meets an output it does not have."""
+    state = torch.load(project / "weights.pt")
+    state["head.bias"][5] = 20.0  # channels: cx cy w h, class a, class b
+    torch.save(state, project / "weights.pt")
+
+
+YOLO_EVAL = {"format": "yolo", "root": "data/yolo/images/val", "names": "data/yolo/data.yaml"}
+
+
 def _both(*steps):
     def setup(project: Path, cfg: dict):
         for s in steps:
@@ -136,6 +173,24 @@ CASES: list[tuple[str, Callable, str]] = [
      "none.json"),
     ("yolo-without-names", _set("data.eval.format", "yolo"), "names"),
     ("crop-cuts-boxes", _set("model.preprocess.crop", 16), "crop"),
+    # VOC as published (annotations/ + images/) and YOLO's data.yaml
+    ("voc-images-folder-missing", _both(_eval(format="voc", root="data/sbs", classes=["a", "b"]),
+                                        _remove_folder("data/sbs/images")), "4 annotations have no image"),
+    ("voc-xml-points-to-missing-image", _both(_eval(format="voc", root="data/sbs", classes=["a", "b"]),
+                                              _write("data/sbs/annotations/9.xml", _xml("gone.png"))), "'gone.png'"),
+    ("voc-no-xml-anywhere", _eval(format="voc", root="data/yolo", classes=["a", "b"]), "set format: yolo"),
+    ("yolo-data-yaml-without-names", _both(_eval(**YOLO_EVAL), _write("data/yolo/data.yaml", "path: .\nnc: 2\n")),
+     "has no 'names'"),
+    ("yolo-data-yaml-names-with-gaps", _both(_eval(**YOLO_EVAL), _write("data/yolo/data.yaml", "names: {0: a, 2: b}\n")),
+     "no entry for class index 1"),
+    ("yolo-data-yaml-not-yaml", _both(_eval(**YOLO_EVAL), _write("data/yolo/data.yaml", "names: [a, b\n")),
+     "not valid YAML"),
+    ("yolo-data-yaml-missing", _eval(**{**YOLO_EVAL, "names": "data/yolo/none.yaml"}), "none.yaml"),
+    ("yolo-root-data-yaml-without-the-split", _eval(format="yolo", root="data/yolo/data.yaml"), "set split: val"),
+    ("yolo-names-fewer-than-model-outputs",
+     _both(_eval(**YOLO_EVAL), _write("data/yolo/data.yaml", "names: [a]\n"), _favour_second_class,
+           *[_write(f"data/yolo/labels/val/{i}.txt", "0 0.3125 0.3125 0.375 0.375\n") for i in range(4)]),
+     "outside the 1 classes"),
 ]
 
 
@@ -201,3 +256,19 @@ def test_the_template_runs_and_skipped_boxes_are_listed(template, tmp_path, monk
     assert row["status"] == "ok" and row["metrics"]["map"] is not None and row["metrics"]["gt_boxes"] == 7
     skipped = results["data"]["eval"]["skipped_boxes"]
     assert len(skipped) == 1 and "2.xml" in skipped[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [
+    {"format": "voc", "root": "data/sbs", "classes": ["a", "b"]},
+    YOLO_EVAL,
+    {"format": "yolo", "root": "data/yolo/data.yaml", "split": "val"},
+], ids=["voc-annotations-beside-images", "yolo-names-data-yaml", "yolo-root-data-yaml"])
+def test_published_layouts_run(spec, template, tmp_path, monkeypatch, capsys):
+    """The layouts users download run as written: VOC's annotations/ + images/, YOLO with names: data.yaml and no
+    classes (the data.yaml's names are the model's), YOLO with root: data.yaml."""
+    rc, captured = _run(template, tmp_path, _eval(**spec), monkeypatch, capsys)
+    assert rc in (0, 1), captured.err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    row = results["variants"][0]
+    assert row["status"] == "ok" and row["metrics"]["map"] is not None and row["metrics"]["gt_boxes"] == 8

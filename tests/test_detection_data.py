@@ -3,6 +3,7 @@ class mapping; real data: ../shared/data/detection (BCCD, fruit-test)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -424,6 +425,99 @@ def test_yolo_missing_label_file_and_names(tmp_path):
     raises([str(tmp_path / "data.yaml"), "no 'names' list"], yolo_names, tmp_path / "data.yaml")
 
 
+# ------------------------------------------------------------------------------------------ YOLO: data.yaml (Ultralytics)
+def ultralytics(root: Path, names="{0: cat, 1: dog}", splits=("train", "val"), extra="") -> Path:
+    """Ultralytics' layout: images/<split>/x.jpg, labels/<split>/x.txt and a data.yaml with path, splits and names."""
+    for split in splits:
+        for n, line in (("a", "0 0.5 0.5 0.25 0.5"), ("b", "1 0.25 0.25 0.5 0.5")):
+            image(root / "images" / split / f"{split}_{n}.jpg")
+            (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+            (root / "labels" / split / f"{split}_{n}.txt").write_text(line + "\n")
+    entries = "".join(f"{split}: images/{split}\n" for split in splits)
+    (root / "data.yaml").write_text(f"path: .\n{entries}names: {names}\n{extra}")
+    return root / "data.yaml"
+
+
+def test_yolo_data_yaml_gives_names_and_the_split_images(tmp_path):
+    data = ultralytics(tmp_path)
+    samples = read_yolo(data, split="val")
+    assert [s.image.name for s in samples] == ["val_a.jpg", "val_b.jpg"]
+    assert [s.classes for s in samples] == [["cat"], ["dog"]]
+    assert samples[0].annotation == tmp_path / "labels" / "val" / "val_a.txt"
+    assert yolo_names(data) == ["cat", "dog"]
+    assert [s.image.name for s in read_yolo(tmp_path / "images" / "train", data)] == ["train_a.jpg", "train_b.jpg"]
+
+
+def test_yolo_data_yaml_path_key_and_list_of_folders(tmp_path):
+    ultralytics(tmp_path / "datasets" / "set")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "set.yaml").write_text("path: ../datasets/set\ntrain: [images/train, images/val]\n"
+                                               "names: [cat, dog]\n")
+    assert len(read_yolo(tmp_path / "cfg" / "set.yaml", split="train")) == 4
+
+
+def test_yolo_data_yaml_roboflow_entries_above_the_file(tmp_path):
+    """Roboflow writes train: ../train/images in a data.yaml that sits beside train/."""
+    for split in ("train", "valid"):
+        image(tmp_path / split / "images" / "x.jpg")
+        (tmp_path / split / "labels").mkdir(parents=True)
+        (tmp_path / split / "labels" / "x.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (tmp_path / "data.yaml").write_text("train: ../train/images\nval: ../valid/images\nnc: 1\nnames: ['cell']\n")
+    s, = read_yolo(tmp_path / "data.yaml", split="val")
+    assert s.image == tmp_path / "valid" / "images" / "x.jpg" and s.classes == ["cell"]
+
+
+def test_yolo_data_yaml_image_list_file(tmp_path):
+    ultralytics(tmp_path, splits=("train",))
+    (tmp_path / "val.txt").write_text("./images/train/train_b.jpg\n\nimages/train/train_a.jpg\n")
+    (tmp_path / "data.yaml").write_text("val: val.txt\nnames: [cat, dog]\n")
+    assert [p.name for p, _ in yolo_split_images(tmp_path / "data.yaml", "val")] == ["train_b.jpg", "train_a.jpg"]
+    (tmp_path / "val.txt").write_text("images/train/gone.jpg\n")
+    raises([str(tmp_path / "val.txt"), "line 1", "gone.jpg", "does not exist"], read_yolo, tmp_path / "data.yaml",
+           split="val")
+
+
+def test_yolo_data_yaml_split_missing_or_not_found(tmp_path):
+    data = ultralytics(tmp_path)
+    raises([str(data), "no 'test' images", "its splits: train, val", "set split: val"], read_yolo, data, split="test")
+    data.write_text("path: .\nval: pictures/val\nnames: [cat, dog]\n")
+    raises([str(data), "val entry 'pictures/val' does not exist", str(tmp_path / "pictures" / "val")], read_yolo, data,
+           split="val")
+
+
+def test_yolo_darknet_names_file(tmp_path):
+    yolo(tmp_path, "1 0.5 0.5 0.25 0.5\n")
+    (tmp_path / "obj.names").write_text("cat\ndog\n\n")
+    assert yolo_names(tmp_path / "obj.names") == ["cat", "dog"]
+    assert read_yolo(tmp_path / "images", tmp_path / "obj.names")[0].classes == ["dog"]
+    (tmp_path / "obj.names").write_text("cat\ncat\n")
+    raises([str(tmp_path / "obj.names"), "'cat' twice", "lines 1 and 2"], yolo_names, tmp_path / "obj.names")
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("nc: 2\ntrain: images/train\n", ["no 'names' list", "it has nc: 2"]),
+    ("names: {0: cat, 2: dog}\n", ["'names' has no entry for class index 1", "0..2 without gaps"]),
+    ("names: {0: cat, one: dog}\n", ["'names' key 'one' is not a class index"]),
+    ("names: [cat, dog\n", ["is not valid YAML", "line 2"]),
+    ("", ["is empty"]),
+    ("- cat\n- dog\n", ["is not a mapping", "names"]),
+    ("names: cat\n", ["'names' is 'cat', expected a list"]),
+    ("names: []\n", ["'names' is [], expected a list"]),
+    ("names: [cat, '']\n", ["'names' entry 1 is ''"]),
+    ("names: [cat, dog, cat]\n", ["'cat' twice", "entries 0 and 2"]),
+    ("nc: 3\nnames: [cat, dog]\n", ["'nc' is 3 but 'names' has 2 classes"]),
+])
+def test_yolo_bad_data_yaml(tmp_path, text, parts):
+    (tmp_path / "data.yaml").write_text(text)
+    raises([f"YOLO data file {tmp_path / 'data.yaml'}", *parts], yolo_names, tmp_path / "data.yaml")
+
+
+def test_yolo_data_yaml_missing_and_string_keys(tmp_path):
+    raises([str(tmp_path / "data.yaml"), "does not exist"], yolo_names, tmp_path / "data.yaml")
+    (tmp_path / "data.yaml").write_text("names: {'1': dog, '0': cat}\n")
+    assert yolo_names(tmp_path / "data.yaml") == ["cat", "dog"]
+
+
 # --------------------------------------------------------------------------------------------------- map_classes
 def test_map_classes_to_coco80():
     assert len(COCO80) == 80 and len(set(COCO80)) == 80
@@ -469,3 +563,104 @@ def test_fruit_test_sizes_from_images_and_coco80_mapping():
             assert (s.width, s.height) == img.size
     ids = map_classes([c for s in samples for c in s.classes], COCO80)
     assert set(ids.tolist()) == {46, 47, 49}
+
+
+# ----------------------------------------------------------------------------- data sets: build_dataset, the README
+def build(spec: dict, size=16):
+    from qdeploy.config import DatasetSpec, Preprocess
+    from qdeploy.data import build_dataset
+
+    return build_dataset(DatasetSpec(**spec).keyed("data.eval"), Preprocess(input_size=(size, size)), "detection")
+
+
+def test_yolo_names_are_the_model_classes_when_classes_are_not_given(tmp_path):
+    data = ultralytics(tmp_path, names="{0: cat, 1: dog, 2: bird}")
+    ds = build({"format": "yolo", "root": str(tmp_path / "images" / "val"), "names": str(data)})
+    assert ds.class_names == ["cat", "dog", "bird"] and len(ds) == 2
+    assert [labels.tolist() for _, labels in ds.samples] == [[0], [1]]
+    image_, table = ds[1]
+    assert image_.shape == (3, 16, 16) and table.shape[0] == 2
+    ds = build({"format": "yolo", "root": str(data), "split": "train"})  # root: the data.yaml itself
+    assert ds.class_names == ["cat", "dog", "bird"] and [p.rsplit("/", 1)[1] for p, _ in ds.samples] == \
+        ["train_a.jpg", "train_b.jpg"]
+    ds = build({"format": "yolo", "root": str(data), "split": "val", "classes": ["bird", "dog", "cat"]})
+    assert [labels.tolist() for _, labels in ds.samples] == [[2], [1]]  # names mapped onto the model's classes
+
+
+def test_detection_without_classes_or_yolo_names(tmp_path):
+    side_by_side(tmp_path)
+    raises(["data.eval: detection needs classes"], build, {"format": "voc", "root": str(tmp_path)})
+    yolo(tmp_path, name="x")
+    raises(["detection needs classes", "YOLO data: or names"], build,
+           {"format": "yolo", "root": str(tmp_path / "images")})
+
+
+def test_voc_split_default_reads_a_data_set_without_split_files(tmp_path):
+    side_by_side(tmp_path, ann="Annotations", imgs="JPEGImages")
+    assert len(build({"format": "voc", "root": str(tmp_path), "classes": ["cat"]})) == 3  # split: test, the default
+    raises(["no split files", "ImageSets/Main/val.txt"], build,
+           {"format": "voc", "root": str(tmp_path), "classes": ["cat"], "split": "val"})
+
+
+def test_a_data_yaml_root_for_calibration_and_without_labels(tmp_path):
+    from qdeploy.config import DatasetSpec, Preprocess
+    from qdeploy.data import build_dataset
+
+    data = ultralytics(tmp_path)
+    spec = DatasetSpec(format="yolo", root=str(data), split="train").keyed("data.calibration")
+    assert len(build_dataset(spec, Preprocess(input_size=(16, 16)), "detection")) == 2
+    raises(["labels: false reads every image under a folder", str(data), "give the image folder"], build,
+           {"format": "yolo", "root": str(data), "labels": False})
+
+
+def _readme_detection_block() -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("### Detection"):]
+    return section[section.index("```yaml") + len("```yaml"):section.index("```", section.index("```yaml") + 7)]
+
+
+def _readme_fixture(root: Path):
+    """The files the README's detection example names, as small real files: fruit-test (VOC), coco.names, images/ with
+    a COCO JSON, images/val + labels/val with a data.yaml (Ultralytics), photos/ for calibration."""
+    (root / "coco.names").write_text("\n".join(COCO80) + "\n")
+    for n, cls in (("apple_1", "apple"), ("banana_1", "banana")):
+        image(root / "fruit-test" / f"{n}.jpg")
+        voc_xml(root / "fruit-test" / f"{n}.xml", ((cls, (4, 4, 40, 30)),), filename=f"{n}.jpg", folder="test")
+    image(root / "images" / "val" / "a.jpg")
+    (root / "labels" / "val").mkdir(parents=True)
+    (root / "labels" / "val" / "a.txt").write_text("1 0.5 0.5 0.5 0.5\n0 0.2 0.2 0.2 0.2\n")
+    (root / "data.yaml").write_text("path: .\nval: images/val\nnames:\n  0: apple\n  1: banana\n")
+    (root / "instances_val.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "val/a.jpg", "width": 64, "height": 48}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 53, "bbox": [4, 4, 20, 20]}],
+        "categories": [{"id": 53, "name": "apple"}]}))
+    image(root / "photos" / "p.png")
+
+
+@pytest.mark.filterwarnings("ignore:count=256 but the dataset has only")  # calibration's count: one photo here
+def test_readme_detection_examples_run_as_written(tmp_path, monkeypatch):
+    """Each data line of the README's detection config (the active one and the commented coco / yolo ones) builds its
+    data set from files laid out as the line names them, with the model's preprocessing."""
+    import yaml
+
+    from qdeploy.config import DatasetSpec, RunConfig
+    from qdeploy.data import build_dataset
+
+    block = _readme_detection_block()
+    cfg = RunConfig(**yaml.safe_load(block))
+    specs = {"eval": cfg.data.eval, "calibration": cfg.data.calibration}
+    for n, line in enumerate(re.findall(r"^\s*#\s*((?:coco|yolo): \{.*)$", block, re.M)):
+        kind, _, mapping = line.partition(": ")
+        specs[f"{kind}{n}"] = DatasetSpec(**yaml.safe_load(mapping)).keyed("data.eval")
+    assert sorted(specs) == ["calibration", "coco0", "eval", "yolo1", "yolo2"], specs
+    _readme_fixture(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    found = {}
+    for name, spec in specs.items():
+        ds = build_dataset(spec, cfg.model.preprocess, "detection")
+        image_, label = ds[0]
+        assert image_.shape == (3, 352, 352), name
+        found[name] = (len(ds), getattr(ds, "class_names", None))
+    assert found["eval"] == (2, list(COCO80)) and found["coco0"] == (1, list(COCO80))
+    assert found["yolo1"] == found["yolo2"] == (1, ["apple", "banana"])
+    assert found["calibration"][0] == 1

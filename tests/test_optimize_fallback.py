@@ -131,3 +131,26 @@ def test_an_nncf_layer_reads_float_activations_in_the_proxy_its_ranking_uses(tmp
     ref = run(fp32)
     err_int8, err_proxy = float(np.mean((run(qdq) - ref) ** 2)), float(np.mean((run(edited) - ref) ** 2))
     assert err_proxy < err_int8 / 3, (err_proxy, err_int8)  # 2.9e-4 vs 1.6e-3 (seeded)
+
+
+@pytest.mark.slow
+def test_nncf_accuracy_control_runs_beside_the_fallback_as_a_peer(tmp_path):
+    """Target cpu on the fragile model, where plain PTQ (qdeploy's and NNCF's) breaks: NNCF's
+    quantize_with_accuracy_control on the OpenVINO model with qdeploy's metric and budget; its cost (passes over the
+    split, per-image evaluations, layers left float) is recorded and its INT8 IR is measured as a candidate."""
+    from test_optimize import _fragile_config
+
+    from qdeploy import api
+
+    cfg = _fragile_config(tmp_path, target="cpu", budget={"max_drop": 5.0}, max_float_fraction=1.0, qat="off")
+    # an outlier 100x the fixture's: NNCF's mean-minmax range (the per-image maxima averaged) also drowns conv2's inputs
+    fragile = tmp_path / "fragile.py"
+    fragile.write_text(fragile.read_text().replace("1000.0", "100000.0"))
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    ac = s["stages"]["nncf_accuracy_control"]
+    assert "error" not in ac, ac
+    assert ac["evaluations_full_split"] >= 2 and ac["max_drop"] == 5.0  # FP32 and the first INT8, at least
+    assert ac["compute_ops"] >= 4 and 0 <= ac["compute_ops_int8"] <= ac["compute_ops"]
+    row = next(c for c in s["candidates"] if c["variant"] == "openvino-int8-nncf-accuracy-control")
+    assert row["status"] == "ok" and ac["result"]["variant"] == row["variant"]
+    assert row["latency_p50_ms"] is not None and row["search_metric"] is not None

@@ -19,7 +19,8 @@
 #                         from wheels in .whl-cpu/ (copied from .whl-zoo/ where it holds them, else downloaded for
 #                         cp$PY manylinux x86_64): pydantic + pydantic_core, annotated-types, typing-inspection,
 #                         typing_extensions (qdeploy's config); openvino + openvino-telemetry, trimmed by
-#                         bench/device/site_trim.sh to the CPU plugin, the ONNX/IR frontends, TBB and the Python bindings; nncf
+#                         bench/device/site_trim.sh to the CPU plugin, the ONNX/IR/PyTorch frontends, convert_model (ovc),
+#                         TBB and the Python bindings; nncf
 #                         (quantizer nncf: the openvino-int8-*-nncf candidates) and tabulate, the one requirement of
 #                         nncf's that `import nncf` needs and the image lacks. Not carried: pydot (another nncf
 #                         requirement: only its dot-file debug dumps use it; torch.fx tries it and does without) and

@@ -11,12 +11,14 @@
 #   pydantic + pydantic_core, annotated-types, typing-inspection, typing_extensions (qdeploy's config)
 #   nvidia-modelopt (no extras) + omegaconf, pulp (what its import needs and the image lacks; pulp's solver binaries
 #     dropped: only its import is needed)
-#   openvino + openvino-telemetry, trimmed to Core().read_model(ONNX) + compile_model(..., "CPU"): the CPU plugin, the
-#     ONNX and IR frontends, TBB/hwloc, the Python bindings; GPU/NPU/AUTO/HETERO/auto-batch plugins, the other
-#     frontends (TensorFlow, TF Lite, PyTorch, Paddle, JAX, GGUF), the C API, headers, ovc and GPU kernel cache dropped
+#   openvino + openvino-telemetry, trimmed by bench/device/site_trim.sh to what engine openvino loads: the CPU plugin,
+#     the ONNX, IR and PyTorch frontends, convert_model (openvino/tools/ovc), TBB/hwloc, the Python bindings
+#   nncf (placement openvino: nncf.quantize on the ov.Model, the zoo's openvino_ir_* checks and
+#     bench/suites/openvino_ir_xeon.py) + tabulate (`import nncf` needs it; the image's list has it, carried in case).
+#     nncf's other requirements are in the image (networkx, ninja, scipy, scikit-learn, rich, psutil, safetensors,
+#     packaging) or unused by nncf.quantize (pydot: only its dot-file dumps)
 #   transformers (the hf/* models; the image's 5.17 is older than .venv's) + regex (transformers' floor >= 2025.10.22)
-# Not carried: nncf (only the openvino placement's quantizer imports it; the sweep does not use that placement),
-# onnx2torch (QAT of ONNX/Keras sources only), tensorrt/polygraphy (no TensorRT in the sweep).
+# Not carried: onnx2torch (QAT of ONNX/Keras sources only), tensorrt/polygraphy (no TensorRT in the sweep).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-3.12}
@@ -27,7 +29,7 @@ ver() { $V -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1])
 mkdir -p "$WHL" "$(dirname "$OUT")"
 pkgs=()
 for d in pydantic pydantic_core annotated-types typing-inspection typing_extensions nvidia-modelopt omegaconf pulp \
-         openvino openvino-telemetry transformers regex; do
+         openvino openvino-telemetry nncf tabulate transformers regex; do
   pkgs+=("$d==$(ver "$d")")
 done
 $V -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \

@@ -34,7 +34,7 @@ from qdeploy.evaluate.compare import reference_chance
 from qdeploy.optimize.candidates import Candidate, Target, onnx_of, rejudge, rescore, sibling_agreements
 from qdeploy.optimize.decide import resolution_warning
 from qdeploy.optimize.sensitivity import layer_sensitivity
-from qdeploy.pipeline import run_variant
+from qdeploy.pipeline import build_variant, run_variant
 from qdeploy.evaluate.verdict_rules import near_chance_warning
 from qdeploy.sysinfo import cpu_model, dist_version
 from qdeploy.tasks import get_task
@@ -145,6 +145,7 @@ class SearchSession:
     aoti_probe: object = None  # PyTorch targets: artifacts.torch_program.AotiProbe, running in the background
     int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
+    prebuilt: dict = dataclasses.field(default_factory=dict)  # variant → replaces the artifact its settings build (run_in)
 
     @property
     def scores(self) -> ResultStore:
@@ -174,8 +175,13 @@ class SearchSession:
         return resolve_variant(VariantSpec.model_validate(spec), index)
 
     def built_onnx(self, spec: dict):
-        """The ONNX artifact a candidate's spec builds (from the build cache when built before)."""
-        return onnx_of(self.ctx.builder.build(self.variant_of(spec).artifact_request()))
+        """The ONNX artifact a candidate's spec builds (from the build cache when built before). For OpenVINO's own INT8
+        (an IR, whose ops carry OpenVINO's names) it is NNCF's Q/DQ ONNX of the same settings: the same placement by
+        the same tool, on the FP32 ONNX's node names, which is what layer names, sensitivity and exclude read."""
+        request = self.variant_of(spec).artifact_request()
+        if request.kind == ArtifactKind.OPENVINO_IR_INT8:
+            request = ArtifactRequest(ArtifactKind.ONNX_INT8, request.int8)
+        return onnx_of(self.ctx.builder.build(request))
 
     def load_fp32_onnx(self) -> None:
         """The FP32 ONNX every candidate of an INT8 target starts from (failing now, saying why) and the MACs per
@@ -219,7 +225,7 @@ class SearchSession:
                   if self.untimed and "bench" in self.ctx.stages else None)
         variant = self.variant_of(cand.spec, len(self.candidates))
         if scored is None:
-            r = run_variant(self.ctx, variant)
+            r = self.run_in(self.ctx, variant)
             self.evaluations["full"] += 1
         else:  # scored under another batch size or thread count: timed only
             r = run_variant(dataclasses.replace(self.ctx, stages={"bench"}), variant)
@@ -233,6 +239,17 @@ class SearchSession:
         if self.untimed and cand.ok and scored is None and r.metrics:
             self.untimed.put(untimed_spec(cand.spec), "scores", {"metrics": r.metrics}, r.predictions)
         cand.scores_replayed = scored is not None
+
+    def run_in(self, ctx, variant):
+        """run_variant in ``ctx``; a variant whose model a step made outside the builder (``prebuilt``: its name → how
+        to replace the artifact the builder makes for its settings) runs that model."""
+        replace = self.prebuilt.get(variant.label)
+        if replace is None:
+            return run_variant(ctx, variant)
+        record = build_variant(ctx, variant)
+        if record.ok:
+            record.artifact = replace(record.artifact)
+        return run_variant(ctx, variant, record)
 
     def measure_all(self, planned: list[Candidate]) -> bool:
         """Measure each candidate in turn (once per variant); False when the time limit stopped it (the rest are named

@@ -593,22 +593,22 @@ def _names_of(data: dict, data_yaml: Path) -> list[str]:
     if not isinstance(names, list) or not names:
         raise DataError(f"YOLO data file {data_yaml}: 'names' is {names!r}, expected a list of class names or a mapping "
                         "{0: name0, ...}")
-    out = _unique_names(names, f"YOLO data file {data_yaml}: 'names'", "entry")
+    out = _unique_names(names, f"YOLO data file {data_yaml}: 'names'", ("entry", "entries"))
     nc = data.get("nc")
     if nc is not None and nc != len(out):
         raise DataError(f"YOLO data file {data_yaml}: 'nc' is {nc} but 'names' has {len(out)} classes")
     return out
 
 
-def _unique_names(names: Sequence, where: str, item: str, first: int = 0) -> list[str]:
+def _unique_names(names: Sequence, where: str, item: tuple[str, str], first: int = 0) -> list[str]:
     """``names`` as strings; an empty entry or a name listed twice is a DataError: two indices of one name would score
     every box of the later class as the earlier one."""
     out, seen = [], {}
     for i, n in enumerate(names, first):
         if n is None or isinstance(n, (list, dict)) or not str(n).strip():
-            raise DataError(f"{where} {item} {i} is {n!r}, not a class name")
+            raise DataError(f"{where} {item[0]} {i} is {n!r}, not a class name")
         if str(n) in seen:
-            raise DataError(f"{where} lists {str(n)!r} twice ({item}s {seen[str(n)]} and {i})")
+            raise DataError(f"{where} lists {str(n)!r} twice ({item[1]} {seen[str(n)]} and {i})")
         seen[str(n)] = i
         out.append(str(n))
     return out
@@ -626,7 +626,7 @@ def yolo_names(data_yaml: PathLike) -> list[str]:
             lines.pop()
         if not lines:
             raise DataError(f"YOLO class-name file {data_yaml} is empty")
-        return _unique_names([line.strip() for line in lines], f"YOLO class-name file {data_yaml}", "line", 1)
+        return _unique_names([line.strip() for line in lines], f"YOLO class-name file {data_yaml}", ("line", "lines"), 1)
     return _names_of(load_yolo_data(data_yaml), data_yaml)
 
 

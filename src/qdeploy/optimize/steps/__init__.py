@@ -6,11 +6,12 @@
 - ``cpu-engines`` (cpu_engines.py): the CPU placements a profile or a lint finding asks for, and the other CPU engines'
   INT8 (OpenVINO: the same Q/DQ ONNX and its own NNCF placement);
 - ``fallback`` (fallback.py): per-layer fallback and QAT where PTQ misses the budget, or a fallback for speed;
+- ``nncf-accuracy-control`` (accuracy_control.py): NNCF's quantize_with_accuracy_control beside the fallback, as a peer;
 - ``torch-runtimes`` (torch_runtimes.py): the PyTorch targets' precision x layout x runtime search.
 
 The confirm split (confirm.py) follows every search.
 """
-from qdeploy.optimize.steps import cpu_engines, fallback, floats, ptq, torch_runtimes  # noqa: F401 (they register)
+from qdeploy.optimize.steps import accuracy_control, cpu_engines, fallback, floats, ptq, torch_runtimes  # noqa: F401 (they register)
 from qdeploy.optimize.steps.base import STEPS, Step, register_step
 
 __all__ = ["STEPS", "Step", "register_step"]

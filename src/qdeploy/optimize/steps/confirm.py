@@ -41,7 +41,7 @@ def confirm(s, plan: SearchPlan, chosen: Optional[Candidate], budget_met_search:
                                                       "subsplit": {"count": plan.n_search, "seed": o.seed, "complement": True}}})
     cctx = open_run(parse_config(confirm_cfg), out_dir, stages=("eval",), cache_dir=cache_dir)
     try:
-        crecords = [run_variant(cctx, v) for v in cctx.variants]
+        crecords = [s.run_in(cctx, v) for v in cctx.variants]
         s.evaluations["full"] += len(crecords)
         cref, cchosen = crecords[0], crecords[-1]
         ref_metric = cref.metrics.get(s.key)

@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
+from qdeploy.artifacts.types import IR_KINDS
 from qdeploy.data import normalize, take
 from qdeploy.errors import QDeployError
 from qdeploy.evaluate.metrics import agreement
@@ -107,7 +108,8 @@ class PerLayerFallback:
         variant = s.variant_of(self.spec(layers[:-1]))
         record = build_variant(self.sctx, variant)
         if record.ok:
-            art = onnx_of(record.artifact)
+            # an OpenVINO INT8 IR is ranked on NNCF's Q/DQ ONNX of the same settings (session.built_onnx)
+            art = s.built_onnx(self.spec(layers[:-1])) if record.artifact.kind in IR_KINDS else onnx_of(record.artifact)
             if art.path not in self.names_of:  # one pairing per built model, not one per layer ranked on it
                 self.names_of[art.path] = layer_names_map(self.fp32_onnx, art.path) or {}
             names = {a for a, f in self.names_of[art.path].items() if f == layers[-1]}
