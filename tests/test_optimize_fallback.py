@@ -154,3 +154,5 @@ def test_nncf_accuracy_control_runs_beside_the_fallback_as_a_peer(tmp_path):
     row = next(c for c in s["candidates"] if c["variant"] == "openvino-int8-nncf-accuracy-control")
     assert row["status"] == "ok" and ac["result"]["variant"] == row["variant"]
     assert row["latency_p50_ms"] is not None and row["search_metric"] is not None
+    page = (tmp_path / "out" / "optimize.html").read_text()
+    assert "NNCF quantize_with_accuracy_control" in page and "qdeploy&#x27;s fallback" in page

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
+from typing import Optional
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -161,10 +162,46 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
             for x in r.get("refined") or []:
                 rank.add([str(i), str(x.get("layer")), T.fmt(x.get("sqnr_db"), 1), T.fmt(x.get("subset_gain"), 4)])
         tables.append(rank)
+    peers = missed_budget_table(summary)
+    if peers is not None:
+        tables.append(peers)
     log = T.Table("decisions", "Decision log", ["#", "Decision"], [True, False])
     for i, d in enumerate(summary.get("decisions") or [], 1):
         log.add([str(i), str(d)])
     return tables + [log]
+
+
+def missed_budget_table(summary: Mapping) -> Optional[T.Table]:
+    """qdeploy's per-layer fallback and NNCF's accuracy control side by side (None: neither ran): the evaluations each
+    spent, the compute layers each left float, and where its answer landed."""
+    stages = T.section(summary, "stages")
+    fb, ac = T.section(stages, "fallback"), T.section(stages, "nncf_accuracy_control")
+    if not fb and not ac:
+        return None
+    by = {x.get("variant"): x for x in summary.get("candidates") or []}
+    t = T.Table("missed-budget", "Where INT8 misses the budget: qdeploy's fallback and NNCF's accuracy control",
+                ["Method", "Evaluations", "Float layers", "Result", "Top metric", "Within budget", "p50 ms"],
+                [False, False, True, False, True, False, True],
+                caption="Evaluations: passes over the whole search split, plus subset or per-image evaluations "
+                        "(qdeploy ranks on a subset by SQNR and agreement; NNCF on each image's metric). NNCF's loop "
+                        "stops on the metric drop alone; qdeploy's budget also has an agreement floor.")
+    if fb:
+        trials = fb.get("trials") or []
+        last = by.get(trials[-1]) if trials else None
+        t.add(["qdeploy per-layer fallback", f"{len(trials)} full, subset ranking",
+               str(len(fb.get("float_layers") or [])), str(trials[-1] if trials else "–"),
+               T.pct(last.get("search_metric")) if last else "–", "yes" if fb.get("within_budget") else "no",
+               T.fmt(last.get("latency_p50_ms"), 3) if last else "–"])
+    if ac:
+        res = T.section(ac, "result")
+        row = by.get(res.get("variant")) or {}
+        t.add(["NNCF quantize_with_accuracy_control",
+               f"{ac.get('evaluations_full_split', '–')} full, {ac.get('item_evaluations', '–')} per-image"
+               if "error" not in ac else "–",
+               str(len(ac.get("float_compute_ops") or [])) if "error" not in ac else "–",
+               str(res.get("variant") or ac.get("error") or "–"), T.pct(row.get("search_metric")),
+               "yes" if res.get("within_budget") else "no", T.fmt(row.get("latency_p50_ms"), 3)])
+    return t
 
 
 def op_profile_table(prof: Mapping) -> T.Table:
