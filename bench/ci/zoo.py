@@ -4,6 +4,7 @@
     python bench/ci/zoo.py --slice fast --json OUT.json        # ~10 diverse models (the CI slice)
     python bench/ci/zoo.py --all --json docs/results/zoo/zoo.json --markdown docs/zoo.md
     python bench/ci/zoo.py --only resnet18 --only timm/deit --json OUT.json --merge
+    python bench/ci/zoo.py --all --checks openvino --json OUT.json --merge   # only the OpenVINO checks, laid over OUT's rows
     python bench/ci/zoo.py --all --source timm --jobs 8 --threads 2 --part 1/3 --deadline 430 --stop-at 540 --json OUT.json
                                                             # 8 models at a time, a third of them, within a time limit
                                                             # (bench/device/zoo_device.sh: the device machine's 16 cores)
@@ -12,8 +13,8 @@ Each model runs in its own Python subprocess (``--worker``), so a crash, an out-
 row only (``--timeout-per-model``). The worker drives qdeploy through its public API: ``api.open_run`` with a config dict
 (model.source torchvision:NAME / timm:NAME with ``weights: random``, bench/ci/zoo_models.py:hf_classifier for Hugging Face
 transformers, a saved .keras file for keras.applications), random PNG folders at the model's input size (eval: 3 classes
-x 4 images; calibration: 16 images), then ``api.build_variant`` + ``api.run_variant`` (the eval stage: every variant is
-built, loaded and run on the images) for these variants:
+x 8 images; calibration: 16 images), then ``api.build_variant`` + ``api.run_variant`` (the eval stage: every variant is
+built, loaded and run on the images) for these variants (``--checks openvino``: fp32, ort and openvino-ir only):
 
     fp32                onnxruntime fp32 (the export, verified against PyTorch/Keras by qdeploy's export.verify)
     trt-onnx            onnxruntime int8, placement tensorrt, quantizer onnx
@@ -21,7 +22,9 @@ built, loaded and run on the images) for these variants:
                         ModelOpt on the PyTorch model, or the ONNX quantizer where ModelOpt cannot place the placement plan
                         (the row's ``quantizer_auto`` says which, and ``quantizer_fallback`` why)
     ort                 onnxruntime int8, placement onnxruntime
-    openvino            openvino int8 (the ONNX Runtime-placement Q/DQ file loaded by OpenVINO)
+    openvino-ir         openvino int8, placement openvino: the INT8 IR NNCF's OpenVINO backend makes from the ov.Model
+                        of the FP32 ONNX, compiled by OpenVINO's CPU plugin (float layers f32)
+    openvino-qdq        openvino int8, placement onnxruntime: ort's Q/DQ ONNX through OpenVINO's ONNX frontend
 
 Checks (``true`` or a one-line reason; a check that does not apply to a source is absent from its row):
 
@@ -33,7 +36,12 @@ Checks (``true`` or a one-line reason; a check that does not apply to a source i
     lint_clean_onnx             no blocks-int8 finding left in the quantizer's lint (after its explained exclusions)
     lint_clean_auto
     onnxruntime_placement_runs  ort built and ran
-    openvino_loads_int8         openvino built, loaded (compiled) and ran the INT8 file
+    openvino_ir_int8_runs       openvino-ir built (NNCF), loaded (compiled) and ran
+    openvino_ir_agreement       openvino-ir's top-1 agreement with fp32's predictions on the eval images >= ort's (else
+                                both numbers); the row's ``openvino_ir`` holds them, each one's max relative output
+                                difference from fp32 (max |out - fp32| / max |fp32|), the IR's INT8 compute ops and the
+                                precisions its compute layers ran in
+    openvino_qdq_int8_runs      openvino-qdq built, loaded (compiled) and ran (named openvino_loads_int8 in older rows)
     torch_program_reloads       the PyTorch model saved as a torch-cpu program (artifacts.torch_program.save_program,
                                 what optimize --target torch-cpu saves) reloads in a fresh process (its own
                                 load_model.py) with outputs equal to the PyTorch model's (max |diff| <= 1e-4 x max |ref|)
@@ -60,14 +68,25 @@ REPO = Path(__file__).resolve().parents[2]
 ZOO_MODELS = Path(__file__).resolve().parent / "zoo_models.py"
 NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 CLASSES = 3
+# eval images per class: 24 in all, so that an agreement of 1 image in 24 (4 %) separates two INT8 variants
+EVAL_PER_CLASS = 8
 MACS_LIMIT = 0.90
 CHECKS = ["export_verified", "tensorrt_onnx_builds", "tensorrt_auto_builds", "int8_macs_90_onnx",
           "int8_macs_90_auto", "lint_clean_onnx", "lint_clean_auto", "onnxruntime_placement_runs",
-          "openvino_loads_int8", "torch_program_reloads"]
+          "openvino_ir_int8_runs", "openvino_ir_agreement", "openvino_qdq_int8_runs", "torch_program_reloads"]
+# --checks: what each mode runs (openvino: the variants its checks need, no TensorRT placement, lint, MACs or program)
+MODES = {"all": CHECKS,
+         "openvino": ["export_verified", "onnxruntime_placement_runs", "openvino_ir_int8_runs", "openvino_ir_agreement"]}
+# checks without a PyTorch model to run on (Keras sources)
+PYTORCH_ONLY = ("tensorrt_auto_builds", "int8_macs_90_auto", "lint_clean_auto", "torch_program_reloads")
+# older rows' names of a check (read by upgrade_row): the Q/DQ ONNX in OpenVINO was the only OpenVINO INT8 check
+RENAMED_CHECKS = {"openvino_loads_int8": "openvino_qdq_int8_runs"}
 SHORT = {"export_verified": "export", "tensorrt_onnx_builds": "trt onnx", "tensorrt_auto_builds": "trt auto",
          "int8_macs_90_onnx": "MACs≥90% onnx", "int8_macs_90_auto": "MACs≥90% auto",
          "lint_clean_onnx": "lint onnx", "lint_clean_auto": "lint auto",
-         "onnxruntime_placement_runs": "ORT int8", "openvino_loads_int8": "OV int8", "torch_program_reloads": "torch-cpu program"}
+         "onnxruntime_placement_runs": "ORT int8", "openvino_ir_int8_runs": "OV IR int8",
+         "openvino_ir_agreement": "OV IR agr ≥ ORT", "openvino_qdq_int8_runs": "OV Q/DQ int8",
+         "torch_program_reloads": "torch-cpu program"}
 
 
 # ------------------------------------------------------------------------------------------------ the registry
@@ -229,6 +248,37 @@ def _model_section(e: Entry, work: Path) -> dict:
     raise ValueError(e.kind)
 
 
+def applicable(e: Entry, mode: str = "all") -> list[str]:
+    """The checks a --checks mode runs on this model's source."""
+    return [c for c in MODES[mode] if e.kind != "keras" or c not in PYTORCH_ONLY]
+
+
+def upgrade_row(r: dict) -> dict:
+    """A row of an older sweep with today's check names (RENAMED_CHECKS)."""
+    checks = {RENAMED_CHECKS.get(c, c): v for c, v in r.get("checks", {}).items()}
+    return {**r, "checks": checks}
+
+
+def merge_row(old: dict | None, new: dict) -> dict:
+    """The row kept for a model that ``old`` already has a row of: ``new`` whole when it ran every check; a row not
+    run leaves ``old``; a row of fewer checks (--checks openvino) is laid over ``old``: its checks and their numbers
+    replace old's, old's other checks stay, and what the partial run took is kept under ``partial_runs``."""
+    if old is None:
+        return new
+    if new.get("not_run"):
+        return old
+    if new.get("checks_mode", "all") == "all" or old.get("not_run"):
+        return new
+    old = upgrade_row(old)
+    keep = ("checks", "times_s", "variants", "wall_s", "run", "checks_mode")
+    merged = {**old, **{k: v for k, v in new.items()
+                        if (k not in keep and k not in old) or k in ("openvino_ir", "export_verify")}}
+    merged["checks"] = {**old["checks"], **new["checks"]}
+    merged["partial_runs"] = {**old.get("partial_runs", {}), new["checks_mode"]: {
+        k: new.get(k) for k in ("wall_s", "times_s", "variants", "run") if k in new}}
+    return merged
+
+
 def _one_line(x) -> str:
     s = " ".join(str(x).split())
     return s[:400] if s else type(x).__name__
@@ -238,7 +288,39 @@ def _record_reason(rec) -> str:
     return _one_line(f"{rec.failed_stage or rec.status}: {rec.reason}")
 
 
-def worker(e: Entry, work: Path, threads: int) -> dict:
+def _variants(pytorch: bool, mode: str, threads: int) -> list[dict]:
+    """The variants a --checks mode needs: fp32 (the reference) and the ONNX Runtime placement always; the OpenVINO IR
+    INT8 (NNCF on the ov.Model) always; the TensorRT placements and the Q/DQ ONNX in OpenVINO in mode all only."""
+    out = [{"engine": "onnxruntime", "precision": "fp32"}]
+    if mode == "all":
+        out.append({"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "onnx"})
+        if pytorch:
+            out.append({"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "auto"})
+    out += [{"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"},
+            {"engine": "openvino", "precision": "int8", "placement": "openvino"}]
+    if mode == "all":
+        out.append({"engine": "openvino", "precision": "int8", "placement": "onnxruntime"})
+    for v in out:  # each engine keeps to the worker's threads (their defaults take every core: --jobs contention)
+        v["threads"] = threads
+    return out
+
+
+def _find(records: dict, engine: str, placement: str | None = None, quantizer: str | None = None):
+    """The record of the variant on ``engine`` with this INT8 placement (None: the FP32 one) and quantizer (None: any)."""
+    for r in records.values():
+        i8 = r.variant.int8
+        if r.variant.spec.engine != engine or (placement is None) != (i8 is None):
+            continue
+        if placement is None or (i8.placement == placement and (quantizer is None or i8.quantizer == quantizer)):
+            return r
+    return None
+
+
+def _ran(r) -> bool | str:
+    return True if r is not None and r.ok else (_record_reason(r) if r is not None else "variant not resolved")
+
+
+def worker(e: Entry, work: Path, threads: int, mode: str = "all") -> dict:
     import numpy as np
     import torch
 
@@ -246,40 +328,28 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     from qdeploy import api
     from qdeploy.artifacts import ArtifactKind, ArtifactRequest
-    from qdeploy.optimize.candidates import int8_macs_share
-    from qdeploy.optimize.sensitivity import layer_sensitivity
 
-    row = {**e.to_dict(), "checks": {}, "tensorrt_int8_macs_share": None, "tensorrt_int8_macs_share_by_quantizer": {},
-           "times_s": {}}
+    row = {**e.to_dict(), "checks_mode": mode, "checks": {}, "tensorrt_int8_macs_share": None,
+           "tensorrt_int8_macs_share_by_quantizer": {}, "times_s": {}}
     checks = row["checks"]
     pytorch = e.kind != "keras"
     t0 = time.perf_counter()
-    _write_images(work / "eval", e.size, CLASSES, 4, 0)
+    _write_images(work / "eval", e.size, CLASSES, EVAL_PER_CLASS, 0)
     _write_images(work / "calib", e.size, None, 16, 1)
     try:
         model = _model_section(e, work)
     except Exception as ex:  # noqa: BLE001 - a keras.applications model that does not build at this size
         reason = _one_line(f"model does not build: {type(ex).__name__}: {ex}")
-        for c in CHECKS:
+        for c in applicable(e, mode):
             checks[c] = reason
         return row
-    variants = [{"engine": "onnxruntime", "precision": "fp32"},
-                {"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "onnx"}]
-    if pytorch:
-        variants.append({"engine": "onnxruntime", "precision": "int8", "placement": "tensorrt", "quantizer": "auto"})
-    variants += [{"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"},
-                 {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"}]
-    for v in variants:  # each engine keeps to the worker's threads (their defaults take every core: --jobs contention)
-        v["threads"] = threads
     cfg = {"model": model, "data": {"eval": {"root": str(work / "eval")}, "calibration": {"root": str(work / "calib")}},
-           "variants": variants, "bench": {"enabled": False}, "report": {}}
-    applicable = [c for c in CHECKS if pytorch or c not in ("tensorrt_auto_builds", "int8_macs_90_auto",
-                                                              "lint_clean_auto", "torch_program_reloads")]
+           "variants": _variants(pytorch, mode, threads), "bench": {"enabled": False}, "report": {}}
     try:
         ctx = api.open_run(cfg, work / "out", stages=("eval",), cache_dir=work / "cache")
     except BaseException as ex:  # noqa: BLE001 - the model does not build/run: every check fails with why
         reason = _one_line(f"open: {type(ex).__name__}: {ex}")
-        for c in applicable:
+        for c in applicable(e, mode):
             checks[c] = reason
         row["times_s"]["total"] = round(time.perf_counter() - t0, 1)
         return row
@@ -295,13 +365,7 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
             checks["export_verified"] = _one_line(f"{type(ex).__name__}: {ex}")
             fp32 = None
         row["times_s"]["export"] = round(time.perf_counter() - t, 1)
-        macs = {}
-        if fp32 is not None:
-            try:
-                one = api.normalize(ctx.eval_batches.first(1)[0], ctx.cfg.model.preprocess)
-                macs = {d["name"]: d["macs"] or 0 for d in layer_sensitivity(fp32.path, one)}
-            except Exception as ex:  # noqa: BLE001
-                row["macs_error"] = _one_line(f"{type(ex).__name__}: {ex}")
+        macs = _layer_macs(ctx, fp32, row) if mode == "all" else {}
         records = {}
         for v in ctx.variants:
             t = time.perf_counter()
@@ -309,69 +373,15 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
             rec = api.run_variant(ctx, v, rec)
             records[v.label] = rec
             row["times_s"][v.label] = round(time.perf_counter() - t, 1)
-
-        def by(engine, placement=None, quantizer=None):
-            for r in records.values():
-                i8 = r.variant.int8
-                if r.variant.spec.engine != engine or (placement is None) != (i8 is None):
-                    continue
-                if placement is None or (i8.placement == placement and (quantizer is None or i8.quantizer == quantizer)):
-                    return r
-            return None
-
         row["variants"] = {k: {"status": r.status, "failed_stage": r.failed_stage, "reason": r.reason}
                            for k, r in records.items()}
-        for q in (["onnx", "auto"] if pytorch else ["onnx"]):
-            r = by("onnxruntime", "tensorrt", q)
-            built = r is not None and r.artifact is not None
-            checks[f"tensorrt_{q}_builds"] = True if (r is not None and r.ok) else \
-                (_record_reason(r) if r is not None else "variant not resolved")
-            if not built:
-                reason = "no INT8 artifact: " + (_record_reason(r) if r is not None else "variant not resolved")
-                checks[f"int8_macs_90_{q}"] = checks[f"lint_clean_{q}"] = reason
-                continue
-            info = r.artifact.info
-            if q == "auto":
-                row["quantizer_auto"] = info.get("quantizer")
-                if info.get("quantizer_fallback"):
-                    row["quantizer_fallback"] = [_one_line(f"{f['quantizer']}: {f['reason']}") for f in info["quantizer_fallback"]]
-            share = None
-            try:
-                share = int8_macs_share(r, info.get("structure") or {}, macs, fp32.path if fp32 else None)
-            except Exception as ex:  # noqa: BLE001
-                row.setdefault("macs_errors", {})[q] = _one_line(f"{type(ex).__name__}: {ex}")
-            row["tensorrt_int8_macs_share_by_quantizer"][q] = share
-            if share is None:
-                checks[f"int8_macs_90_{q}"] = "MAC share unknown: " + (row.get("macs_error") or (row.get("macs_errors") or {}).get(q)
-                                                                       or "Q/DQ layers not paired with the FP32 ONNX's")
-            elif share >= MACS_LIMIT:
-                checks[f"int8_macs_90_{q}"] = True
-            else:
-                try:
-                    where = _float_macs(info, macs, fp32.path, r.artifact.path)
-                except Exception as ex:  # noqa: BLE001 - the explanation only; the share stands
-                    where = f"(where: {type(ex).__name__}: {ex})"
-                checks[f"int8_macs_90_{q}"] = _one_line(f"{share:.1%} of MACs INT8 (< 90 %); {where}")
-            lint = info.get("lint") or {}
-            blocking = [f for f in lint.get("findings", []) if f.get("severity") == "blocks-int8"]
-            if not lint or "counts" not in lint:
-                checks[f"lint_clean_{q}"] = _one_line(f"no lint recorded: {lint}")
-            elif blocking:
-                ids = sorted({f"{f['rule']} {f['name']}" for f in blocking})
-                checks[f"lint_clean_{q}"] = _one_line(f"blocks-int8 findings: {', '.join(ids)} ({len(blocking)}): "
-                                                      f"{blocking[0].get('message', '')}")
-            else:
-                checks[f"lint_clean_{q}"] = True
-            row.setdefault("lint_counts", {})[q] = lint.get("counts")
-        by_q = row["tensorrt_int8_macs_share_by_quantizer"]
-        row["tensorrt_int8_macs_share"] = by_q.get("auto" if pytorch else "onnx")
-        r = by("onnxruntime", "onnxruntime")
-        checks["onnxruntime_placement_runs"] = True if r is not None and r.ok else \
-            (_record_reason(r) if r is not None else "variant not resolved")
-        r = by("openvino", "onnxruntime")
-        checks["openvino_loads_int8"] = True if r is not None and r.ok else \
-            (_record_reason(r) if r is not None else "variant not resolved")
-        if pytorch:
+        if mode == "all":
+            _tensorrt_checks(row, records, macs, fp32, pytorch)
+        checks["onnxruntime_placement_runs"] = _ran(_find(records, "onnxruntime", "onnxruntime"))
+        t = time.perf_counter()
+        _openvino_checks(ctx, row, records, mode)
+        row["times_s"]["openvino_outputs"] = round(time.perf_counter() - t, 1)
+        if pytorch and mode == "all":
             t = time.perf_counter()
             checks["torch_program_reloads"] = _torch_program(ctx, e, work, np, torch)
             row["times_s"]["torch_program"] = round(time.perf_counter() - t, 1)
@@ -379,6 +389,152 @@ def worker(e: Entry, work: Path, threads: int) -> dict:
         ctx.output.abort()
     row["times_s"]["total"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def _layer_macs(ctx, fp32, row: dict) -> dict:
+    """Per-layer MACs of the FP32 ONNX (optimize.sensitivity.layer_sensitivity, as optimize counts them); {} on failure,
+    with why in the row."""
+    from qdeploy import api
+    from qdeploy.optimize.sensitivity import layer_sensitivity
+
+    if fp32 is None:
+        return {}
+    try:
+        one = api.normalize(ctx.eval_batches.first(1)[0], ctx.cfg.model.preprocess)
+        return {d["name"]: d["macs"] or 0 for d in layer_sensitivity(fp32.path, one)}
+    except Exception as ex:  # noqa: BLE001
+        row["macs_error"] = _one_line(f"{type(ex).__name__}: {ex}")
+        return {}
+
+
+def _tensorrt_checks(row: dict, records: dict, macs: dict, fp32, pytorch: bool) -> None:
+    """The TensorRT placements' checks: each quantizer's variant built and ran, its INT8 MAC share, its lint."""
+    from qdeploy.optimize.candidates import int8_macs_share
+
+    checks = row["checks"]
+    for q in (["onnx", "auto"] if pytorch else ["onnx"]):
+        r = _find(records, "onnxruntime", "tensorrt", q)
+        checks[f"tensorrt_{q}_builds"] = _ran(r)
+        if r is None or r.artifact is None:
+            reason = "no INT8 artifact: " + (_record_reason(r) if r is not None else "variant not resolved")
+            checks[f"int8_macs_90_{q}"] = checks[f"lint_clean_{q}"] = reason
+            continue
+        info = r.artifact.info
+        if q == "auto":
+            row["quantizer_auto"] = info.get("quantizer")
+            if info.get("quantizer_fallback"):
+                row["quantizer_fallback"] = [_one_line(f"{f['quantizer']}: {f['reason']}") for f in info["quantizer_fallback"]]
+        share = None
+        try:
+            share = int8_macs_share(r, info.get("structure") or {}, macs, fp32.path if fp32 else None)
+        except Exception as ex:  # noqa: BLE001
+            row.setdefault("macs_errors", {})[q] = _one_line(f"{type(ex).__name__}: {ex}")
+        row["tensorrt_int8_macs_share_by_quantizer"][q] = share
+        if share is None:
+            checks[f"int8_macs_90_{q}"] = "MAC share unknown: " + (row.get("macs_error") or (row.get("macs_errors") or {}).get(q)
+                                                                   or "Q/DQ layers not paired with the FP32 ONNX's")
+        elif share >= MACS_LIMIT:
+            checks[f"int8_macs_90_{q}"] = True
+        else:
+            try:
+                where = _float_macs(info, macs, fp32.path, r.artifact.path)
+            except Exception as ex:  # noqa: BLE001 - the explanation only; the share stands
+                where = f"(where: {type(ex).__name__}: {ex})"
+            checks[f"int8_macs_90_{q}"] = _one_line(f"{share:.1%} of MACs INT8 (< 90 %); {where}")
+        checks[f"lint_clean_{q}"] = _lint_check(info.get("lint") or {})
+        row.setdefault("lint_counts", {})[q] = (info.get("lint") or {}).get("counts")
+    by_q = row["tensorrt_int8_macs_share_by_quantizer"]
+    row["tensorrt_int8_macs_share"] = by_q.get("auto" if pytorch else "onnx")
+
+
+def _lint_check(lint: dict) -> bool | str:
+    blocking = [f for f in lint.get("findings", []) if f.get("severity") == "blocks-int8"]
+    if not lint or "counts" not in lint:
+        return _one_line(f"no lint recorded: {lint}")
+    if blocking:
+        ids = sorted({f"{f['rule']} {f['name']}" for f in blocking})
+        return _one_line(f"blocks-int8 findings: {', '.join(ids)} ({len(blocking)}): {blocking[0].get('message', '')}")
+    return True
+
+
+def _openvino_checks(ctx, row: dict, records: dict, mode: str) -> None:
+    """openvino_ir_int8_runs, openvino_ir_agreement (and in mode all openvino_qdq_int8_runs); the numbers behind the
+    agreement check in ``row["openvino_ir"]``."""
+    checks = row["checks"]
+    ir = _find(records, "openvino", "openvino")
+    checks["openvino_ir_int8_runs"] = _ran(ir)
+    if mode == "all":
+        checks["openvino_qdq_int8_runs"] = _ran(_find(records, "openvino", "onnxruntime"))
+    fp32, ort = _find(records, "onnxruntime"), _find(records, "onnxruntime", "onnxruntime")
+    nums = row["openvino_ir"] = _ir_numbers(ctx, fp32, ort, ir)
+    if ir is None or not ir.ok:
+        checks["openvino_ir_agreement"] = "no OpenVINO IR INT8 predictions: " + str(checks["openvino_ir_int8_runs"])
+    elif fp32 is None or fp32.predictions is None:
+        checks["openvino_ir_agreement"] = "no FP32 predictions: " + str(_ran(fp32))
+    elif ort is None or ort.predictions is None:
+        checks["openvino_ir_agreement"] = (f"OpenVINO IR INT8 agrees with FP32 on {_pct(nums['agreement_ir'])}; the ONNX "
+                                           f"Runtime placement has no predictions to compare: {_ran(ort)}")
+    elif nums["agreement_ir"] >= nums["agreement_ort"]:
+        checks["openvino_ir_agreement"] = True
+    else:
+        diff = nums.get("max_relative_difference") or {}
+        checks["openvino_ir_agreement"] = _one_line(
+            f"OpenVINO IR INT8 agrees with FP32 on {_pct(nums['agreement_ir'])} of {nums['images']} images < the ONNX "
+            f"Runtime placement's {_pct(nums['agreement_ort'])}; max relative output difference from FP32 "
+            f"{_num(diff.get('openvino_ir'))} (IR) vs {_num(diff.get('onnxruntime'))} (ONNX Runtime)")
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def _num(x) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _ir_numbers(ctx, fp32, ort, ir) -> dict:
+    """Top-1 agreement with the FP32 variant's predictions of the ONNX Runtime placement and of the OpenVINO IR INT8,
+    the max relative output difference of each from the FP32 outputs (max |out - fp32| / max |fp32| over the eval
+    images), the IR's INT8 share of compute ops and the precisions its compute layers ran in."""
+    import numpy as np
+
+    from qdeploy.evaluate import agreement
+
+    ref = fp32.predictions if fp32 is not None else None
+    out = {"images": None if ref is None else int(len(ref)),
+           "agreement_ir": agreement(ir.predictions, ref) if ir is not None and ir.predictions is not None else None,
+           "agreement_ort": agreement(ort.predictions, ref) if ort is not None and ort.predictions is not None else None}
+    if ir is not None and ir.artifact is not None:
+        s = ir.artifact.info.get("structure") or {}
+        out["ir_compute_ops_int8"] = f"{s.get('compute_ops_int8')}/{s.get('compute_ops')}"
+        out["model_type"] = ir.artifact.info.get("model_type")
+        out["runtime_precisions"] = ir.details.get("compute_layer_precisions")
+    try:
+        ref_out = _outputs(ctx, fp32) if fp32 is not None and fp32.ok else None
+        if ref_out is not None:
+            scale = float(np.abs(ref_out).max()) or 1.0
+            out["max_relative_difference"] = {
+                name: (float(np.abs(o - ref_out).max()) / scale if o.shape == ref_out.shape else None)
+                for name, r in (("onnxruntime", ort), ("openvino_ir", ir)) if r is not None and r.ok
+                for o in [_outputs(ctx, r)]}
+    except Exception as ex:  # noqa: BLE001 - the numbers only; the checks stand on the predictions
+        out["outputs_error"] = _one_line(f"{type(ex).__name__}: {ex}")
+    return out
+
+
+def _outputs(ctx, rec):
+    """The variant's outputs on the eval images, its artifact loaded again (an IR from its compile cache)."""
+    import numpy as np
+
+    from qdeploy import api
+
+    engine = api.create_engine(rec.variant, rec.artifact)
+    try:
+        engine.load()
+        return np.concatenate([engine.infer(api.normalize(images, ctx.cfg.model.preprocess))
+                               for images, _ in ctx.eval_batches])
+    finally:
+        engine.close()
 
 
 def _float_macs(info: dict, macs: dict, fp32_onnx: Path, qdq_onnx: Path) -> str:
@@ -432,22 +588,20 @@ def _torch_program(ctx, e: Entry, work: Path, np, torch):
 
 
 # ------------------------------------------------------------------------------------------------ the driver
-def _not_run_row(e: Entry, why: str) -> dict:
+def _not_run_row(e: Entry, why: str, mode: str = "all") -> dict:
     """A model the sweep did not run (or stopped) at its --deadline / --stop-at: every applicable check says why and
     ``not_run`` marks the row, so the summary leaves it out and a later ``--merge`` run keeps an older real row."""
-    pytorch = e.kind != "keras"
-    return {**e.to_dict(), "checks": {c: why for c in CHECKS if pytorch or c not in (
-        "tensorrt_auto_builds", "int8_macs_90_auto", "lint_clean_auto", "torch_program_reloads")},
-        "tensorrt_int8_macs_share": None, "not_run": why, "wall_s": 0.0}
+    return {**e.to_dict(), "checks_mode": mode, "checks": {c: why for c in applicable(e, mode)},
+            "tensorrt_int8_macs_share": None, "not_run": why, "wall_s": 0.0}
 
 
 def run_one(e: Entry, timeout: float, threads: int, keep: Path | None, cpus: set[int] | None = None,
-            stop_at: float | None = None) -> dict:
+            stop_at: float | None = None, mode: str = "all") -> dict:
     """One model in its own worker subprocess. ``cpus``: pin the worker (and its children) to these CPUs, so that
     parallel workers do not share cores (OpenVINO sizes its pool from the CPUs it may use; ONNX Runtime's default
     pool, sized from all cores, stays confined to them). ``stop_at``: a time.perf_counter() instant past which the worker is killed and the row marked not run."""
     if stop_at is not None and stop_at - time.perf_counter() < 1:
-        return _not_run_row(e, "not run: deadline")
+        return _not_run_row(e, "not run: deadline", mode)
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
         work = Path(tmp)
         result = work / "row.json"
@@ -459,7 +613,7 @@ def run_one(e: Entry, timeout: float, threads: int, keep: Path | None, cpus: set
         if cut:
             timeout = max(1.0, stop_at - time.perf_counter())
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.label, "--workdir", str(work),
-               "--threads", str(threads)]
+               "--threads", str(threads), "--checks", mode]
         t0 = time.perf_counter()
         log = work / "worker.log"
         with open(log, "w") as f:
@@ -483,14 +637,12 @@ def run_one(e: Entry, timeout: float, threads: int, keep: Path | None, cpus: set
         if result.is_file():
             row = json.loads(result.read_text())
         elif rc is None and cut:
-            row = _not_run_row(e, f"not run: deadline (stopped after {elapsed:g} s)")
+            row = _not_run_row(e, f"not run: deadline (stopped after {elapsed:g} s)", mode)
         else:
             why = f"timed out after {timeout:g} s" if rc is None else \
                 (f"worker killed by signal {-rc}" if rc < 0 else f"worker exit {rc}") + f": {tail}"
-            pytorch = e.kind != "keras"
-            row = {**e.to_dict(), "checks": {c: why for c in CHECKS if pytorch or c not in (
-                "tensorrt_auto_builds", "int8_macs_90_auto", "lint_clean_auto", "torch_program_reloads")},
-                "tensorrt_int8_macs_share": None}
+            row = {**e.to_dict(), "checks_mode": mode, "checks": {c: why for c in applicable(e, mode)},
+                   "tensorrt_int8_macs_share": None}
         row["wall_s"] = elapsed
         return row
 
@@ -514,7 +666,8 @@ def summarize(rows: list[dict]) -> dict:
         if vals:
             ok = sum(v is True for v in vals)
             per_check[c] = {"pass": ok, "of": len(vals), "share": round(ok / len(vals), 4)}
-    shares = [r.get("tensorrt_int8_macs_share") for r in rows]
+    # the MAC share is measured by the TensorRT checks only (not by --checks openvino)
+    shares = [r.get("tensorrt_int8_macs_share") for r in rows if "int8_macs_90_onnx" in r.get("checks", {})]
     # one group per root cause: a check that failed because an earlier one did ("no INT8 artifact: <why>") joins the
     # group of <why>; each group lists the checks it failed and the models
     groups = defaultdict(lambda: {"checks": [], "models": [], "example": None})
@@ -529,7 +682,7 @@ def summarize(rows: list[dict]) -> dict:
                     g["checks"].append(c)
                 g["example"] = g["example"] or root
     return {"models": len(rows), "not_run": not_run, "checks": per_check,
-            "macs_90": {"pass": sum(s is not None and s >= MACS_LIMIT for s in shares), "of": len(rows)},
+            "macs_90": {"pass": sum(s is not None and s >= MACS_LIMIT for s in shares), "of": len(shares)},
             "failures_by_cause": dict(sorted(groups.items(), key=lambda kv: -len(kv[1]["models"])))}
 
 
@@ -578,12 +731,18 @@ def markdown(doc: dict) -> str:
            + ", ".join(f"{k} {v:.0f} s" for k, v in doc.get("elapsed_s_by_source", {}).items()) + ". "
            + _estimate(rows), "",
            "Written by `bench/ci/zoo.py` (its docstring says what each check is). Each model runs in its own subprocess "
-           "with random weights at a small input size; images are random (smooth) PNGs: 3 classes x 4 eval images, 16 "
-           "calibration images. A check that does not apply to a source is `–` (Keras sources have no PyTorch model: no "
-           "ModelOpt quantizer, no torch-cpu program).", "",
+           "with random weights at a small input size; images are random (smooth) PNGs: 3 classes x 8 eval images "
+           "(x 4 in rows measured before the OpenVINO IR checks), 16 calibration images. A check a row did not run is `–` (Keras sources "
+           "have no PyTorch model: no ModelOpt quantizer, no torch-cpu program; a row measured before a check existed). "
+           "OpenVINO: `OV IR int8` is the INT8 IR NNCF makes on the ov.Model (placement openvino), compiled and run; "
+           "`OV IR agr ≥ ORT` says its top-1 agreement with the FP32 variant's predictions is at least the ONNX Runtime "
+           "placement's (`OV IR / ORT agreement`: both, on the eval images); `OV Q/DQ int8` is the ONNX Runtime "
+           "placement's Q/DQ ONNX compiled by OpenVINO's ONNX frontend.", "",
            "How to run: `python bench/ci/zoo.py --list` (the registry), `--slice fast` (10 models, the CI slice), "
            "`--only NAME` (repeatable; a label, a name or `SOURCE/FAMILY`), `--all [--source timm]`, "
-           "`--timeout-per-model S`, `--json OUT [--merge]`, `--markdown OUT`, `--require` (exit 1 unless every "
+           "`--checks openvino` (only the variants the OpenVINO checks need; with `--merge` its checks replace those of "
+           "the rows already there), `--timeout-per-model S`, `--json OUT [--merge]`, `--markdown OUT`, `--require` "
+           "(exit 1 unless every "
            "check passes on >= 95 % of the models and >= 90 % of MACs are INT8 on >= 95 % of them).", "",
            "Coverage so far: " + ", ".join(f"{k} {sum(r['source'] == k for r in rows)} of {n} registered"
                                             for k, n in _registered().items()) + ".", "",
@@ -592,23 +751,36 @@ def markdown(doc: dict) -> str:
     for c, v in s["checks"].items():
         out.append(f"| {c} | {v['pass']} | {v['of']} | {v['share']:.0%} |")
     m = s["macs_90"]
-    out += [f"| ≥ 90 % of MACs INT8 (TensorRT placement, the route optimize takes: quantizer auto) | {m['pass']} | {m['of']} | "
-            f"{m['pass'] / max(1, m['of']):.0%} |", "", "## Per model", "",
-            "| model | source | size | " + " | ".join(SHORT[c] for c in CHECKS) + " | INT8 MACs onnx | INT8 MACs auto | s |",
-            "|---|---|---:|" + "---|" * len(CHECKS) + "---:|---:|---:|"]
-    for r in rows:
-        by = r.get("tensorrt_int8_macs_share_by_quantizer") or {}
-        pct = lambda x: "–" if x is None else f"{x:.1%}"  # noqa: E731
-        out.append(f"| {r['model']} | {r['source']} | {r.get('input_size')} | "
-                   + " | ".join(_cell(r["checks"].get(c)) for c in CHECKS)
-                   + f" | {pct(by.get('onnx'))} | {pct(by.get('auto'))} | {r.get('wall_s', 0):.0f} |")
-    out += ["", "## Failures by cause", ""]
+    if m["of"]:
+        out.append(f"| ≥ 90 % of MACs INT8 (TensorRT placement, the route optimize takes: quantizer auto) | {m['pass']} | "
+                   f"{m['of']} | {m['pass'] / max(1, m['of']):.0%} |")
+    out += ["", "## Per model", "", *_model_table(rows), "", "## Failures by cause", ""]
     if not s["failures_by_cause"]:
         out.append("None.")
     for k, g in s["failures_by_cause"].items():
         out.append(f"- **{len(g['models'])} model(s)**: {', '.join(g['models'])}  \n  checks failed: "
                    f"{', '.join(g['checks'])}  \n  reason (first model's): {g['example'].replace('|', '/')}")
     return "\n".join(out) + "\n"
+
+
+def _model_table(rows: list[dict]) -> list[str]:
+    """The per-model table: a column per check some row ran, the INT8 MAC shares where measured, the OpenVINO IR's and
+    the ONNX Runtime placement's agreement with FP32, the worker's seconds."""
+    shown = [c for c in CHECKS if any(c in r.get("checks", {}) for r in rows)]
+    macs = any("int8_macs_90_onnx" in r.get("checks", {}) for r in rows)
+    ov = any(r.get("openvino_ir") for r in rows)
+    out = ["| model | source | size | " + " | ".join(SHORT[c] for c in shown)
+           + (" | INT8 MACs onnx | INT8 MACs auto" if macs else "") + (" | OV IR / ORT agreement" if ov else "") + " | s |",
+           "|---|---|---:|" + "---|" * len(shown) + ("---:|---:|" if macs else "") + ("---:|" if ov else "") + "---:|"]
+    for r in rows:
+        by = r.get("tensorrt_int8_macs_share_by_quantizer") or {}
+        nums = r.get("openvino_ir") or {}
+        out.append(f"| {r['model']} | {r['source']} | {r.get('input_size')} | "
+                   + " | ".join(_cell(r["checks"].get(c)) for c in shown)
+                   + (f" | {_pct(by.get('onnx'))} | {_pct(by.get('auto'))}" if macs else "")
+                   + (f" | {_pct(nums.get('agreement_ir'))} / {_pct(nums.get('agreement_ort'))}" if ov else "")
+                   + f" | {r.get('wall_s', 0):.0f} |")
+    return out
 
 
 def machine() -> str:
@@ -626,6 +798,11 @@ def main(argv=None) -> int:
     ap.add_argument("--slice", choices=["fast"], help="fast: ~10 diverse models (the CI slice)")
     ap.add_argument("--only", action="append", default=[], help="a model label, name or family (repeatable)")
     ap.add_argument("--all", action="store_true", help="every registered model")
+    ap.add_argument("--checks", choices=sorted(MODES), default="all",
+                    help="all (default): every check; openvino: only export_verified, onnxruntime_placement_runs and the "
+                         "OpenVINO IR checks (fp32, the ONNX Runtime placement and the OpenVINO IR INT8 variants; no "
+                         "TensorRT placement, lint, MACs or torch-cpu program). With --merge its checks are laid over "
+                         "the rows already in --json")
     ap.add_argument("--source", action="append", default=[], help="with --all: only these sources (torchvision, timm, hf, keras)")
     ap.add_argument("--timeout-per-model", type=float, default=900)
     ap.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
@@ -656,7 +833,7 @@ def main(argv=None) -> int:
     entries = registry()
     if a.worker:
         e = next(x for x in entries if x.label == a.worker)
-        row = worker(e, a.workdir, a.threads)
+        row = worker(e, a.workdir, a.threads, a.checks)
         (a.workdir / "row.json").write_text(json.dumps(row, default=str))
         return 0
     if a.list:
@@ -683,7 +860,7 @@ def main(argv=None) -> int:
     old, prev = {}, {}
     if a.merge and a.json and a.json.is_file():
         prev = json.loads(a.json.read_text())
-        old = {r["model"]: r for r in prev.get("rows", [])}
+        old = {r["model"]: upgrade_row(r) for r in prev.get("rows", [])}
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t0 = time.perf_counter()
     rows = _sweep(a, chosen, prev, old, started, t0)
@@ -718,14 +895,14 @@ def _sweep(a, chosen: list[Entry], prev: dict, old: dict, started: str, t0: floa
 
     def one(i: int, e: Entry) -> None:
         if deadline is not None and time.perf_counter() >= deadline:
-            row = _not_run_row(e, "not run: deadline")
+            row = _not_run_row(e, "not run: deadline", a.checks)
         else:
             cpus = slots.get()
             try:
-                row = run_one(e, a.timeout_per_model, a.threads, a.logs, cpus, stop_at)
+                row = run_one(e, a.timeout_per_model, a.threads, a.logs, cpus, stop_at, a.checks)
             except Exception as ex:  # noqa: BLE001 - the driver's own failure on one model ends that row only
                 why = _one_line(f"driver: {type(ex).__name__}: {ex}")
-                row = {**_not_run_row(e, why), "not_run": None}
+                row = {**_not_run_row(e, why, a.checks), "not_run": None}
             finally:
                 slots.put(cpus)
         with lock:
@@ -756,15 +933,17 @@ def unmet_criteria(s: dict, share: float = 0.95) -> list[str]:
     TensorRT placement on >= 95 % of the models."""
     out = [f"{c}: {v['pass']}/{v['of']} < {share:.0%}" for c, v in s["checks"].items() if v["pass"] < share * v["of"]]
     m = s["macs_90"]
-    if m["pass"] < share * m["of"]:
+    if m["of"] and m["pass"] < share * m["of"]:
         out.append(f">= 90 % of MACs INT8: {m['pass']}/{m['of']} < {share:.0%}")
     return out
 
 
 def _write(a, prev: dict, old: dict, rows: list[dict], started: str) -> dict:
     merged = dict(old)
-    # a row this run did not run (deadline) leaves an older measured row of that model in place
-    merged.update({r["model"]: r for r in rows if not (r.get("not_run") and r["model"] in old)})
+    # a row this run did not run (deadline) leaves an older measured row of that model in place; a --checks openvino
+    # row is laid over it
+    for r in rows:
+        merged[r["model"]] = merge_row(old.get(r["model"]), r)
     order = {e.label: i for i, e in enumerate(registry())}
     all_rows = sorted(merged.values(), key=lambda r: order.get(r["model"], 1 << 30))
     cmd = "python bench/ci/zoo.py " + " ".join(sys.argv[1:])
@@ -778,6 +957,7 @@ def _write(a, prev: dict, old: dict, rows: list[dict], started: str) -> dict:
            "elapsed_s": round(sum(r.get("wall_s", 0) for r in all_rows), 1),
            "elapsed_s_by_source": {k: round(v, 1) for k, v in by_source.items()},
            "baseline": "before issue 34's placement-plan refactor", "checks": CHECKS,
+           "checks_mode": a.checks,
            "summary": summarize(all_rows), "rows": all_rows}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")

@@ -3,7 +3,7 @@
     python bench/ci/zoo_merge.py PART.json [PART.json ...] --json docs/results/zoo/zoo.json --markdown docs/zoo.md
 
 A part may be an earlier merge (docs/results/zoo/zoo.json itself): its parts and rows are kept, later parts replace the
-rows they ran. Each part keeps its own machine, command, jobs/threads and wall time under ``runs``; rows a part did not run (deadline)
+rows they ran (a ``--checks openvino`` part replaces only its checks: zoo.merge_row). Each part keeps its own machine, command, jobs/threads and wall time under ``runs``; rows a part did not run (deadline)
 are taken from a later part that did; the summary (pass rates, failures by cause) is computed over the merged rows by
 bench/ci/zoo.py's own ``summarize``, and the table by its ``markdown``."""
 from __future__ import annotations
@@ -27,16 +27,17 @@ def main(argv=None) -> int:
     rows, runs = {}, []
     for p in a.parts:
         doc = json.loads(p.read_text())
-        real = [r for r in doc["rows"] if not r.get("not_run")]
+        real = [zoo.upgrade_row(r) for r in doc["rows"] if not r.get("not_run")]
         if doc.get("runs"):  # an earlier merge: keep its parts as they were, each row with the part it came from
             runs.extend(doc["runs"])
-            rows.update({r["model"]: r for r in real})
+            for r in real:
+                rows[r["model"]] = zoo.merge_row(rows.get(r["model"]), r)
             continue
         runs.append({"file": p.name, "machine": doc.get("machine"), "command": doc.get("command"), "jobs": doc.get("jobs", 1),
                      "threads": doc.get("threads"), "sweep_wall_s": doc.get("sweep_wall_s"), "models": len(real)})
         for r in real:
             r["run"] = p.name
-            rows[r["model"]] = r
+            rows[r["model"]] = zoo.merge_row(rows.get(r["model"]), r)
     order = {e.label: i for i, e in enumerate(zoo.registry())}
     all_rows = sorted(rows.values(), key=lambda r: order.get(r["model"], 1 << 30))
     by_source: dict[str, float] = {}

@@ -13,7 +13,7 @@ i=0
 for m in $MODELS; do
   d=/tmp/ovw/$(echo $m | tr / _); mkdir -p $d
   ( OMP_NUM_THREADS=2 timeout 300 python3 bench/ci/zoo.py --worker $m --workdir $d --threads 2 > $d.log 2>&1;
-    echo "$m worker rc $? ov: $(python3 -c "import json;print(json.load(open('$d/row.json'))['checks'].get('openvino_loads_int8'))" 2>&1 | cut -c1-200)" ) &
+    echo "$m worker rc $? ov: $(python3 -c "import json;print(json.load(open('$d/row.json'))['checks'].get('openvino_qdq_int8_runs'))" 2>&1 | cut -c1-200)" ) &
   i=$((i+1)); if [ $((i % 7)) -eq 0 ]; then wait; fi
 done
 wait

@@ -17,7 +17,8 @@
 #     bench/suites/openvino_ir_xeon.py) + tabulate (`import nncf` needs it; the image's list has it, carried in case).
 #     nncf's other requirements are in the image (networkx, ninja, scipy, scikit-learn, rich, psutil, safetensors,
 #     packaging) or unused by nncf.quantize (pydot: only its dot-file dumps)
-#   transformers (the hf/* models; the image's 5.17 is older than .venv's) + regex (transformers' floor >= 2025.10.22)
+#   transformers (the hf/* models; the image's 5.17 is older than .venv's) + regex (transformers' floor >= 2025.10.22);
+#     a package .venv does not hold is left out (the device then runs the image's)
 # Not carried: onnx2torch (QAT of ONNX/Keras sources only), tensorrt/polygraphy (no TensorRT in the sweep).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +31,9 @@ mkdir -p "$WHL" "$(dirname "$OUT")"
 pkgs=()
 for d in pydantic pydantic_core annotated-types typing-inspection typing_extensions nvidia-modelopt omegaconf pulp \
          openvino openvino-telemetry nncf tabulate transformers regex; do
-  pkgs+=("$d==$(ver "$d")")
+  # a package this .venv lacks is not carried: the device runs the image's (transformers 5.17 there)
+  v=$(ver "$d" 2>/dev/null) || { echo "not in .venv, not carried: $d (the image's is used)" >&2; continue; }
+  pkgs+=("$d==$v")
 done
 $V -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

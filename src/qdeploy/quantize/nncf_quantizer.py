@@ -54,6 +54,8 @@ class NncfQuantizer(Quantizer):
         from qdeploy.quantize.calibrate import ranges_from_qdq
         from qdeploy.utils.atomic import atomic_path
 
+        if inputs.calibration is None:  # before any file is read
+            raise QDeployError("INT8 needs calibration images: add data.calibration to the config")
         t0 = time.perf_counter()
         nncf = _import_nncf()
         model = onnx.load(str(inputs.fp32_onnx))
@@ -174,7 +176,7 @@ class NncfPlan:
 
 
 # compute op types of an OpenVINO model (opset names), and what NNCF's OpenVINO backend puts before an INT8 one
-IR_COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
+IR_COMPUTE_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
 
 
 def ir_names_of(onnx_names: list, ov_model) -> tuple[list, list]:
@@ -191,7 +193,7 @@ def ir_names_of(onnx_names: list, ov_model) -> tuple[list, list]:
 
 def ir_structure(ov_model) -> dict:
     """How many compute ops the IR has and how many NNCF quantized (a FakeQuantize on their activation input)."""
-    compute = [op for op in ov_model.get_ordered_ops() if op.get_type_name() in IR_COMPUTE_OPS]
+    compute = [op for op in ov_model.get_ordered_ops() if op.get_type_name() in IR_COMPUTE_TYPES]
     int8 = [op for op in compute if op.input_value(0).get_node().get_type_name() == "FakeQuantize"]
     fq = sum(op.get_type_name() == "FakeQuantize" for op in ov_model.get_ordered_ops())
     return {"compute_ops": len(compute), "compute_ops_int8": len(int8), "fake_quantize": fq,
