@@ -301,9 +301,13 @@ def test_run_openvino_placement_end_to_end(tmp_path):
     ov8, ort8 = by["openvino-int8-ov-mean-minmax"], by["onnxruntime-int8-ov-mean-minmax"]
     for v in by.values():
         assert v["status"] == "ok", (v["name"], v["reason"])
-    assert ov8["details"]["artifact"] == ort8["details"]["artifact"] == "openvino-int8-ov-mean-minmax.onnx"
+    # OpenVINO runs NNCF's INT8 IR (its OpenVINO backend), ONNX Runtime NNCF's Q/DQ ONNX (its ONNX backend)
+    assert ov8["details"]["artifact"] == "openvino-int8-ov-mean-minmax/model.xml"
+    assert ort8["details"]["artifact"] == "onnxruntime-int8-ov-mean-minmax.onnx"
     assert ov8["agreement"] >= 0.9 and ort8["agreement"] >= 0.9
     int8_layers = ov8["details"]["compute_layer_precisions"]
     assert any(p in ("u8", "i8") for counts in int8_layers.values() for p in counts), int8_layers
     made = [a for a in results["artifacts"] if a["kind"] == "onnx-int8"]
     assert made and all(a["produced_by"].startswith("quantizer nncf") for a in made)
+    ir = [a for a in results["artifacts"] if a["kind"] == "openvino-ir-int8"]
+    assert ir and all(a["produced_by"].startswith("NNCF") and "OpenVINO model" in a["produced_by"] for a in ir)
