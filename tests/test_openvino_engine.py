@@ -58,9 +58,12 @@ def test_doctor_lists_openvino_with_version_and_capabilities():
 
 
 def test_config_validation_from_the_capability_table():
+    # engine openvino's INT8 is its own placement (NNCF's INT8 IR) unless the variant names another
     v = resolve_variant(VariantSpec(engine="openvino", precision="int8", performance_hint="throughput"), 0)
-    assert v.label == "openvino-int8-mean-minmax-hint-throughput"
-    assert v.artifact_request().kind == ArtifactKind.ONNX_INT8 and v.artifact_request().int8 == v.int8
+    assert v.label == "openvino-int8-ov-mean-minmax-hint-throughput" and v.int8.placement == "openvino"
+    assert v.artifact_request().kind == ArtifactKind.OPENVINO_IR_INT8 and v.artifact_request().int8 == v.int8
+    qdq = resolve_variant(VariantSpec(engine="openvino", precision="int8", placement="onnxruntime"), 0)
+    assert qdq.label == "openvino-int8-mean-minmax" and qdq.artifact_request().kind == ArtifactKind.ONNX_INT8
     # the float precisions compile the FP32 IR; INT8 of OpenVINO's own placement is NNCF's INT8 IR
     assert resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0).artifact_request().kind == ArtifactKind.OPENVINO_IR
     own = resolve_variant(VariantSpec(engine="openvino", precision="int8", int8={"placement": "openvino"}), 0)
@@ -177,7 +180,8 @@ def test_run_openvino_beside_onnxruntime(tmp_path):
                  "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 30, "seed": 0}},
         "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
                      {"engine": "openvino", "threads": 1, "name": "openvino-1-thread"},
-                     {"engine": "onnxruntime", "precision": "int8"}, {"engine": "openvino", "precision": "int8"},
+                     {"engine": "onnxruntime", "precision": "int8"},
+                     {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"},
                      {"engine": "openvino", "precision": "fp16"}],
         "eval": {"reference": "onnxruntime-fp32"},
         "bench": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10},
@@ -239,7 +243,7 @@ def test_the_tensorrt_placement_is_refused_on_openvino_with_the_measured_reason(
         v.engine.check(v, True)
     ok = resolve_variant(VariantSpec.model_validate({"engine": "openvino", "precision": "int8"}), 0)
     ok.engine.check(ok, True)
-    assert ok.int8.placement == "onnxruntime"
+    assert ok.int8.placement == "openvino"
 
 
 def _int8_activations_qdq(path: Path, seed=0) -> Path:

@@ -7,6 +7,8 @@
 #   stage_devsite                    install .devsite.tar.xz (bench/device/stage_gpu_data.sh, stage_keras_gpu.sh) once
 #                                    into /tmp/site, merge .devdata/$tag (if carried) into /tmp/dd, unpack its image
 #                                    .tgz files, set PYTHONPATH; exits 3 on a fresh machine without the site
+#   unpack_zoo_site                  unpack .devzoo/site.tar.xz (bench/device/stage_zoo_device.sh; env ZOO_SITE: another) into
+#                                    /tmp/zsite, once per machine and again when the carried tar differs; exits 3 without it
 
 install_wheels() {
   local target=$1; shift
@@ -25,4 +27,12 @@ stage_devsite() {
   for t in /tmp/dd/*.tgz; do [ -e "$t" ] && tar -C /tmp/dd -xzf "$t" && rm "$t"; done  # image folders packed in one file
   [ -d /tmp/dd/site-packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/dd/site-packages
   echo "staged in /tmp/dd: $(ls /tmp/dd | tr '\n' ' ')"
+}
+
+unpack_zoo_site() {  # ZOO_SITE: another tar (a local test with stage_zoo_device.sh's PY=3.11 site)
+  local tar=${ZOO_SITE:-.devzoo/site.tar.xz} stamp
+  [ -f "$tar" ] || { echo "no $tar: run bash bench/device/stage_zoo_device.sh here and carry .devzoo"; exit 3; }
+  stamp=$(cksum < "$tar" | cut -d' ' -f1)
+  [ "$(cat /tmp/zsite/.unpacked 2>/dev/null)" = "$stamp" ] || \
+    { rm -rf /tmp/zsite && tar -C /tmp -xJf "$tar" && echo "$stamp" > /tmp/zsite/.unpacked; } || exit 3
 }

@@ -20,11 +20,7 @@ JOBS=${JOBS:-8} THREADS=${THREADS:-2} TIMEOUT=${TIMEOUT:-400} BUDGET=${BUDGET:-6
 T0=$(date +%s)
 OUT=${OUT:-/tmp/zoo-out}; mkdir -p "$OUT"
 tag=${TAG:-$([ "$CHECKS" = all ] || echo "${CHECKS}_")$(echo "$PART" | tr / _ | sed 's/_/_of_/')}
-[ -f .devzoo/site.tar.xz ] || { echo "no .devzoo/site.tar.xz: run bash bench/device/stage_zoo_device.sh here and carry .devzoo"; exit 3; }
-# unpacked once per machine; again when the carried site differs from the one a warm machine holds
-stamp=$(cksum < .devzoo/site.tar.xz | cut -d' ' -f1)
-[ "$(cat /tmp/zsite/.unpacked 2>/dev/null)" = "$stamp" ] || \
-  { rm -rf /tmp/zsite && tar -C /tmp -xJf .devzoo/site.tar.xz && echo "$stamp" > /tmp/zsite/.unpacked; } || exit 3
+. bench/device/stage.sh; unpack_zoo_site  # once per machine; again when the carried site differs
 export PYTHONPATH=/tmp/zsite:$PWD/src PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=160 NO_COLOR=1
 lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400

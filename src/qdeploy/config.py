@@ -376,6 +376,7 @@ class Placement:
     lint_rules: Optional[str]     # the rules the lint checks its artifacts against; None: the lint does not apply
     label: str                    # the variant label's part ("": the default placement)
     description: str
+    default_for: tuple[str, ...] = ()  # engines whose INT8 variants get this placement when theirs does not say one
 
 
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
@@ -385,7 +386,9 @@ PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
     Placement("tensorrt", "TensorRT", ("modelopt", "onnx", "qat"), "TensorRT's Q/DQ rules (lint/rules.py)", "trt",
               "TensorRT's explicit-quantization rules (symmetric int8; simulated in ORT)"),
     Placement("openvino", "OpenVINO", ("nncf",), None, "ov",
-              "OpenVINO's own placement, made by NNCF (nncf.quantize on the ONNX; quantizer nncf)"),
+              "OpenVINO's own placement, made by NNCF (engine openvino: nncf.quantize on the OpenVINO model, an INT8 "
+              "IR; engine onnxruntime: on the ONNX, a Q/DQ ONNX; quantizer nncf); engine openvino's default",
+              default_for=("openvino",)),
 )}
 PlacementName = Literal[tuple(PLACEMENTS)]
 # Keys of earlier releases: named in the error so an old config is fixed in one step, not guessed at.
@@ -481,6 +484,21 @@ def _slug(text: str, limit: int = 32) -> str:
     return clean
 
 
+def _engine_default_placement(engine: Any, int8: Any) -> Any:
+    """An INT8 variant's settings with its engine's own placement where they name none (engine openvino: NNCF's INT8
+    IR, what OpenVINO's users make); otherwise Int8Config's default."""
+    own = next((p.name for p in PLACEMENTS.values() if engine in p.default_for), None)
+    if int8 is None:
+        int8 = {}
+    if own is None:
+        return int8
+    if isinstance(int8, Int8Config):
+        return int8 if "placement" in int8.model_fields_set else int8.model_copy(update={"placement": own})
+    if isinstance(int8, dict) and "placement" not in int8:
+        return {**int8, "placement": own}
+    return int8
+
+
 class VariantSpec(_Strict):
     """One variant: engine × precision × options. Engine options are checked against the engine's own
     declaration (``qdeploy.engines``), so the schema here stays the same whichever engines exist."""
@@ -515,8 +533,8 @@ class VariantSpec(_Strict):
         extra = {k: data.pop(k) for k in list(data) if k not in own}
         if extra:
             data["options"] = {**dict(data.get("options") or {}), **extra}
-        if data.get("precision") == "int8" and data.get("int8") is None:
-            data["int8"] = {}
+        if data.get("precision") == "int8":
+            data["int8"] = _engine_default_placement(data.get("engine"), data.get("int8"))
         return data
 
     @model_validator(mode="after")
