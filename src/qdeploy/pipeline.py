@@ -469,11 +469,13 @@ def assemble_results(ctx: RunContext, records: list[VariantRecord], artifacts: l
         if r.label in changes:
             rec["accuracy_change"] = changes[r.label]
         note = v.engine.note(v)
+        if isinstance(details.get("deploy"), str) and r.status in RAN_STATUSES:  # how to load it, in the notes
+            note = (f"{note}; " if note else "") + f"load: {details['deploy']}"
         if note:
             rec["note"] = note
         if "trtexec" in details:  # TensorRT variants, built or skipped: how to build the engine by hand
             rec["trtexec"] = details["trtexec"]
-        if r.artifact is not None and r.artifact.kind == ArtifactKind.ONNX_INT8:
+        if r.artifact is not None and r.artifact.kind in (ArtifactKind.ONNX_INT8, ArtifactKind.OPENVINO_IR_INT8):
             rec["quantization"] = r.artifact.info
         if r.artifact is not None and r.artifact.kind == ArtifactKind.TRT_ENGINE:
             rec["tensorrt_engine"] = {k: r.artifact.info.get(k) for k in ("tensorrt_version", "plan", "gpu", "profiles",
