@@ -75,6 +75,17 @@ def test_config_validation_from_the_capability_table():
         resolve_variant(VariantSpec(engine="openvino", performanc_hint="latency"), 0)
 
 
+def test_each_compile_setting_has_its_own_cache_folder():
+    """OpenVINO 2026.4.1's cache key leaves the precision hint out (an f32 blob loaded under a bf16 hint crashed): each
+    hint, performance hint and thread count gets its own CACHE_DIR."""
+    from qdeploy.engines.openvino_engine import compile_config
+
+    dirs = {compile_config("int8", t, fp, cache_dir="ir/compile-cache")["CACHE_DIR"]
+            for t in (None, 4) for fp in ("f32", "bf16")}
+    assert len(dirs) == 4 and all(d.startswith("ir/compile-cache/") for d in dirs)
+    assert "CACHE_DIR" not in compile_config("fp32")
+
+
 def test_fp16_runs_only_where_the_cpu_lists_fp16():
     caps = cpu_capabilities()
     variant = resolve_variant(VariantSpec(engine="openvino", precision="fp16"), 0)
@@ -524,7 +535,9 @@ def test_openvino_ir_variants_are_deployable_from_out(tmp_path):
         "data": {"eval": {"root": str(evalset), "workers": 0, "batch_size": 8},
                  "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 24, "seed": 0}},
         "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
-                     {"engine": "openvino", "precision": "int8", "int8": {"placement": "openvino"}}],
+                     {"engine": "openvino", "precision": "int8", "int8": {"placement": "openvino"}}]
+        # the same INT8 IR compiled again with its float layers in BF16 (a second compile setting on one IR)
+        + ([{"engine": "openvino", "precision": "int8", "float_precision": "bf16"}] if "BF16" in cpu_capabilities() else []),
         "eval": {"reference": "onnxruntime-fp32"},
         "bench": {"batch_sizes": [1], "warmup": 2, "iterations": 5},
     }
@@ -532,7 +545,7 @@ def test_openvino_ir_variants_are_deployable_from_out(tmp_path):
     results = api.run(cfg, out, cache_dir=tmp_path / "cache")
     by = {v["name"]: v for v in results["variants"]}
     ov32, ov8 = by["openvino-fp32"], by["openvino-int8-ov-mean-minmax"]
-    assert ov32["status"] == "ok" and ov8["status"] == "ok", (ov32["reason"], ov8["reason"])
+    assert all(v["status"] == "ok" for v in by.values()), {v["name"]: v["reason"] for v in by.values()}
     assert ov32["details"]["artifact"] == "openvino-ir/model.xml"
     assert ov8["details"]["artifact"] == "openvino-int8-ov-mean-minmax/model.xml"
     assert ov32["details"]["ir_route"] in ("onnx", "pytorch") and ov32["details"]["precision_hint"] == "f32"

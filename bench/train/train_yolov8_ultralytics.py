@@ -171,7 +171,9 @@ def main(argv=None) -> None:
                                                                          "width_multiple": args.width},
         "parameters": sum(p.numel() for p in model.model.parameters()), "imgsz": args.imgsz, "batch": args.batch,
         "epochs_run": epochs, "time_limit_min": args.minutes, "train_s": round(train_s, 1), "device": "cpu",
-        "cpu_threads": torch.get_num_threads(), "seed": args.seed, "pretrained": False,
+        # Ultralytics trains on cpu_count - 1 torch threads (utils/torch_utils.py select_device); its data loader
+        # workers have the rest
+        "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "seed": args.seed, "pretrained": False,
         "ultralytics_val": metrics, "classes": CLASSES, "output": f"(batch, {4 + len(CLASSES)}, anchors): cx cy w h "
         "in input pixels, then one sigmoid score per class in this order", "export_call": call,
         "onnx": args.out.name, "onnx_bytes": args.out.stat().st_size, **data_record,

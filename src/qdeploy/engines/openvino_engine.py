@@ -114,13 +114,18 @@ def compile_config(precision: str, threads: Optional[int] = None, float_precisio
                    performance_hint: str = "latency", cache_dir: Optional[str] = None) -> dict:
     """The CPU plugin's compile properties for a variant: its precision hint (fp32 and int8 say f32 explicitly: the
     plugin's default is bf16 on BF16-capable CPUs; an INT8 variant with float_precision bf16 says bf16), its thread
-    count (unset: every core), and the compile cache's folder."""
-    config = {"INFERENCE_PRECISION_HINT": hint_of(precision, float_precision),
-              "PERFORMANCE_HINT": _PERFORMANCE_HINT[performance_hint]}
+    count (unset: every core), and the compile cache: a folder under ``cache_dir`` per setting.
+
+    Why a folder per setting: OpenVINO 2026.4.1's cache key leaves INFERENCE_PRECISION_HINT out. An INT8 IR compiled
+    with an f32 hint and then with a bf16 hint into one CACHE_DIR wrote one blob, and the second compile loaded it and
+    died with SIGSEGV (NNCF's INT8 IR of DeiT-S on the AMX Xeon; either hint alone, or two folders, ran)."""
+    hint = hint_of(precision, float_precision)
+    config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": _PERFORMANCE_HINT[performance_hint]}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     if cache_dir:
-        config["CACHE_DIR"] = str(cache_dir)
+        setting = f"{hint}-{performance_hint}-{int(threads) if threads else 'all'}-threads"
+        config["CACHE_DIR"] = f"{Path(cache_dir).as_posix()}/{setting}"
     return config
 
 
@@ -479,6 +484,7 @@ class OpenVinoEngine(Engine):
         self.cache_dir = self.artifact.path.parent / COMPILE_CACHE if ir else None
         config = compile_config(v.precision, v.threads, self.options.float_precision, self.options.performance_hint,
                                 self.cache_dir)
+        self.compile_cache = config.get("CACHE_DIR")
         quantized = self.artifact.kind in (ArtifactKind.ONNX_INT8, ArtifactKind.OPENVINO_IR_INT8)
         with readable_onnx(self.artifact.path, quantized) as (path, self.rewrites):
             if quantized:
@@ -553,7 +559,7 @@ class OpenVinoEngine(Engine):
             # constant operands of Add/Mul dequantized ahead (constant_dequantize_folded: OpenVINO's LPT throws on them)
             **self.rewrites,
             **({"ir_route": self.artifact.info.get("route")} if self.artifact.kind == ArtifactKind.OPENVINO_IR else {}),
-            "compile_cache": str(self.cache_dir) if self.cache_dir else None,
+            "compile_cache": self.compile_cache,
             "deploy": deploy_line(ir_deploy_name(self.artifact.kind, self.variant.label) if self.cache_dir
                                   else self.artifact.path.name,
                                   self.variant.precision, self.threads, self.options.float_precision),
