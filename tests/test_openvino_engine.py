@@ -578,3 +578,49 @@ def test_openvino_ir_variants_are_deployable_from_out(tmp_path):
             np.testing.assert_allclose(np.array(json.loads(first.stdout)), e.infer(x), rtol=1e-4, atol=1e-4)
         finally:
             e.close()
+
+
+CEIL_POOL_MODEL = '''
+import torch
+from torch import nn
+
+
+class CeilPool(nn.Module):
+    """Pools with a kernel larger than its input, in ceil mode (as Hugging Face's EfficientNet pools): OpenVINO's ONNX
+    and PyTorch frontends both refuse it."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.AvgPool2d(64, ceil_mode=True)  # the 16x16 input is smaller than the kernel
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+
+
+def ceil_pool(num_classes=3):
+    torch.manual_seed(0)
+    return CeilPool(num_classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_pool_window_over_its_whole_input_is_read_as_a_global_pool_by_openvino(tmp_path):
+    (tmp_path / "ceil_pool.py").write_text(CEIL_POOL_MODEL)
+    cfg = {
+        "model": {"source": f"{tmp_path / 'ceil_pool.py'}:ceil_pool",
+                  "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+        "data": {"eval": {"root": str(_color_folder(tmp_path / "eval", seed=1, per_class=6)), "workers": 0},
+                 "calibration": {"root": str(_color_folder(tmp_path / "calib", seed=2, per_class=4)), "workers": 0}},
+        "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"}, {"engine": "openvino", "precision": "int8"}],
+        "eval": {"reference": "onnxruntime-fp32"},
+        "bench": {"enabled": False},
+    }
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    by = {v["name"]: v for v in results["variants"]}
+    assert all(v["status"] == "ok" for v in by.values()), {v["name"]: v["reason"] for v in by.values()}
+    assert by["openvino-fp32"]["details"]["ir_route"] == "onnx" and by["openvino-fp32"]["agreement"] == 1.0
+    int8 = by["openvino-int8-ov-mean-minmax"]
+    assert "AveragePool-17" in int8["quantization"]["route"]["why"] and "GlobalAveragePool" in int8["quantization"]["route"]["why"]
+    assert int8["agreement"] >= 0.9

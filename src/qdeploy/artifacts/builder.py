@@ -378,6 +378,8 @@ class Builder:
         hit = stored is not None
         if stored is None:
             inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=self.spec.preprocess, calibration=self.calibration,
+                                    torch_model=self.torch_model if self.has_torch else None,
+                                    check_inputs=self.check_inputs() if self.has_torch else None,
                                     cache_dir=self.cache_dir, memo=self.memo)
             xml, info = quantize_openvino_ir(inputs, int8, xml.parent)
             produced_by = f"NNCF {info['nncf']} on the OpenVINO model ({int8.method} ranges, openvino placement)"

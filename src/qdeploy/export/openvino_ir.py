@@ -75,42 +75,122 @@ def _time_and_run(model, x: np.ndarray) -> tuple[float, np.ndarray]:
     return statistics.median(times), out
 
 
-def _torch_route(module, x: np.ndarray, onnx_model):
-    """The module converted by OpenVINO's PyTorch frontend, its input shaped as the ONNX's (dynamic batch stays
-    dynamic)."""
+def _torch_route(module, x: np.ndarray, shape: list):
+    """The module converted by OpenVINO's PyTorch frontend, its input shaped ``shape`` (-1: dynamic, as the ONNX's)."""
     import warnings
 
     import openvino as ov
     import torch
 
-    shape = [d.get_length() if d.is_static else -1 for d in onnx_model.inputs[0].get_partial_shape()]
     # the frontend traces with torch.jit.trace, which torch 2.9+ marks deprecated on every call
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.jit")
         return ov.convert_model(module.eval(), example_input=torch.from_numpy(x), input=[ov.PartialShape(shape)])
 
 
+def onnx_input_shape(onnx_path: Path) -> list:
+    """The ONNX's input shape, -1 for each dynamic dimension."""
+    import onnx
+
+    dims = onnx.load(str(onnx_path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    return [d.dim_value if d.HasField("dim_value") else -1 for d in dims]
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    # the ONNX frontend's report names the unconverted ops on a line after its first
+    named = [ln.strip() for ln in text.splitlines() if "Conversion is failed for" in ln or "No conversion rule" in ln]
+    return (named[0] if named else (text.splitlines() or [""])[0])[:300]
+
+
+def _with_whole_input_pools_global(onnx_path: Path):
+    """The ONNX (an in-memory onnx.ModelProto) with every AveragePool whose window covers its whole input (kernel ≥ the
+    input's static height and width, no padding) replaced by GlobalAveragePool; None when there is none.
+
+    Why: OpenVINO 2026.4.1's ONNX and PyTorch frontends both refuse a pool kernel larger than its input ("Check
+    'cmp::le(kernel, dim...)'"), which Hugging Face's EfficientNet uses as its head pool (kernel = hidden size, ceil
+    mode). Exact: with no padding (ONNX counts only the input's elements), one window over the whole input is its mean,
+    which is what GlobalAveragePool computes."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    try:
+        shapes = {v.name: v.type.tensor_type.shape for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    except Exception:  # noqa: BLE001 - no shapes, no rewrite
+        return None
+    shapes.update({v.name: v.type.tensor_type.shape for v in model.graph.input})
+    changed = 0
+    for n in model.graph.node:
+        if n.op_type != "AveragePool" or n.input[0] not in shapes:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        dims = shapes[n.input[0]].dim[2:]
+        if (any(p != 0 for p in attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
+                or not dims or any(not d.HasField("dim_value") for d in dims)
+                or any(k < d.dim_value for k, d in zip(attrs.get("kernel_shape", []), dims))):
+            continue
+        n.op_type = "GlobalAveragePool"
+        del n.attribute[:]
+        changed += 1
+    return model if changed else None
+
+
+def convert(onnx_path: Path, module_loader: Optional[Callable] = None,
+            images: Optional[np.ndarray] = None) -> tuple[object, dict]:
+    """(ov.Model, {"route", "why"?}): the FP32 ONNX converted by OpenVINO's ONNX frontend, or, where that frontend
+    cannot convert an op and the source is a PyTorch module, the module converted by the PyTorch frontend (HF
+    EfficientNet's ceil-mode AveragePool: "Conversion is failed for: AveragePool-17" in OpenVINO 2026.4.1)."""
+    import openvino as ov
+
+    try:
+        return ov.convert_model(str(onnx_path)), {"route": "onnx"}
+    except Exception as e:  # noqa: BLE001 - the frontend's own error, named
+        why = (f"OpenVINO {ov.__version__.split('-')[0]} could not convert {Path(onnx_path).name}: {type(e).__name__}: "
+               f"{_first_line(e)}")
+    rewritten = _with_whole_input_pools_global(onnx_path)
+    if rewritten is not None:
+        import onnx
+
+        with tempfile.TemporaryDirectory(prefix="qdeploy-ov-") as tmp:
+            onnx.save(rewritten, str(Path(tmp) / "model.onnx"))
+            try:  # the ov.Model holds its weights: the file may go once converted
+                return ov.convert_model(str(Path(tmp) / "model.onnx")), {
+                    "route": "onnx", "why": f"{why}; converted with each AveragePool whose window covers its whole "
+                                            "input read as GlobalAveragePool"}
+            except Exception:  # noqa: BLE001 - not the only op it refuses: the PyTorch route, or the first reason
+                pass
+    if module_loader is None:
+        raise ExportError(why)
+    shape = onnx_input_shape(onnx_path)
+    x = (np.ascontiguousarray(images[:1], dtype=np.float32) if images is not None and len(images)
+         else np.zeros([1 if d < 0 else d for d in shape], np.float32))
+    try:
+        model = _torch_route(module_loader(), x, shape)
+    except Exception as e:  # noqa: BLE001 - both frontends failed: both reasons
+        raise ExportError(f"{why}; and from the PyTorch module: {type(e).__name__}: {_first_line(e)}") from None
+    return model, {"route": "pytorch", "why": f"{why}; converted from the PyTorch module instead"}
+
+
 def convert_fp32(onnx_path: Path, folder: Path, module_loader: Optional[Callable] = None,
                  images: Optional[np.ndarray] = None) -> tuple[Path, dict]:
     """(model.xml, info) of the FP32 IR in ``folder``: the ONNX route, or the PyTorch route where ``module_loader``
-    gives the module and it is faster on ``images`` (one image is timed) with the same outputs."""
+    gives the module and it is faster on ``images`` (one image is timed) with the same outputs, or where the ONNX
+    frontend cannot convert the model."""
     import openvino as ov
 
     from qdeploy.utils.log import log
 
-    try:
-        from_onnx = ov.convert_model(str(onnx_path))
-    except Exception as e:  # noqa: BLE001 - the frontend's own error, named
-        raise ExportError(f"OpenVINO {ov.__version__.split('-')[0]} could not convert {Path(onnx_path).name} to an "
-                          f"IR: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from None
-    info: dict = {"route": "onnx", "openvino": ov.__version__.split("-")[0]}
-    chosen = from_onnx
-    if module_loader is not None and images is not None and len(images):
+    model, info = convert(onnx_path, module_loader, images)
+    info["openvino"] = ov.__version__.split("-")[0]
+    if info["route"] == "onnx" and module_loader is not None and images is not None and len(images):
         x = np.ascontiguousarray(images[:1], dtype=np.float32)
-        chosen, info["routes"] = _pick_route(from_onnx, module_loader, x)
-        info["route"] = "pytorch" if chosen is not from_onnx else "onnx"
+        chosen, info["routes"] = _pick_route(model, module_loader, x)
+        info["route"] = "pytorch" if chosen is not model else "onnx"
+        model = chosen
         log(f"export: OpenVINO IR from the {info['route']} route ({info['routes']['why']})")
-    return save_ir(chosen, folder), info
+    elif info["route"] == "pytorch":
+        log(f"export: OpenVINO IR from the PyTorch route ({info['why']})")
+    return save_ir(model, folder), info
 
 
 def _pick_route(from_onnx, module_loader: Callable, x: np.ndarray):
@@ -119,7 +199,8 @@ def _pick_route(from_onnx, module_loader: Callable, x: np.ndarray):
     onnx_ms, onnx_out = _time_and_run(from_onnx, x)
     record: dict = {"onnx_ms": round(onnx_ms, 4), "image_shape": list(x.shape)}
     try:
-        from_torch = _torch_route(module_loader(), x, from_onnx)
+        shape = [d.get_length() if d.is_static else -1 for d in from_onnx.inputs[0].get_partial_shape()]
+        from_torch = _torch_route(module_loader(), x, shape)
         torch_ms, torch_out = _time_and_run(from_torch, x)
     except Exception as e:  # noqa: BLE001 - the PyTorch frontend's failure only removes that route
         record["why"] = f"the PyTorch route failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"

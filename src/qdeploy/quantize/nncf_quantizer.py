@@ -204,22 +204,20 @@ def quantize_openvino_ir(inputs: QuantizeInputs, cfg: Int8Config, folder: Path) 
     """(model.xml, info) of the INT8 IR NNCF's OpenVINO backend makes, in ``folder``: ``nncf.quantize`` on the
     ov.Model OpenVINO converts from the FP32 ONNX (the route whose node names qdeploy's placement plan reads), the same
     model type, ignored scope, calibration images and range estimator as quantizer nncf's Q/DQ ONNX, saved as an IR
-    (FakeQuantize ops and INT8 weights, which the CPU plugin compiles to its INT8 kernels)."""
+    (FakeQuantize ops and INT8 weights, which the CPU plugin compiles to its INT8 kernels). Where OpenVINO's ONNX
+    frontend cannot convert the model, the PyTorch module's conversion (export/openvino_ir.convert); the placement
+    plan's names then match no op and are said so."""
     import onnx
     import openvino as ov
 
-    from qdeploy.export.openvino_ir import save_ir
+    from qdeploy.export.openvino_ir import convert, save_ir
 
     NncfQuantizer().check(cfg, inputs.has_torch)
     t0 = time.perf_counter()
     nncf = _import_nncf()
     model = onnx.load(str(inputs.fp32_onnx), load_external_data=False)
     plan = NncfPlan.of(nncf, model, inputs, cfg)
-    try:
-        ov_model = ov.convert_model(str(inputs.fp32_onnx))
-    except Exception as e:  # noqa: BLE001 - the frontend's own error, named
-        raise QDeployError(f"OpenVINO could not convert {Path(inputs.fp32_onnx).name}: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0][:300]}") from None
+    ov_model, route = convert(inputs.fp32_onnx, inputs.torch_model, inputs.check_inputs)
     names, missing = ir_names_of(plan.ignored_names(), ov_model)
     if missing:
         warn(f"NNCF (OpenVINO backend): {len(missing)} node(s) to keep float have no op in the OpenVINO model "
@@ -228,6 +226,7 @@ def quantize_openvino_ir(inputs: QuantizeInputs, cfg: Int8Config, folder: Path) 
     qmodel = plan.run(nncf, ov_model, plan.ignored_scope(nncf, names), inputs.fp32_onnx)
     xml = save_ir(qmodel, folder)
     info = {**plan.info(nncf, time.perf_counter() - t0), "backend": "openvino", "openvino": ov.__version__.split("-")[0],
+            "route": route,
             "ignored_ir_nodes": names, "ignored_without_ir_node": missing, "structure": ir_structure(qmodel),
             "quantizer": NncfQuantizer.name}
     log(f"quantize: NNCF (OpenVINO backend) done in {info['time_s']:.1f} s: {info['structure']['compute_ops_int8']} of "

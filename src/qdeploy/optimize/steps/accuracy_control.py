@@ -103,9 +103,7 @@ class NncfAccuracyControlStep(Step):
 
     def quantize(self, own: Candidate) -> tuple[dict, Candidate]:
         """NNCF's accuracy-controlled INT8 IR of the OpenVINO model, and the candidate that runs it."""
-        import openvino as ov
-
-        from qdeploy.export.openvino_ir import save_ir
+        from qdeploy.export.openvino_ir import convert, save_ir
         from qdeploy.quantize.nncf_quantizer import NncfPlan, _import_nncf, ir_names_of, ir_structure
         from qdeploy.quantize.registry import QuantizeInputs
 
@@ -121,7 +119,10 @@ class NncfAccuracyControlStep(Step):
         inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=s.ctx.cfg.model.preprocess,
                                 calibration=s.ctx.builder.calibration)
         plan = NncfPlan.of(nncf, onnx.load(str(fp32.path), load_external_data=False), inputs, variant.int8)
-        ov_model = ov.convert_model(str(fp32.path))
+        builder = s.ctx.builder
+        ov_model, _ = convert(fp32.path, builder.torch_model if builder.has_torch else None,
+                              builder.check_inputs() if builder.has_torch else None)
+        baseline = ir_structure(ov_model)
         names, _ = ir_names_of(plan.ignored_names(), ov_model)
         validation = SearchSplitValidation(s)
         allowed = s.o.budget.allowed_points(s.reference.search_metric)
@@ -136,8 +137,8 @@ class NncfAccuracyControlStep(Step):
                 model_type=plan.model_type, ignored_scope=plan.ignored_scope(nncf, names),
                 advanced_quantization_parameters=plan.advanced, advanced_accuracy_restorer_parameters=with_restorer)
         except Exception as e:  # noqa: BLE001 - NNCF's own failure ends the peer, not the search
-            raise QDeployError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}")
-        baseline = ir_structure(ov.convert_model(str(fp32.path)))
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise QDeployError(f"{type(e).__name__}: {first}") from None
         structure = ir_structure(qmodel)
         folder = s.ctx.builder.cache_dir / "artifacts" / f"{NAME}-{s.store.folder.name}"
         xml = save_ir(qmodel, folder)
