@@ -101,3 +101,30 @@ def test_qdeploy_evaluates_the_ultralytics_export_on_bccd(tmp_path):
     m = row["metrics"]
     assert m["samples"] == 72 and m["map50"] >= MAP50_FLOOR and m["map"] >= MAP_FLOOR, m
     assert all(m["per_class_ap"][c] > 0.05 for c in ("RBC", "WBC", "Platelets")), m["per_class_ap"]
+
+
+@pytest.mark.realdata
+@pytest.mark.slow
+def test_openvino_int8_ir_of_the_ultralytics_export_stays_within_a_map_point(tmp_path):
+    """Engine openvino's INT8 (NNCF on the OpenVINO model, the prediction head and the DFL decoding left float)
+    compiles and runs on the export, within 1.0 mAP@0.5:0.95 point of FP32 on BCCD's test split."""
+    import yaml
+
+    from qdeploy import api
+
+    _model()
+    pytest.importorskip("cv2", reason="the config resizes with OpenCV (interpolation: cv2-linear), as Ultralytics does")
+    bccd = shared_path("data", "detection", "bccd")
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["model"]["source"] = str(ONNX)
+    for split in ("eval", "calibration"):
+        cfg["data"][split]["root"] = str(bccd)
+    cfg["variants"] = [{"engine": "openvino"}, {"engine": "openvino", "precision": "int8"}]
+    cfg["bench"] = {"enabled": False}
+    results = api.run(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    fp32, int8 = results["variants"]
+    assert fp32["status"] == "ok" and int8["status"] == "ok", (fp32["reason"], int8["reason"])
+    assert int8["details"]["artifact"] == "openvino-int8-ov-mean-minmax/model.xml"
+    assert abs(int8["metrics"]["map"] - fp32["metrics"]["map"]) <= 0.01, (int8["metrics"]["map"], fp32["metrics"]["map"])
+    head = int8["quantization"]["ignored_scope"]["prediction_head"]
+    assert "/model.22/dfl/conv/Conv" in head and "/model.22/dfl/conv/Conv" in int8["quantization"]["ignored_ir_nodes"]

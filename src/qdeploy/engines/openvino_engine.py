@@ -362,20 +362,27 @@ def readable_onnx(path: Path, quantized: bool) -> Iterator[tuple[Path, dict]]:
 
 
 # A child process that reads, compiles and runs the model once (batch 1 where the batch is dynamic); exit 0 = fine
+# A child process that reads, compiles and runs the model once on zeros of the shape given (else batch 1 where only the
+# batch is dynamic; a model whose height or width is dynamic too is compiled only: a made-up size may not be one it
+# takes, e.g. a YOLO export whose anchors follow the image size); exit 0 = fine
 _PROBE = """
 import json, sys
 import numpy as np, openvino as ov
 core = ov.Core()
 model = core.read_model(sys.argv[1])
 compiled = core.compile_model(model, "CPU", json.loads(sys.argv[2]))
-shape = [1 if d.is_dynamic else d.get_length() for d in model.inputs[0].get_partial_shape()]
-compiled(np.zeros(shape, np.float32))
+shape = json.loads(sys.argv[3])
+dims = model.inputs[0].get_partial_shape()
+if shape is None and not any(d.is_dynamic for d in list(dims)[1:]):
+    shape = [1 if d.is_dynamic else d.get_length() for d in dims]
+if shape is not None:
+    compiled(np.zeros(shape, np.float32))
 """
 _PROBE_TIMEOUT_S = 600
 _probed: dict = {}
 
 
-def compile_crash(path: Path, config: dict, key=None) -> Optional[str]:
+def compile_crash(path: Path, config: dict, key=None, shape: Optional[list] = None) -> Optional[str]:
     """How OpenVINO's CPU plugin dies on ``path`` (None: it compiles and runs), tried in a child process first.
 
     Why: a native crash cannot be caught, and it would end the whole qdeploy process (an ``optimize`` loses every
@@ -390,8 +397,8 @@ def compile_crash(path: Path, config: dict, key=None) -> Optional[str]:
     key = (key or str(path), json.dumps(config, sort_keys=True))
     if key not in _probed:
         try:
-            r = subprocess.run([sys.executable, "-c", _PROBE, str(path), json.dumps(config)], capture_output=True,
-                               text=True, timeout=_PROBE_TIMEOUT_S)
+            r = subprocess.run([sys.executable, "-c", _PROBE, str(path), json.dumps(config), json.dumps(shape)],
+                               capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             _probed[key] = f"did not finish within {_PROBE_TIMEOUT_S} s"
         else:
@@ -488,7 +495,8 @@ class OpenVinoEngine(Engine):
         quantized = self.artifact.kind in (ArtifactKind.ONNX_INT8, ArtifactKind.OPENVINO_IR_INT8)
         with readable_onnx(self.artifact.path, quantized) as (path, self.rewrites):
             if quantized:
-                crash = compile_crash(path, config, key=(str(self.artifact.path), tuple(self.rewrites.values())))
+                crash = compile_crash(path, config, key=(str(self.artifact.path), tuple(self.rewrites.values())),
+                                      shape=self.artifact.info.get("sample_shape"))
                 if crash:
                     raise VariantUnavailable(f"OpenVINO {ov.__version__.split('-')[0]} {crash} compiling and running "
                                              f"{self.artifact.path.name} on the CPU (tried in a child process); this "

@@ -226,7 +226,7 @@ def quantize_openvino_ir(inputs: QuantizeInputs, cfg: Int8Config, folder: Path) 
     qmodel = plan.run(nncf, ov_model, plan.ignored_scope(nncf, names), inputs.fp32_onnx)
     xml = save_ir(qmodel, folder)
     info = {**plan.info(nncf, time.perf_counter() - t0), "backend": "openvino", "openvino": ov.__version__.split("-")[0],
-            "route": route,
+            "route": route, "sample_shape": [1, *next(iter(plan.dataset_source)).shape[1:]],
             "ignored_ir_nodes": names, "ignored_without_ir_node": missing, "structure": ir_structure(qmodel),
             "quantizer": NncfQuantizer.name}
     log(f"quantize: NNCF (OpenVINO backend) done in {info['time_s']:.1f} s: {info['structure']['compute_ops_int8']} of "
