@@ -711,6 +711,16 @@ def _cell(v) -> str:
     return "✓" if v is True else ("–" if v is None else "✗")
 
 
+# scripts that moved since a recorded command ran: the page shows the command as it is run now (the JSON keeps it as run)
+MOVED_SCRIPTS = {"bench/zoo.py": "bench/ci/zoo.py", "bench/zoo_merge.py": "bench/ci/zoo_merge.py"}
+
+
+def current_paths(command: str) -> str:
+    for old, new in MOVED_SCRIPTS.items():
+        command = command.replace(f"python {old}", f"python {new}")
+    return command
+
+
 def markdown(doc: dict) -> str:
     rows, s = doc["rows"], doc["summary"]
     out = ["# Zoo sweep: conformance over many architectures (random weights)", "",
@@ -720,7 +730,8 @@ def markdown(doc: dict) -> str:
            *[f"- part `{r['file']}`: {r['models']} models on {r['machine']}, {r['jobs']} at a time x {r['threads']} "
              f"thread(s), {r['sweep_wall_s'] or 0:.0f} s wall" for r in doc.get("runs", [])], "",
            "Commands (run in this order, each merging its rows into the JSON):", "",
-           *[f"    {c if len(c) < 240 else c[:240] + ' …'}" for c in doc.get("commands", [doc["command"]])], "",
+           *[f"    {c if len(c) < 240 else c[:240] + ' …'}" for c in map(current_paths, doc.get("commands", [doc["command"]]))],
+           "",
            f"Machine: {doc['machine']}  ",
            f"Started {doc['started']}; {len(rows)} models; {doc['elapsed_s']:.0f} s in all (sum of the per-model wall "
            f"times, " + ("models run one after another" if doc.get("jobs", 1) == 1 else f"{doc['jobs']} models at a time")
