@@ -179,24 +179,29 @@ def _images(root: Path) -> np.ndarray:
     return ((x.astype(np.float32) / 255 - 0.5) / 0.25).astype(np.float32)
 
 
-@pytest.mark.slow
-def test_run_openvino_beside_onnxruntime(tmp_path):
+def _tiny_run_config(tmp_path: Path, variants: list, eval_per_class: int, calib_per_class: int, bench: dict) -> dict:
+    """tiny_res on colour folders (eval, calibration: every calibration image), 16x16, with ``variants``."""
     (tmp_path / "tiny_model.py").write_text(TINY_MODEL)
-    evalset = _color_folder(tmp_path / "eval", seed=1, per_class=30)
-    calib = _color_folder(tmp_path / "calib", seed=2, per_class=10)
-    cfg = {
+    evalset = _color_folder(tmp_path / "eval", seed=1, per_class=eval_per_class)
+    calib = _color_folder(tmp_path / "calib", seed=2, per_class=calib_per_class)
+    return {
         "model": {"source": f"{tmp_path / 'tiny_model.py'}:tiny_res",
                   "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
         "data": {"eval": {"root": str(evalset), "workers": 0, "batch_size": 8},
-                 "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 30, "seed": 0}},
-        "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
-                     {"engine": "openvino", "threads": 1, "name": "openvino-1-thread"},
-                     {"engine": "onnxruntime", "precision": "int8"},
-                     {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"},
-                     {"engine": "openvino", "precision": "fp16"}],
-        "eval": {"reference": "onnxruntime-fp32"},
-        "bench": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10},
+                 "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 3 * calib_per_class,
+                                 "seed": 0}},
+        "variants": variants, "eval": {"reference": "onnxruntime-fp32"}, "bench": bench,
     }
+
+
+@pytest.mark.slow
+def test_run_openvino_beside_onnxruntime(tmp_path):
+    cfg = _tiny_run_config(tmp_path, [
+        {"engine": "onnxruntime"}, {"engine": "openvino"}, {"engine": "openvino", "threads": 1, "name": "openvino-1-thread"},
+        {"engine": "onnxruntime", "precision": "int8"},
+        {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"},
+        {"engine": "openvino", "precision": "fp16"}], 30, 10, {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10})
+    evalset = tmp_path / "eval"
     out = tmp_path / "out"
     results = api.run(cfg, out, cache_dir=tmp_path / "cache")
     by = {v["name"]: v for v in results["variants"]}
@@ -526,21 +531,13 @@ def test_openvino_ir_variants_are_deployable_from_out(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "tiny_model.py").write_text(TINY_MODEL)
-    evalset = _color_folder(tmp_path / "eval", seed=1, per_class=20)
-    calib = _color_folder(tmp_path / "calib", seed=2, per_class=8)
-    cfg = {
-        "model": {"source": f"{tmp_path / 'tiny_model.py'}:tiny_res",
-                  "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
-        "data": {"eval": {"root": str(evalset), "workers": 0, "batch_size": 8},
-                 "calibration": {"root": str(calib), "workers": 0, "batch_size": 8, "count": 24, "seed": 0}},
-        "variants": [{"engine": "onnxruntime"}, {"engine": "openvino"},
-                     {"engine": "openvino", "precision": "int8", "int8": {"placement": "openvino"}}]
+    cfg = _tiny_run_config(tmp_path, [
+        {"engine": "onnxruntime"}, {"engine": "openvino"},
+        {"engine": "openvino", "precision": "int8", "int8": {"placement": "openvino"}}]
         # the same INT8 IR compiled again with its float layers in BF16 (a second compile setting on one IR)
         + ([{"engine": "openvino", "precision": "int8", "float_precision": "bf16"}] if "BF16" in cpu_capabilities() else []),
-        "eval": {"reference": "onnxruntime-fp32"},
-        "bench": {"batch_sizes": [1], "warmup": 2, "iterations": 5},
-    }
+        20, 8, {"batch_sizes": [1], "warmup": 2, "iterations": 5})
+    evalset = tmp_path / "eval"
     out = tmp_path / "out"
     results = api.run(cfg, out, cache_dir=tmp_path / "cache")
     by = {v["name"]: v for v in results["variants"]}

@@ -50,6 +50,12 @@ def _quantize_code_fingerprint() -> str:
     return source_fingerprint(*_QUANTIZE_CODE)  # read once per process, not once per INT8 variant
 
 
+@functools.lru_cache(maxsize=1)
+def _ir_code_fingerprint() -> str:
+    """The code that converts a model to OpenVINO IR (read once per process)."""
+    return source_fingerprint(Path(qdeploy.__file__).parent / "export" / "openvino_ir.py")
+
+
 def dataset_identity(batches) -> dict:
     """The exact images a data set holds (paths and sizes, in order), not just its folder name."""
     samples = [str(s[0]) for s in getattr(batches.dataset, "samples", [])]
@@ -351,8 +357,7 @@ class Builder:
         from qdeploy.export.openvino_ir import convert_fp32
 
         fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-        fingerprint = sha256_json({"fp32": fp32.fingerprint, "openvino": dist_version("openvino"),
-                                   "code": source_fingerprint(Path(__file__).parents[1] / "export" / "openvino_ir.py"),
+        fingerprint = sha256_json({"fp32": fp32.fingerprint, "openvino": dist_version("openvino"), "code": _ir_code_fingerprint(),
                                    "routes": "onnx+pytorch" if self.has_torch else "onnx"})
         xml, meta = self._ir_cached(ArtifactKind.OPENVINO_IR, fingerprint)
         stored = self._ir_from_cache(xml, meta)
@@ -371,8 +376,9 @@ class Builder:
         from qdeploy.quantize.nncf_quantizer import quantize_openvino_ir
 
         fp32 = self.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
+        # the conversion (export/openvino_ir.py) shapes the INT8 IR too: the model NNCF quantizes is its output
         fingerprint = sha256_json({"int8": self._int8_fingerprint(fp32, int8), "openvino": dist_version("openvino"),
-                                   "nncf": dist_version("nncf")})
+                                   "nncf": dist_version("nncf"), "conversion": _ir_code_fingerprint()})
         xml, meta = self._ir_cached(ArtifactKind.OPENVINO_IR_INT8, fingerprint)
         stored = self._ir_from_cache(xml, meta)
         hit = stored is not None

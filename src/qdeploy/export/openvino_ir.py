@@ -53,11 +53,6 @@ def save_ir(model, folder: Path, compress_to_fp16: bool = False) -> Path:
     return folder / XML_NAME
 
 
-def ir_files(xml: Path) -> list[Path]:
-    """The files an IR consists of: the .xml and the .bin beside it."""
-    return [Path(xml), Path(xml).with_suffix(".bin")]
-
-
 def _time_and_run(model, x: np.ndarray) -> tuple[float, np.ndarray]:
     """(median ms of one inference at f32, the output) of an ov.Model compiled on the CPU."""
     import openvino as ov

@@ -103,6 +103,8 @@ class NncfAccuracyControlStep(Step):
 
     def quantize(self, own: Candidate) -> tuple[dict, Candidate]:
         """NNCF's accuracy-controlled INT8 IR of the OpenVINO model, and the candidate that runs it."""
+        import onnx
+
         from qdeploy.export.openvino_ir import convert, save_ir
         from qdeploy.quantize.nncf_quantizer import NncfPlan, _import_nncf, ir_names_of, ir_structure
         from qdeploy.quantize.registry import QuantizeInputs
@@ -114,8 +116,6 @@ class NncfAccuracyControlStep(Step):
 
         variant = s.variant_of(own.spec)
         fp32 = s.ctx.builder.build(ArtifactRequest(ArtifactKind.ONNX_FP32))
-        import onnx
-
         inputs = QuantizeInputs(fp32_onnx=fp32.path, preprocess=s.ctx.cfg.model.preprocess,
                                 calibration=s.ctx.builder.calibration)
         plan = NncfPlan.of(nncf, onnx.load(str(fp32.path), load_external_data=False), inputs, variant.int8)
