@@ -584,16 +584,18 @@ from torch import nn
 
 class CeilPool(nn.Module):
     """Pools with a kernel larger than its input, in ceil mode (as Hugging Face's EfficientNet pools): OpenVINO's ONNX
-    and PyTorch frontends both refuse it."""
+    and PyTorch frontends both refuse it. The explicit pad before it (as its "same" padding) leaves ONNX shape inference
+    without the pool input's height and width."""
 
     def __init__(self, num_classes=3):
         super().__init__()
+        self.pad = nn.ZeroPad2d((0, 1, 0, 1))
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
         self.pool = nn.AvgPool2d(64, ceil_mode=True)  # the 16x16 input is smaller than the kernel
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x):
-        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(self.pad(x)))), 1))
 
 
 def ceil_pool(num_classes=3):

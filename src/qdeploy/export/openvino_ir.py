@@ -98,6 +98,45 @@ def _first_line(e: Exception) -> str:
     return (named[0] if named else (text.splitlines() or [""])[0])[:300]
 
 
+def _pool_input_dims(model, names: list[str]) -> dict:
+    """{tensor: its spatial dims} for these tensors, read from shape inference where it knows them, else from one ONNX
+    Runtime run of zeros at the model's static input shape (computed Pads, as in HF EfficientNet's "same" padding,
+    leave shape inference without the spatial dims); {} where the input shape is not static."""
+    import onnx
+
+    dims: dict = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known = {v.name: v.type.tensor_type.shape for v in list(inferred.graph.value_info) + list(model.graph.input)}
+    except Exception:  # noqa: BLE001 - shapes from the run below
+        known = {}
+    for name in names:
+        shape = known.get(name)
+        if shape is not None and len(shape.dim) > 2 and all(d.HasField("dim_value") for d in shape.dim[2:]):
+            dims[name] = [d.dim_value for d in shape.dim[2:]]
+    missing = [n for n in names if n not in dims]
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if not missing or len(inputs) != 1:
+        return dims
+    in_dims = inputs[0].type.tensor_type.shape.dim
+    if len(in_dims) < 3 or any(not d.HasField("dim_value") for d in in_dims[1:]):
+        return dims
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in missing)
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = np.zeros([1] + [d.dim_value for d in in_dims[1:]], np.float32)
+        outs = session.run(missing, {inputs[0].name: x})
+    except Exception:  # noqa: BLE001 - no shapes, no rewrite
+        return dims
+    dims.update({n: list(o.shape[2:]) for n, o in zip(missing, outs)})
+    return dims
+
+
 def _with_whole_input_pools_global(onnx_path: Path):
     """The ONNX (an in-memory onnx.ModelProto) with every AveragePool whose window covers its whole input (kernel ≥ the
     input's static height and width, no padding) replaced by GlobalAveragePool; None when there is none.
@@ -108,21 +147,22 @@ def _with_whole_input_pools_global(onnx_path: Path):
     which is what GlobalAveragePool computes."""
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    try:
-        shapes = {v.name: v.type.tensor_type.shape for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
-    except Exception:  # noqa: BLE001 - no shapes, no rewrite
-        return None
-    shapes.update({v.name: v.type.tensor_type.shape for v in model.graph.input})
-    changed = 0
+    model = onnx.load(str(onnx_path))
+    pools = []
     for n in model.graph.node:
-        if n.op_type != "AveragePool" or n.input[0] not in shapes:
+        if n.op_type != "AveragePool":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        dims = shapes[n.input[0]].dim[2:]
-        if (any(p != 0 for p in attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
-                or not dims or any(not d.HasField("dim_value") for d in dims)
-                or any(k < d.dim_value for k, d in zip(attrs.get("kernel_shape", []), dims))):
+        if any(p != 0 for p in attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        pools.append((n, attrs.get("kernel_shape", [])))
+    if not pools:
+        return None
+    dims = _pool_input_dims(model, [n.input[0] for n, _ in pools])
+    changed = 0
+    for n, kernel in pools:
+        d = dims.get(n.input[0])
+        if not d or len(kernel) != len(d) or any(k < v for k, v in zip(kernel, d)):
             continue
         n.op_type = "GlobalAveragePool"
         del n.attribute[:]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench/suites/realsize_cpu.py on the device machine's Xeon (16 cores; the GPU hidden: CUDA_VISIBLE_DEVICES=), on the
+# weights bench/device/realsize_train.sh left in .realsize-weights/ of this warm machine (a fresh machine: train first).
+# Carry .devzoo (bench/device/stage_zoo_device.sh: openvino, nncf, pydantic, ...) and .devreal/eval
+# (bench/device/stage_realsize.sh: the test and calibration images):
+#
+#   run(command="MODELS=resnet50 TAG=r50 bash bench/device/realsize_cpu.sh", carry=[".devzoo", ".devreal/eval"], timeout_s=600)
+#
+# A model without weights there is trained first in this call when .devreal/train travels too (its training seconds
+# are in realsize_train.json and the row's "training").
+# Env: MODELS (space-separated), ROWS (realsize_cpu.py --rows; default "1:16,4 16:16"), TAG, BUDGET (the call's
+# seconds, default 560: no row starts after BUDGET-PER_ROW s, PER_ROW 150), ARGS (more arguments). Writes
+# $OUT/realsize_cpu_$TAG.json (rewritten after each row) and $OUT/realsize_cpu_$TAG.log.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+T0=$(date +%s)
+MODELS=${MODELS:-resnet50} ROWS=${ROWS:-"1:16,4 16:16"} TAG=${TAG:-1} BUDGET=${BUDGET:-560} PER_ROW=${PER_ROW:-150}
+OUT=${OUT:-/tmp/realsize-out}; mkdir -p "$OUT"
+missing=""; for m in $MODELS; do [ -f ".realsize-weights/$m.pt" ] || missing="$missing $m"; done
+if [ -n "$missing" ]; then  # a fresh machine: train them here if the training images travelled, else stop
+  [ -f .devreal/train/cifar_train.tgz ] || { echo "no weights for$missing on this machine and no .devreal/train carried:"\
+    "run bench/device/realsize_train.sh first (on the same warm machine) or carry .devreal/train"; exit 3; }
+  MODELS="${missing# }" OUT=$OUT bash bench/device/realsize_train.sh || exit 4
+fi
+. bench/device/stage.sh; unpack_zoo_site
+rm -rf /tmp/realeval && mkdir -p /tmp/realeval && for t in .devreal/eval/*.tgz; do tar -C /tmp/realeval -xzf "$t" || exit 3; done
+export PYTHONPATH=/tmp/zsite:$PWD/src PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= QDEPLOY_CACHE=/tmp/qdeploy-cache \
+       COLUMNS=160 NO_COLOR=1
+lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-600
+left=$(( BUDGET - ($(date +%s) - T0) ))
+# shellcheck disable=SC2086  # MODELS, ROWS and ARGS are word lists
+timeout $(( left - 10 )) python3 bench/suites/realsize_cpu.py --weights .realsize-weights --cifar /tmp/realeval \
+  --models $MODELS --rows $ROWS --budget $(( left - PER_ROW )) --out /tmp/realsize-runs \
+  --json "$OUT/realsize_cpu_$TAG.json" ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
+rc=${PIPESTATUS[0]}
+echo "realsize_cpu.py exit $rc; $(( $(date +%s) - T0 )) s in this call"
+exit $rc

@@ -1,0 +1,260 @@
+"""The real-size CPU suite: `qdeploy optimize --target cpu` on models at the sizes users deploy, beside the ceiling that
+a plain harness measures (bench/suites/realsize_ceiling.py: every engine x precision ONNX Runtime and OpenVINO offer,
+without qdeploy's search) and NNCF's default INT8, on one CPU.
+
+    python bench/suites/realsize_cpu.py --weights DIR --cifar DIR --models resnet50 deit_small \\
+        --rows 1:16,4 16:16 --json runs/realsize/realsize_cpu.json [--budget SECONDS]
+    python bench/suites/realsize_cpu.py --merge A.json B.json --json docs/results/realsize_cpu_xeon.json
+
+Models: bench/train/train_realsize.py's classifiers, trained on CIFAR-10 **resized to 224** (DIR/--weights holds its
+<name>.pt; --cifar holds test/<class>/*.png and calib/<class>/*.png, bench/device/stage_realsize.sh's sets). Per
+model and row (batch, threads):
+
+1. ``api.optimize`` (target cpu; budget max_drop 0.5 top-1 points; ``optimize.batch_size`` = the row's batch,
+   ``threads`` = the row's; QAT off; everything else at its defaults) on ``--count`` test images (half search, half
+   confirm), calibration on the calib set; its wall time is ``optimize_wall_s``.
+2. The ceiling harness on qdeploy's exported FP32 ONNX (the same file), at the row's batch and threads, with the same
+   calibration images decoded the same way; qdeploy's chosen artifact, loaded from --out as its user deploys it (its
+   deploy line's compile properties for OpenVINO; an ONNX Runtime session with the row's threads), is timed in the same
+   rounds. Every ratio of a row comes from this one timer: ``speedup_vs_best_fp32`` = best FP32 (ONNX Runtime's or
+   OpenVINO's f32) / qdeploy's; ``ceiling_speedup`` = best FP32 / the fastest variant; ``ceiling_within_budget`` the
+   same over variants whose top-1 on the harness's eval images is within the budget of FP32's;
+   ``nncf_default_speedup`` = best FP32 / ``nncf.quantize(model, dataset)`` with every default.
+
+Rows are written to --json after each (a time limit, ``--budget``, skips rows that would start after it).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "train"))
+from cpu_goals import summarize  # noqa: E402
+from realsize_ceiling import agreement, measure_ceiling, ort_built, ov_built  # noqa: E402
+from train_realsize import MODELS  # noqa: E402
+
+NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+TRANSFORMERS = {"deit_small", "swin_tiny"}
+BUDGET_POINTS = 0.5
+
+
+def config(name: str, weights: Path, cifar: Path, count: int, batch: int, threads: int) -> dict:
+    source, kwargs, _ = MODELS[name]
+    many = batch > 8
+    return {
+        "model": {"source": source, "kwargs": kwargs, "weights": str(weights / f"{name}.pt"), "task": "classification",
+                  "preprocess": {"input_size": [224, 224], "resize": [224, 224], **NORM}},
+        "data": {"eval": {"format": "imagefolder", "root": str(cifar / "test"), "batch_size": 50, "count": count,
+                          "seed": 0},
+                 "calibration": {"format": "imagefolder", "root": str(cifar / "calib"), "batch_size": 32}},
+        "variants": [{"engine": "onnxruntime"}],
+        "bench": {"batch_sizes": [batch], "warmup": 3 if many else 10, "iterations": 20 if many else 50},
+        "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET_POINTS}, "batch_size": batch, "qat": "off",
+                     "threads": threads},
+    }
+
+
+def arrays(root: Path, cfg: dict, labels: bool, limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Images (float32 NCHW) and labels as qdeploy decodes and normalizes them: both sides see identical arrays."""
+    from qdeploy.api import make_batches, normalize
+    from qdeploy.config import DatasetSpec, Preprocess
+    from qdeploy.tasks import get_task
+
+    pre = Preprocess(**cfg["model"]["preprocess"])
+    spec = DatasetSpec(root=str(root), **({"count": limit, "seed": 0} if limit else {}))
+    xs, ys = [], []
+    for images, lab in make_batches(spec, pre, get_task("classification"), progress=False):
+        xs.append(normalize(images, pre))
+        if labels:
+            ys.append(np.asarray(lab))
+    return np.concatenate(xs), (np.concatenate(ys) if labels else None)
+
+
+def exported_onnx(cache: Path, fn: str) -> Path:
+    """The FP32 ONNX qdeploy exported for the model built by ``fn`` (its cache names it <fn>-<fingerprint>.onnx)."""
+    found = sorted((cache / "exports").glob(f"{fn}*.onnx"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no exported ONNX of {fn} in {cache / 'exports'}")
+    return found[-1]
+
+
+def chosen_maker(chosen: dict, threads: int, out: Path):
+    """make(x) → Built for qdeploy's chosen artifact, loaded as its user deploys it (paths relative to --out, where the
+    deploy line is run)."""
+    deploy = chosen.get("deploy")
+    artifact = out / chosen["artifact"] if chosen.get("artifact") else None
+
+    def make(x):
+        if deploy and deploy.startswith("openvino."):
+            import openvino as ov
+
+            call = ast.parse(deploy, mode="eval").body
+            path, device, props = (ast.literal_eval(a) for a in call.args)
+            if "CACHE_DIR" in props:  # relative, like the model path: the user runs the line from --out
+                props["CACHE_DIR"] = str(out / props["CACHE_DIR"])
+            return ov_built(ov.Core(), str(out / path), threads, None, x, note=deploy, config=props)
+        if str(artifact).endswith(".onnx"):
+            return ort_built(Path(artifact), threads, x, "qdeploy", note="onnxruntime session, the row's threads")
+        raise ValueError(f"qdeploy's chosen artifact {artifact} has no plain loader here (deploy: {deploy})")
+
+    return make
+
+
+def top1(out: np.ndarray, labels: np.ndarray) -> float:
+    return 100.0 * float((out.argmax(1) == labels).mean())
+
+
+def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: np.ndarray, wall: float) -> dict:
+    v = ceiling["variants"]
+    fp32_names = [n for n in ("ort-fp32", "ov-fp32") if v.get(n, {}).get("status") == "ok"]
+    best_fp32_name = min(fp32_names, key=lambda n: v[n]["p50_ms"]) if fp32_names else None
+    best_fp32 = v[best_fp32_name]["p50_ms"] if best_fp32_name else None
+    ref_top1 = top1(v[best_fp32_name]["outputs"], labels) if best_fp32_name else None
+    acc = {}
+    for n, r in v.items():
+        if r["status"] == "ok" and r.get("outputs") is not None:
+            acc[n] = {"top1": round(top1(r["outputs"], labels), 2),
+                      "drop_points": round(ref_top1 - top1(r["outputs"], labels), 2) if ref_top1 is not None else None,
+                      "agreement_with_fp32": round(agreement(r["outputs"], v[best_fp32_name]["outputs"]), 4)
+                      if best_fp32_name else None}
+    lib = {n: r["p50_ms"] for n, r in v.items() if r["status"] == "ok" and n != "qdeploy"}
+    within = {n: p for n, p in lib.items() if acc.get(n, {}).get("drop_points") is not None
+              and acc[n]["drop_points"] <= BUDGET_POINTS}
+    ceil_name = min(lib, key=lib.get) if lib else None
+    ceil_in = min(within, key=within.get) if within else None
+    q = v.get("qdeploy", {})
+    sp = (lambda p: round(best_fp32 / p, 3) if best_fp32 and p else None)
+    summ = summarize(name, batch, s)
+    return {
+        "model": name, "input_size": 224, "data": "CIFAR-10 resized to 224", "batch": batch, "threads": threads,
+        "chosen": summ["chosen"], "chosen_precision": summ["chosen_precision"],
+        "speedup_vs_best_fp32": sp(q.get("p50_ms")),
+        "ceiling_speedup": sp(lib.get(ceil_name)), "ceiling_variant": ceil_name,
+        "ceiling_within_budget_speedup": sp(within.get(ceil_in)), "ceiling_within_budget_variant": ceil_in,
+        "nncf_default_speedup": sp(lib.get("nncf-default")),
+        "nncf_default_within_budget": "nncf-default" in within,
+        "budget_met": summ["budget_met"], "optimize_wall_s": round(wall, 1),
+        "vs_ceiling": round(within[ceil_in] / q["p50_ms"], 3) if ceil_in and q.get("p50_ms") else None,
+        "chosen_p50_ms": q.get("p50_ms"), "best_fp32": best_fp32_name, "best_fp32_p50_ms": best_fp32,
+        "confirm_drop_points": summ["confirm_drop_points"],
+        "optimize_speedup_vs_best_fp32": summ["speedup_vs_best_fp32"],
+        "harness": {n: {"status": r["status"], "reason": r.get("reason"), "p50_ms": r.get("p50_ms"),
+                        "repeat_medians_ms": r.get("repeat_medians_ms"), "precision": r.get("precision"),
+                        "runtime_precisions": r.get("runtime_precisions"), "note": r.get("note"), **acc.get(n, {})}
+                    for n, r in v.items()},
+        "harness_eval_images": int(len(labels)), "harness_fp32_top1": ref_top1,
+        "optimize": {k: summ[k] for k in ("candidates", "decisions", "time_s", "nncf", "ort_int8_over_fp32_time")},
+    }
+
+
+def fmt(v, d=2):
+    return "–" if v is None else f"{v:.{d}f}"
+
+
+def print_row(r: dict) -> None:
+    print(f"| {r['model']} | {r['batch']} | {r['threads']} | {r['chosen']} | {fmt(r['chosen_p50_ms'], 3)} | "
+          f"**{fmt(r['speedup_vs_best_fp32'])}x** | {r['ceiling_variant']} {fmt(r['ceiling_speedup'])}x | "
+          f"{r['ceiling_within_budget_variant']} {fmt(r['ceiling_within_budget_speedup'])}x | "
+          f"{fmt(r['nncf_default_speedup'])}x | {fmt(r['confirm_drop_points'])} ({'met' if r['budget_met'] else 'MISSED'}) "
+          f"| {r['optimize_wall_s']:.0f} s |", flush=True)
+
+
+def merge(parts: list[Path], out: Path | None) -> None:
+    docs = [json.loads(p.read_text()) for p in parts]
+    rows = {}
+    for d in docs:
+        for r in d["rows"]:
+            rows[(r["model"], r["batch"], r["threads"])] = {**r, "measured_by": r.get("measured_by") or d.get("command")}
+    order = {m: i for i, m in enumerate(MODELS)}
+    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 99), r["batch"], -r["threads"]))
+    for r in merged:
+        print_row(r)
+    summary(merged)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"cpu_flags": docs[-1]["cpu_flags"], "machine": docs[-1]["machine"],
+                                   "versions": docs[-1]["versions"], "training": docs[-1].get("training"),
+                                   "rows": merged}, indent=1))
+
+
+def summary(rows: list) -> None:
+    sp = [r["speedup_vs_best_fp32"] for r in rows if r.get("speedup_vs_best_fp32")]
+    if sp:
+        print(f"median speed-up over the best FP32: {statistics.median(sp):.2f}x over {len(sp)} rows; "
+              f"rows >= 0.95x their ceiling within budget: "
+              f"{sum((r.get('vs_ceiling') or 0) >= 0.95 for r in rows)} of {len(rows)}")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--merge"]:
+        ap = argparse.ArgumentParser(prog="realsize_cpu.py --merge")
+        ap.add_argument("parts", nargs="+", type=Path)
+        ap.add_argument("--json", type=Path)
+        a = ap.parse_args(sys.argv[2:])
+        return merge(a.parts, a.json)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--weights", type=Path, required=True)
+    ap.add_argument("--cifar", type=Path, required=True, help="test/ and calib/ image folders")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--rows", nargs="+", default=["1:16,4", "16:16"], help="BATCH:THREADS[,THREADS...]")
+    ap.add_argument("--count", type=int, default=1000, help="test images optimize evaluates (half search, half confirm)")
+    ap.add_argument("--harness-eval", type=int, default=500, help="test images the ceiling harness scores")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("runs/realsize"))
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--budget", type=float, default=None, help="start no row after this many seconds")
+    a = ap.parse_args()
+    rows_plan = [(int(b), int(t)) for part in a.rows for b, ts in [part.split(":")] for t in ts.split(",")]
+    import onnxruntime
+    import openvino
+
+    from qdeploy import __version__, api
+    from qdeploy.sysinfo import cpu_flags, environment
+
+    env, flags = environment(), cpu_flags()
+    machine = f"{env.get('cpu')} ({env.get('cpu_count')} cores), flags: {' '.join(flags)}"
+    vers = {"qdeploy": __version__, "onnxruntime": onnxruntime.__version__, "openvino": openvino.__version__}
+    print("#", machine, vers, flush=True)
+    training = [json.loads(p.read_text()) for p in sorted(a.weights.glob("*.json"))]
+    t_start = time.perf_counter()
+    out_rows = []
+    for name in a.models:
+        if not (a.weights / f"{name}.pt").exists():
+            print(f"## {name}: skipped: no {a.weights / (name + '.pt')} (bench/train/train_realsize.py makes it)")
+            continue
+        for batch, threads in rows_plan:
+            if a.budget and time.perf_counter() - t_start > a.budget:
+                print(f"## {name} b{batch} t{threads}: not started (--budget {a.budget:.0f} s)", flush=True)
+                continue
+            cfg = config(name, a.weights, a.cifar, a.count, batch, threads)
+            out = a.out / f"{name}-b{batch}-t{threads}"
+            t0 = time.perf_counter()
+            s = api.optimize(cfg, out, cache_dir=a.out / "cache")
+            wall = time.perf_counter() - t0
+            onnx_path = exported_onnx(a.out / "cache", MODELS[name][0].split(":", 1)[1])
+            calib, _ = arrays(a.cifar / "calib", cfg, labels=False)
+            evals, labels = arrays(a.cifar / "test", cfg, labels=True, limit=a.harness_eval)
+            ceiling = measure_ceiling(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
+                                      a.out / "ceiling" / f"{name}-b{batch}-t{threads}", repeats=a.repeats,
+                                      extra={"qdeploy": chosen_maker(s["chosen"], threads, out)})
+            r = row_of(name, batch, threads, s, ceiling, labels, wall)
+            out_rows.append(r)
+            print_row(r)
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps({"cpu_flags": flags, "machine": machine, "versions": vers,
+                                          "environment": env, "training": training, "command": " ".join(sys.argv),
+                                          "rows": out_rows}, indent=1))
+    summary(out_rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""bench/suites/realsize_ceiling.py, the plain CPU ceiling harness (no qdeploy inside), on a tiny convnet: every
+engine × precision builds, runs and is timed, INT8 agrees with FP32, a bad path says which, and an ignored ONNX node
+stays float."""
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("realsize_ceiling", ROOT / "bench/suites/realsize_ceiling.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ceiling = _harness()
+
+
+def _images(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Image-like inputs: smooth colour fields (4×4 upsampled to 32×32) plus a little noise, roughly unit-normalized,
+    so that the convnet's features and its argmax differ from image to image."""
+    low = rng.normal(size=(n, 3, 4, 4))
+    smooth = low.repeat(8, axis=2).repeat(8, axis=3)
+    return (smooth + 0.3 * rng.normal(size=smooth.shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A seeded convnet (three convs, a linear head, 10 classes) exported with a dynamic batch at opset 17, and its
+    calibration (16) and eval (8) images."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                        nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(32, 10)).eval()
+    with torch.no_grad():
+        net[-1].weight.mul_(4.0)  # logits a few units apart: argmax is not decided by rounding noise
+    folder = tmp_path_factory.mktemp("ceiling")
+    path = folder / "tiny.onnx"
+    torch.onnx.export(net, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, opset_version=17,
+                      input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    rng = np.random.default_rng(0)
+    return {"onnx": path, "calib": _images(rng, 16), "evals": _images(rng, 8), "folder": folder}
+
+
+@pytest.fixture(scope="module")
+def measured(tiny):
+    return ceiling.measure_ceiling(tiny["onnx"], tiny["calib"], tiny["evals"], batch=2, threads=2, transformer=False,
+                                   work=tiny["folder"] / "work", repeats=2, min_time=0.02, log=lambda m: None)
+
+
+@pytest.mark.slow
+def test_every_variant_runs_or_says_why_not(measured):
+    res = measured["variants"]
+    assert list(res) == list(ceiling.VARIANTS)
+    for name, r in res.items():
+        assert r["status"] in ("ok", "skipped"), (name, r["reason"])
+        if r["status"] == "skipped":
+            assert r["reason"] and "BF16" in r["reason"] and name.endswith("bf16")
+            continue
+        assert r["p50_ms"] > 0 and len(r["repeat_medians_ms"]) == 2, name
+        assert r["outputs"].shape == (8, 10), name
+        assert r["build_s"] >= 0
+        if name.startswith(("ov-", "nncf-")):
+            assert r["precision"] in ("f32", "bf16") and r["runtime_precisions"], name
+    if "BF16" in measured["cpu"]["openvino_capabilities"]:
+        assert res["ov-bf16"]["precision"] == "bf16" and res["nncf-default"]["precision"] == "bf16"
+    assert res["ov-fp32"]["runtime_precisions"]["Convolution"] == {"f32": 3}
+    assert set(res["ov-int8-f32"]["runtime_precisions"]["Convolution"]) <= {"u8", "i8"}  # all three convs INT8
+    assert "QuantizeLinear" in res["ort-int8-u8s8"]["note"]
+    ok = [n for n, r in res.items() if r["status"] == "ok"]
+    assert measured["fastest"] in ok
+    assert measured["variants"][measured["fastest"]]["p50_ms"] == min(res[n]["p50_ms"] for n in ok)
+    assert measured["best_fp32"] == min(res["ort-fp32"]["p50_ms"], res["ov-fp32"]["p50_ms"])
+    assert measured["cpu"]["lscpu_flags"] and measured["versions"]["openvino"]
+
+
+@pytest.mark.slow
+def test_int8_agrees_with_fp32(measured):
+    res = measured["variants"]
+    ref = res["ort-fp32"]["outputs"]
+    assert ceiling.agreement(res["ov-fp32"]["outputs"], ref) == 1.0
+    for name in ("ort-int8-s8s8", "ort-int8-u8s8", "ov-int8-f32", "ov-int8-bf16", "nncf-default"):
+        if res[name]["status"] == "ok":
+            assert ceiling.agreement(res[name]["outputs"], ref) >= 0.5, name
+
+
+@pytest.mark.slow
+def test_an_ignored_onnx_node_is_matched_and_stays_float(tiny):
+    import onnx
+
+    first_conv = next(n.name for n in onnx.load(str(tiny["onnx"])).graph.node if n.op_type == "Conv")
+    doc = ceiling.measure_ceiling(tiny["onnx"], tiny["calib"], tiny["evals"], batch=1, threads=2, transformer=False,
+                                  work=tiny["folder"] / "scope", ignored_scope_names=[first_conv, "/not/a/node"],
+                                  variants=["ov-int8-f32"], repeats=1, min_time=0.01, log=lambda m: None)
+    scope = doc["ignored_scope"]
+    assert scope["given"] == 2 and scope["matched"] == [first_conv] and scope["unmatched"] == ["/not/a/node"]
+    r = doc["variants"]["ov-int8-f32"]
+    assert r["status"] == "ok" and "1 of 2 names matched" in r["note"]
+    # the frontend splits a biased Conv into NAME/WithoutBiases + an Add named NAME: the Convolution itself stays f32
+    assert r["runtime_precisions"]["Convolution"].get("f32") == 1
+
+
+@pytest.mark.slow
+def test_command_writes_json_without_outputs(tiny, capsys):
+    np.save(tiny["folder"] / "calib.npy", tiny["calib"])
+    np.save(tiny["folder"] / "evals.npy", tiny["evals"])
+    out = tiny["folder"] / "out.json"
+    assert ceiling.main(["--onnx", str(tiny["onnx"]), "--calib", str(tiny["folder"] / "calib.npy"), "--evals",
+                         str(tiny["folder"] / "evals.npy"), "--batch", "1", "--threads", "2", "--repeats", "1",
+                         "--min-time", "0.01", "--variants", "ort-fp32", "ov-fp32", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["variants"]) == {"ort-fp32", "ov-fp32"} and doc["agreement_reference"] == "ort-fp32"
+    for r in doc["variants"].values():
+        assert "outputs" not in r and r["agreement_with_fp32"] == 1.0 and r["p50_ms"] > 0
+    assert "fastest:" in capsys.readouterr().out
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path):
+    images = np.zeros((2, 3, 8, 8), np.float32)
+    with pytest.raises(FileNotFoundError, match=re.escape("nowhere.onnx")):
+        ceiling.measure_ceiling(tmp_path / "nowhere.onnx", images, images, batch=1, threads=1, transformer=False,
+                                work=tmp_path)
+    (tmp_path / "garbage.onnx").write_bytes(b"\x00not a model\xff" * 8)
+    with pytest.raises(ValueError, match=re.escape("garbage.onnx")):
+        ceiling.measure_ceiling(tmp_path / "garbage.onnx", images, images, 1, 1, False, tmp_path)
+    with pytest.raises(ValueError, match="unknown variants"):
+        ceiling.measure_ceiling(tmp_path / "garbage.onnx", images, images, 1, 1, False, tmp_path, variants=["trt-fp8"])
+
+
+def test_agreement_is_top1_over_axis_1():
+    a = np.array([[0.0, 1.0], [2.0, 1.0], [0.0, 3.0], [1.0, 0.0]])
+    b = np.array([[0.0, 2.0], [0.0, 1.0], [0.0, 3.0], [0.0, 1.0]])
+    assert ceiling.agreement(a, b) == 0.5
+    with pytest.raises(ValueError, match="different shapes"):
+        ceiling.agreement(a, b[:3])
