@@ -108,6 +108,10 @@ def test_a_faster_int8_outside_the_budget_by_its_drop_gets_a_fallback_although_a
     assert fallback_for_speed([bf16, slow, ov, nncf], [slow, ov, nncf]).variant == "openvino-int8-nncf"  # the fastest
     close = _cand("int8-close", within_budget=False, rank_key=4.00, margin=-0.1, rejected_by="max_drop")
     assert fallback_for_speed([bf16, close], [close]) is None  # within the 3 % tie of the answer: nothing to win
+    lead = _cand("int8-lead", within_budget=False, rank_key=3.90, margin=-0.1, rejected_by="max_drop")
+    assert fallback_for_speed([bf16, lead], [lead]) is None  # 4 % faster: within the noise of two timings (2 x 3 %)
+    lead.rank_key = 3.80  # 6.6 % faster: beyond it
+    assert fallback_for_speed([bf16, lead], [lead]) is lead
     assert fallback_for_speed([ov], [ov]) is None  # nothing within budget: the search's usual fallback, not this one
     shares = [_cand("a", within_budget=True, rank_key=-0.95, margin=0.1),
               _cand("b", within_budget=False, rank_key=-0.99, margin=-0.1, rejected_by="max_drop")]
