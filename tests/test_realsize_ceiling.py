@@ -145,3 +145,36 @@ def test_agreement_is_top1_over_axis_1():
     assert ceiling.agreement(a, b) == 0.5
     with pytest.raises(ValueError, match="different shapes"):
         ceiling.agreement(a, b[:3])
+
+
+def _suite():
+    sys.path.insert(0, str(ROOT / "bench/suites"))
+    spec = importlib.util.spec_from_file_location("realsize_cpu", ROOT / "bench/suites/realsize_cpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_the_suite_loads_qdeploys_artifact_as_its_deploy_line_says(tiny, tmp_path):
+    """bench/suites/realsize_cpu.py times qdeploy's chosen artifact by reading its deploy line (engine openvino) or as
+    an ONNX Runtime session: the line qdeploy writes must stay one the suite can run, paths relative to --out."""
+    import shutil
+
+    import openvino as ov
+
+    from qdeploy.engines.openvino_engine import deploy_line
+
+    suite = _suite()
+    out = tmp_path / "out"
+    ov.save_model(ov.convert_model(str(tiny["onnx"])), str(out / "openvino-ir" / "model.xml"), compress_to_fp16=False)
+    shutil.copy(tiny["onnx"], out / "model.onnx")
+    x = np.ascontiguousarray(tiny["evals"][:2])
+    line = deploy_line("openvino-ir/model.xml", "fp32", 2, "f32")
+    built = suite.chosen_maker({"artifact": "openvino-ir", "deploy": line}, 2, out)(x)
+    assert built.precision == "f32" and built.note == line
+    assert (out / "openvino-ir" / "compile-cache").is_dir() or "CACHE_DIR" not in line
+    plain = suite.chosen_maker({"artifact": "model.onnx"}, 2, out)(x)
+    np.testing.assert_allclose(built.run(x), plain.run(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="no plain loader"):
+        suite.chosen_maker({"artifact": "program.pt2"}, 2, out)(x)
