@@ -26,7 +26,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "suites"))
-from realsize_ceiling import cpu_info, ort_preprocessed  # noqa: E402
+from realsize_ceiling import CalibReader, cpu_info, ort_preprocessed  # noqa: E402
 from realsize_ceiling_sweep import decode, export  # noqa: E402
 
 FORMATS = {  # name → quantize_static keyword arguments
@@ -35,20 +35,6 @@ FORMATS = {  # name → quantize_static keyword arguments
     "qdq-u8s8-per-tensor": {"quant_format": "QDQ", "activation_type": "QUInt8", "per_channel": False},
     "qoperator-u8s8-per-channel": {"quant_format": "QOperator", "activation_type": "QUInt8", "per_channel": True},
 }
-
-
-class Reader:
-    def __init__(self, name: str, calib: np.ndarray):
-        self.name, self.items, self.i = name, calib, 0
-
-    def get_next(self):
-        if self.i >= len(self.items):
-            return None
-        self.i += 1
-        return {self.name: self.items[self.i - 1:self.i]}
-
-    def rewind(self):
-        self.i = 0
 
 
 def session(path: Path, threads: int, profile: bool = False):
@@ -117,7 +103,7 @@ def main() -> None:
             row["kernel_us"]["fp32"] = profile(fp32, x, a.threads)
             for fmt, kw in FORMATS.items():
                 q = Path(tmp) / f"{name}-{fmt}.onnx"
-                quantize_static(str(pre), str(q), Reader("input", calib), quant_format=getattr(QuantFormat, kw["quant_format"]),
+                quantize_static(str(pre), str(q), CalibReader("input", calib), quant_format=getattr(QuantFormat, kw["quant_format"]),
                                 activation_type=getattr(QuantType, kw["activation_type"]), weight_type=QuantType.QInt8,
                                 per_channel=kw["per_channel"], calibrate_method=CalibrationMethod.MinMax)
                 row["p50_ms"][fmt] = round(timed(q, x, a.threads, a.runs), 3)
