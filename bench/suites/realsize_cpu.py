@@ -82,7 +82,7 @@ def config(name: str, a, batch: int, threads: int) -> dict:
         "variants": [{"engine": "onnxruntime"}],
         "bench": {"batch_sizes": [batch], "warmup": 3 if many else 10, "iterations": 20 if many else 50},
         "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET_POINTS}, "batch_size": batch, "qat": "off",
-                     "threads": threads},
+                     "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})},
     }
 
 
@@ -153,6 +153,22 @@ def chosen_maker(chosen: dict, threads: int, out: Path):
     return make
 
 
+def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out) -> dict:
+    return measure_ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats=repeats,
+                           extra={"qdeploy": chosen_maker(chosen, threads, out)})
+
+
+def ceiling_in_child(*args) -> dict:
+    """measure_ceiling (with qdeploy's chosen artifact as an extra variant) in a fresh spawned process: optimize may
+    have imported ModelOpt's ONNX quantization into this one, which patches ONNX Runtime's quantizer in-process (the
+    harness refuses such a process), and the harness's timings should not share a heap or thread pools with a search."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_ceiling, *args).result()
+
+
 def top1(out: np.ndarray, labels: np.ndarray) -> float:
     return 100.0 * float((out.argmax(1) == labels).mean())
 
@@ -188,6 +204,7 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
         "nncf_default_speedup": sp(lib.get("nncf-default")),
         "nncf_default_within_budget": "nncf-default" in within,
         "budget_met": summ["budget_met"], "optimize_wall_s": round(wall, 1),
+        "optimize_timed_out": bool(s.get("timed_out")),
         "vs_ceiling": round(within[ceil_in] / q["p50_ms"], 3) if ceil_in and q.get("p50_ms") else None,
         "chosen_p50_ms": q.get("p50_ms"), "best_fp32": best_fp32_name, "best_fp32_p50_ms": best_fp32,
         "confirm_drop_points": summ["confirm_drop_points"],
@@ -259,6 +276,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/realsize"))
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--budget", type=float, default=None, help="start no row after this many seconds")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="optimize.time_limit of every row (default none: optimize's wall time is what it takes)")
     a = ap.parse_args()
     rows_plan = [(int(b), int(t)) for part in a.rows for b, ts in [part.split(":")] for t in ts.split(",")]
     import onnxruntime
@@ -292,9 +311,8 @@ def main() -> None:
             onnx_path = exported_onnx(a.out / "cache", cfg["model"]["source"], before)
             calib, _ = arrays(cfg["data"]["calibration"], cfg, labels=False)
             evals, labels = arrays(cfg["data"]["eval"], cfg, labels=True, limit=a.harness_eval)
-            ceiling = measure_ceiling(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
-                                      a.out / "ceiling" / f"{name}-b{batch}-t{threads}", repeats=a.repeats,
-                                      extra={"qdeploy": chosen_maker(s["chosen"], threads, out)})
+            ceiling = ceiling_in_child(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
+                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out)
             r = row_of(name, batch, threads, s, ceiling, labels, wall)
             out_rows.append(r)
             print_row(r)
