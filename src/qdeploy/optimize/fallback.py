@@ -10,7 +10,8 @@ The algorithm of NNCF's ``quantize_with_accuracy_control``, with a cheap first c
    nothing) and the remaining layers are ranked again on the current model;
 4. stop when within budget, when the next revert would leave more than ``max_float_fraction`` of the compute (MACs) in
    float, when no layer is left, at the time limit, or (a fallback for speed) when the model is no longer faster than
-   the answer already within budget.
+   the answer already within budget, or when its ranking has no signal (no refined layer's revert gains more than one
+   subset sample).
 
 Agreement with FP32, not the task metric, ranks layers: recovering FP32's accuracy means recovering its predictions,
 and on a few hundred samples agreement counts every changed prediction where accuracy counts only the net label hits
@@ -37,6 +38,9 @@ class FallbackHooks:
     # the model so far -> why going on cannot pay (None: go on). A fallback for speed (decide.fallback_for_speed) stops
     # once it is no faster than the answer already within budget: every further float layer only adds time
     pointless: Optional[Callable[[Any], Optional[str]]] = None
+    # samples in the subset the ranking scores on: a gain of one sample is one flipped prediction, not a signal
+    subset_size: Optional[int] = None
+    for_speed: bool = False  # a fallback for speed: an answer within budget exists, so the loop is optional work
 
 
 @dataclass
@@ -65,6 +69,20 @@ def _ranking(hooks: FallbackHooks, floated: list[str], rejected: set, refine_top
     return refined + order[refine_top:], macs, record
 
 
+def _no_signal(hooks: FallbackHooks, record: dict) -> Optional[str]:
+    """Why a fallback for speed should stop at this ranking (None: go on). It is optional work (an answer within budget
+    exists) whose trials can each cost a rebuild; when no refined layer's revert moves more than one sample of the
+    subset toward FP32, the ranking cannot tell a helpful layer from a flip, and trying its layers one after another is
+    a walk through all of them."""
+    if not hooks.for_speed or not hooks.subset_size or not record["refined"]:
+        return None
+    best = max(r["subset_gain"] for r in record["refined"])
+    if best * hooks.subset_size > 1 + 1e-9:
+        return None
+    return (f"no refined layer's revert moves more than one of the {hooks.subset_size} subset samples toward FP32 "
+            f"(best gain {best * hooks.subset_size:+.0f} samples): no layer to try for speed")
+
+
 def _moved_away(trial, current) -> bool:
     """Did reverting the layer move the model away from FP32? Judged by agreement with FP32 on the whole search split
     when both have it: every changed prediction counts, so it is far less noisy than the drop in accuracy (on 5,000
@@ -89,6 +107,10 @@ def run_fallback(start, hooks: FallbackHooks, *, refine_top: int, max_float_frac
     while True:
         if current.within_budget:
             res.stop = "within budget"
+            break
+        why = _no_signal(hooks, record)
+        if why:
+            res.stop = why
             break
         why = hooks.pointless(current) if hooks.pointless is not None else None
         if why:

@@ -157,7 +157,8 @@ class PerLayerFallback:
         if not self.pick_samples():
             return None
         hooks = FallbackHooks(sensitivity=self.sensitivity, subset_score=self.subset_score, full=self.full,
-                              time_left=s.time_left, log=s.note, pointless=self.pointless)
+                              time_left=s.time_left, log=s.note, pointless=self.pointless,
+                              subset_size=len(self.subset_idx), for_speed=self.to_beat is not None)
         self.proxy_dir = Path(tempfile.mkdtemp(prefix="qdeploy-fallback-"))
         try:
             self.proxy_ranking = s.built_onnx(self.spec([])).info.get("quantizer") == "nncf"
