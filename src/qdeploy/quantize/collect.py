@@ -8,6 +8,8 @@ One pass serves every range method (the per-sample extremes for mean-minmax are 
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -141,45 +143,52 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
     out_names = [o.name for o in sess.get_outputs()]
     stats = ActivationStats({n: TensorStats(n, hist=AbsHistogram(num_bins) if histograms else None)
                              for n in names}, 0, producer)
-    with progress("calibrate: collect activation statistics", total) as advance:
+    workers = max(1, min(len(names), threads or os.cpu_count() or 1))
+    with progress("calibrate: collect activation statistics", total) as advance, \
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qdeploy-stats") as pool:
         for x in batches:
             outs = sess.run(out_names, {input_name: x})
-            for name, value in zip(out_names, outs):
-                st = stats.tensors.get(name)
-                if st is None or value.size == 0:
-                    continue
-                if not np.isfinite(value).all():
-                    raise NonFiniteActivation(
-                        f"calibration produced NaN/Inf in tensor '{name}' (output of layer '{producer.get(name, '?')}'); "
-                        "check the preprocessing (mean/std) and the calibration images"
-                    )
-                n = len(x)
-                if value.ndim >= 1 and value.shape[0] == n:  # per-sample extremes (batch axis first)
-                    rows = value.reshape(n, -1)
-                    mins, maxs = rows.min(axis=1).astype(np.float64), rows.max(axis=1).astype(np.float64)
-                    lo, hi = float(mins.min()), float(maxs.max())
-                    st.sample_lo_sum += float(mins.sum())
-                    st.sample_hi_sum += float(maxs.sum())
-                    absmax = np.maximum(-mins, maxs)
-                    st.sample_absmax_sum += float(absmax.sum())
-                    st.sample_absmax_sq_sum += float((absmax * absmax).sum())
-                    st.elements = rows.shape[1]
-                else:  # a tensor without the batch axis: the batch's extremes stand for each of its samples
-                    lo, hi = float(value.min()), float(value.max())
-                    st.sample_lo_sum += n * lo
-                    st.sample_hi_sum += n * hi
-                    st.sample_absmax_sum += n * max(-lo, hi)
-                    st.sample_absmax_sq_sum += n * max(-lo, hi) ** 2
-                    st.elements = max(int(value.size) // max(n, 1), 1)
-                st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
-                if name in channel_names and value.ndim >= 2:
-                    per = np.moveaxis(value, 1, 0).reshape(value.shape[1], -1)
-                    c_lo, c_hi = per.min(axis=1).astype(np.float64), per.max(axis=1).astype(np.float64)
-                    st.channel_lo = c_lo if st.channel_lo is None else np.minimum(st.channel_lo, c_lo)
-                    st.channel_hi = c_hi if st.channel_hi is None else np.maximum(st.channel_hi, c_hi)
-                if st.hist is not None:
-                    st.hist.collect(value, absmax=max(-lo, hi))
-                st.samples += len(x)
+            # each tensor's statistics fold on a worker thread (numpy's reductions, casts and bincount release the GIL):
+            # at 224 px a transformer's 478 tensors make this fold, not the model, the cost of calibration when one
+            # thread does it. A tensor is folded by one task per batch, so no two threads touch the same statistics
+            work = [(stats.tensors[name], value) for name, value in zip(out_names, outs)
+                    if name in stats.tensors and value.size]
+            list(pool.map(lambda item: _fold(item[0], item[1], len(x), item[0].name in channel_names, producer), work))
             stats.samples += len(x)
             advance(len(x))
     return stats
+
+
+def _fold(st: TensorStats, value: np.ndarray, n: int, per_channel: bool, producer: dict) -> None:
+    """Fold one batch's values of one tensor (``n`` samples) into its statistics."""
+    if not np.isfinite(value).all():
+        raise NonFiniteActivation(
+            f"calibration produced NaN/Inf in tensor '{st.name}' (output of layer '{producer.get(st.name, '?')}'); "
+            "check the preprocessing (mean/std) and the calibration images"
+        )
+    if value.ndim >= 1 and value.shape[0] == n:  # per-sample extremes (batch axis first)
+        rows = value.reshape(n, -1)
+        mins, maxs = rows.min(axis=1).astype(np.float64), rows.max(axis=1).astype(np.float64)
+        lo, hi = float(mins.min()), float(maxs.max())
+        st.sample_lo_sum += float(mins.sum())
+        st.sample_hi_sum += float(maxs.sum())
+        absmax = np.maximum(-mins, maxs)
+        st.sample_absmax_sum += float(absmax.sum())
+        st.sample_absmax_sq_sum += float((absmax * absmax).sum())
+        st.elements = rows.shape[1]
+    else:  # a tensor without the batch axis: the batch's extremes stand for each of its samples
+        lo, hi = float(value.min()), float(value.max())
+        st.sample_lo_sum += n * lo
+        st.sample_hi_sum += n * hi
+        st.sample_absmax_sum += n * max(-lo, hi)
+        st.sample_absmax_sq_sum += n * max(-lo, hi) ** 2
+        st.elements = max(int(value.size) // max(n, 1), 1)
+    st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
+    if per_channel and value.ndim >= 2:
+        per = np.moveaxis(value, 1, 0).reshape(value.shape[1], -1)
+        c_lo, c_hi = per.min(axis=1).astype(np.float64), per.max(axis=1).astype(np.float64)
+        st.channel_lo = c_lo if st.channel_lo is None else np.minimum(st.channel_lo, c_lo)
+        st.channel_hi = c_hi if st.channel_hi is None else np.maximum(st.channel_hi, c_hi)
+    if st.hist is not None:
+        st.hist.collect(value, absmax=max(-lo, hi))
+    st.samples += n
