@@ -532,3 +532,16 @@ def test_the_header_states_cpu_flags_threads_and_gpu_driver_and_clocks():
     assert "openvino 2026.4.1" in rows["Libraries"]
     results["environment"]["cpu_flags"] = []
     assert "flags: none of avx2/avx512/vnni/amx" in dict(summary(results))["CPU"]
+
+
+def test_the_missed_budget_table_says_when_nncf_accuracy_control_was_not_run():
+    """A skipped peer is a row that says why, not a row of dashes that reads as a run with no result."""
+    from qdeploy.report.optimize_page import missed_budget_table
+
+    summary = {"candidates": [], "stages": {
+        "fallback": {"start": "openvino-int8-nncf", "float_layers": [], "within_budget": False, "trials": []},
+        "nncf_accuracy_control": {"skipped": "the own placement's drop is within max_drop already", "drop": 0.2,
+                                  "max_drop": 0.5}}}
+    rows = missed_budget_table(summary).rows
+    assert rows[1][0] == "NNCF quantize_with_accuracy_control"
+    assert rows[1][3] == "not run: the own placement's drop is within max_drop already"

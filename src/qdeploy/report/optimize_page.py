@@ -192,7 +192,9 @@ def missed_budget_table(summary: Mapping) -> Optional[T.Table]:
                str(len(fb.get("float_layers") or [])), str(trials[-1] if trials else "–"),
                T.pct(last.get("search_metric")) if last else "–", "yes" if fb.get("within_budget") else "no",
                T.fmt(last.get("latency_p50_ms"), 3) if last else "–"])
-    if ac:
+    if ac.get("skipped"):
+        t.add(["NNCF quantize_with_accuracy_control", "–", "–", f"not run: {ac['skipped']}", "–", "–", "–"])
+    elif ac:
         res = T.section(ac, "result")
         row = by.get(res.get("variant")) or {}
         t.add(["NNCF quantize_with_accuracy_control",

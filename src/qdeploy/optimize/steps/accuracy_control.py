@@ -90,6 +90,17 @@ class NncfAccuracyControlStep(Step):
         if start is None:
             s.note("NNCF accuracy control not run: OpenVINO's own INT8 placement was not measured in this search")
             return
+        allowed = s.o.budget.allowed_points(s.reference.search_metric)
+        drop = (s.reference.search_metric - start.search_metric) if start.search_metric is not None else None
+        if drop is not None and drop <= allowed:
+            # NNCF's restorer validates the quantized model first and returns it unchanged when its drop is within
+            # max_drop (a point estimate): the run would cost a quantization and two passes to give back this candidate
+            s.note(f"NNCF accuracy control not run: {start.variant}'s drop on the search split, {drop:.3g} points, is "
+                   f"within its max_drop {allowed:.3g} (NNCF judges the point estimate), so it would return that model "
+                   "as it is")
+            s.stages["nncf_accuracy_control"] = {"skipped": "the own placement's drop is within max_drop already",
+                                                 "drop": round(drop, 4), "max_drop": allowed}
+            return
         try:
             record, cand = self.quantize(own)
         except QDeployError as e:
