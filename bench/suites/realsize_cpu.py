@@ -240,11 +240,19 @@ def print_row(r: dict) -> None:
 
 
 def merge(parts: list[Path], out: Path | None) -> None:
+    """Rows of several runs into one document (``out`` itself first when it exists, so rows accumulate across device
+    sessions; a later row of the same model, batch and threads replaces an earlier one). Each row keeps the command
+    and the training record of the run that measured it; unfinished attempts are kept."""
+    if out is not None and out.exists() and out not in parts:
+        parts = [out, *parts]
     docs = [json.loads(p.read_text()) for p in parts]
-    rows = {}
+    rows, attempts = {}, []
     for d in docs:
+        trained = {t["model"]: t for t in d.get("training") or []}
         for r in d["rows"]:
-            rows[(r["model"], r["batch"], r["threads"])] = {**r, "measured_by": r.get("measured_by") or d.get("command")}
+            rows[(r["model"], r["batch"], r["threads"])] = {**r, "measured_by": r.get("measured_by") or d.get("command"),
+                                                            "training": r.get("training") or trained.get(r["model"])}
+        attempts += [a for a in d.get("attempts") or [] if a not in attempts]
     order = {m: i for i, m in enumerate(SUITE)}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 99), r["batch"], -r["threads"]))
     for r in merged:
@@ -252,9 +260,11 @@ def merge(parts: list[Path], out: Path | None) -> None:
     summary(merged)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"cpu_flags": docs[-1]["cpu_flags"], "machine": docs[-1]["machine"],
-                                   "versions": docs[-1]["versions"], "training": docs[-1].get("training"),
-                                   "rows": merged}, indent=1))
+        last = docs[-1]
+        out.write_text(json.dumps({"schema": "qdeploy.realsize_cpu/1", "cpu_flags": last["cpu_flags"],
+                                   "machine": last["machine"], "versions": last.get("versions"),
+                                   "data": next((d["data"] for d in docs if d.get("data")), None),
+                                   "rows": merged, "attempts": attempts}, indent=1))
 
 
 def summary(rows: list) -> None:
