@@ -8,6 +8,8 @@
 #
 # A model without weights there is trained first in this call when .devreal/train travels too (its training seconds
 # are in realsize_train.json and the row's "training").
+# efficientnet_lite0 (ImageNet weights) reads .realsize-weights/lite0/, which bench/device/realsize_lite0_unpack.sh
+# leaves there (stage it here with bench/device/stage_realsize_lite0.sh).
 # Env: MODELS (space-separated), ROWS (realsize_cpu.py --rows; default "1:16,4 16:16"), TAG, BUDGET (the call's
 # seconds, default 560: no row starts after BUDGET-PER_ROW s, PER_ROW 150), ARGS (more arguments). Writes
 # $OUT/realsize_cpu_$TAG.json (rewritten after each row) and $OUT/realsize_cpu_$TAG.log.
@@ -16,7 +18,16 @@ cd "$(dirname "$0")/../.."
 T0=$(date +%s)
 MODELS=${MODELS:-resnet50} ROWS=${ROWS:-"1:16,4 16:16"} TAG=${TAG:-1} BUDGET=${BUDGET:-560} PER_ROW=${PER_ROW:-150}
 OUT=${OUT:-/tmp/realsize-out}; mkdir -p "$OUT"
-missing=""; for m in $MODELS; do [ -f ".realsize-weights/$m.pt" ] || missing="$missing $m"; done
+missing=""; LITE0_ARGS=""
+for m in $MODELS; do
+  if [ "$m" = efficientnet_lite0 ]; then  # ImageNet weights and images, unpacked by realsize_lite0_unpack.sh's call
+    [ -f .realsize-weights/lite0/lite0_fp16.pt ] || { echo "no .realsize-weights/lite0 on this machine: run"\
+      "bench/device/realsize_lite0_unpack.sh first (same warm machine), carrying .devreal/lite0"; exit 3; }
+    LITE0_ARGS="--imagenet $PWD/.realsize-weights/lite0/imagenet --lite0-weights $PWD/.realsize-weights/lite0/lite0_fp16.pt"
+    continue
+  fi
+  [ -f ".realsize-weights/$m.pt" ] || missing="$missing $m"
+done
 if [ -n "$missing" ]; then  # a fresh machine: train them here if the training images travelled, else stop
   [ -f .devreal/train/cifar_train.tgz ] || { echo "no weights for$missing on this machine and no .devreal/train carried:"\
     "run bench/device/realsize_train.sh first (on the same warm machine) or carry .devreal/train"; exit 3; }
@@ -24,14 +35,14 @@ if [ -n "$missing" ]; then  # a fresh machine: train them here if the training i
 fi
 . bench/device/stage.sh; unpack_zoo_site
 rm -rf /tmp/realeval && mkdir -p /tmp/realeval && for t in .devreal/eval/*.tgz; do tar -C /tmp/realeval -xzf "$t" || exit 3; done
-export PYTHONPATH=/tmp/zsite:$PWD/src PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= QDEPLOY_CACHE=/tmp/qdeploy-cache \
+export PYTHONPATH=/tmp/zsite:$PWD/src:$PWD/.realsize-weights/lite0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= QDEPLOY_CACHE=/tmp/qdeploy-cache \
        COLUMNS=160 NO_COLOR=1
 lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-600
 left=$(( BUDGET - ($(date +%s) - T0) ))
 # shellcheck disable=SC2086  # MODELS, ROWS and ARGS are word lists
 timeout $(( left - 10 )) python3 bench/suites/realsize_cpu.py --weights .realsize-weights --cifar /tmp/realeval \
   --models $MODELS --rows $ROWS --budget $(( left - PER_ROW )) --out /tmp/realsize-runs \
-  --json "$OUT/realsize_cpu_$TAG.json" ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
+  --json "$OUT/realsize_cpu_$TAG.json" $LITE0_ARGS ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
 rc=${PIPESTATUS[0]}
 echo "realsize_cpu.py exit $rc; $(( $(date +%s) - T0 )) s in this call"
 exit $rc
