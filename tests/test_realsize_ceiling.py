@@ -206,3 +206,27 @@ def test_the_suite_loads_qdeploys_artifact_as_its_deploy_line_says(tiny, tmp_pat
     np.testing.assert_allclose(built.run(x), plain.run(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="no plain loader"):
         suite.chosen_maker({"artifact": "program.pt2"}, 2, out)(x)
+
+
+def test_argmax_maps_are_kept_and_compared_as_class_maps():
+    """A segmenter's logits over a test set are gigabytes a variant: the harness keeps their argmax (keep_argmax), and
+    agreement then compares class maps entry by entry."""
+    logits = np.zeros((3, 4, 2, 2), np.float32)
+    logits[:, 2] = 1.0
+    logits[0, 3, 0, 0] = 5.0
+    built = ceiling.Built(lambda: None, lambda b: logits[:len(b)], "f32", None, None)
+    maps = ceiling.outputs_of(built, np.zeros((3, 1, 2, 2), np.float32), 2, keep_argmax=True)
+    assert maps.dtype == np.uint16 and maps.shape == (3, 2, 2) and maps[0, 0, 0] == 3 and maps[1, 1, 1] == 2
+    other = maps.copy()
+    other[2] = 0
+    assert ceiling.agreement(maps, other) == pytest.approx(8 / 12)
+
+
+def test_the_suites_miou_counts_only_labelled_pixels_and_present_classes():
+    suite = _suite()
+    labels = np.array([[[0, 0, 1, 11]]])   # 11 = CamVid's void: never counted
+    pred = np.array([[[0, 1, 1, 5]]])
+    # class 0: 1 / 2, class 1: 1 / 2; class 5 appears only in a void pixel, so it is not a class of this image
+    assert suite.miou(pred, labels) == pytest.approx(50.0)
+    assert suite.metric_of("deeplabv3_camvid", pred, labels) == pytest.approx(50.0)
+    assert suite.BUDGET[suite.task_of("deeplabv3_camvid")] == 1.0 and suite.task_of("resnet50") == "classification"

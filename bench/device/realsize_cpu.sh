@@ -8,8 +8,8 @@
 #
 # A model without weights there is trained first in this call when .devreal/train travels too (its training seconds
 # are in realsize_train.json and the row's "training").
-# efficientnet_lite0 (ImageNet weights) reads .realsize-weights/lite0/, which bench/device/realsize_lite0_unpack.sh
-# leaves there (stage it here with bench/device/stage_realsize_lite0.sh).
+# efficientnet_lite0 and deeplabv3_camvid read .realsize-weights/lite0/ and seg/, which a call of
+# bench/device/realsize_unpack.sh leaves there (staged here by bench/device/stage_realsize_lite0.sh / _seg.sh).
 # Env: MODELS (space-separated), ROWS (realsize_cpu.py --rows; default "1:16,4 16:16"), TAG, BUDGET (the call's
 # seconds, default 560: no row starts after BUDGET-PER_ROW s, PER_ROW 150), ARGS (more arguments). Writes
 # $OUT/realsize_cpu_$TAG.json (rewritten after each row) and $OUT/realsize_cpu_$TAG.log.
@@ -18,12 +18,20 @@ cd "$(dirname "$0")/../.."
 T0=$(date +%s)
 MODELS=${MODELS:-resnet50} ROWS=${ROWS:-"1:16,4 16:16"} TAG=${TAG:-1} BUDGET=${BUDGET:-560} PER_ROW=${PER_ROW:-150}
 OUT=${OUT:-/tmp/realsize-out}; mkdir -p "$OUT"
-missing=""; LITE0_ARGS=""
+missing=""; STAGED_ARGS=""
+staged() {  # staged NAME FILE: a row whose weights and data realsize_unpack.sh NAME left on this machine
+  [ -f ".realsize-weights/$1/$2" ] || { echo "no .realsize-weights/$1 on this machine: run"\
+    "'bash bench/device/realsize_unpack.sh $1' first (same warm machine), carrying .devreal/$1"; exit 3; }
+}
 for m in $MODELS; do
-  if [ "$m" = efficientnet_lite0 ]; then  # ImageNet weights and images, unpacked by realsize_lite0_unpack.sh's call
-    [ -f .realsize-weights/lite0/lite0_fp16.pt ] || { echo "no .realsize-weights/lite0 on this machine: run"\
-      "bench/device/realsize_lite0_unpack.sh first (same warm machine), carrying .devreal/lite0"; exit 3; }
-    LITE0_ARGS="--imagenet $PWD/.realsize-weights/lite0/imagenet --lite0-weights $PWD/.realsize-weights/lite0/lite0_fp16.pt"
+  if [ "$m" = efficientnet_lite0 ]; then  # ImageNet weights and images
+    staged lite0 lite0_fp16.pt
+    STAGED_ARGS="$STAGED_ARGS --imagenet $PWD/.realsize-weights/lite0/imagenet --lite0-weights $PWD/.realsize-weights/lite0/lite0_fp16.pt"
+    continue
+  fi
+  if [ "$m" = deeplabv3_camvid ]; then  # ../shared's CamVid DeepLabV3 and CamVid frames
+    staged seg deeplabv3_fp16.pt
+    STAGED_ARGS="$STAGED_ARGS --camvid $PWD/.realsize-weights/seg/camvid --deeplabv3-weights $PWD/.realsize-weights/seg/deeplabv3_fp16.pt"
     continue
   fi
   [ -f ".realsize-weights/$m.pt" ] || missing="$missing $m"
@@ -42,7 +50,7 @@ left=$(( BUDGET - ($(date +%s) - T0) ))
 # shellcheck disable=SC2086  # MODELS, ROWS and ARGS are word lists
 timeout $(( left - 10 )) python3 bench/suites/realsize_cpu.py --weights .realsize-weights --cifar /tmp/realeval \
   --models $MODELS --rows $ROWS --budget $(( left - PER_ROW )) --out /tmp/realsize-runs \
-  --json "$OUT/realsize_cpu_$TAG.json" $LITE0_ARGS ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
+  --json "$OUT/realsize_cpu_$TAG.json" $STAGED_ARGS ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
 rc=${PIPESTATUS[0]}
 echo "realsize_cpu.py exit $rc; $(( $(date +%s) - T0 )) s in this call"
 exit $rc

@@ -10,7 +10,7 @@
 # (git-ignored, kept between calls), before the call that measures it with .devzoo:
 #
 #   bash bench/device/stage_realsize_lite0.sh
-#   run(command="bash bench/device/realsize_lite0_unpack.sh", carry=[".devreal/lite0"])
+#   run(command="bash bench/device/realsize_unpack.sh lite0", carry=[".devreal/lite0"])
 #   run(command="MODELS=efficientnet_lite0 TAG=lite0 bash bench/device/realsize_cpu.sh", carry=[".devzoo", ".devreal/eval"])
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -77,10 +77,14 @@ class Built:
 
 def agreement(a: np.ndarray, b: np.ndarray) -> float:
     """The share of rows (and positions, for outputs with more than two dimensions) whose argmax over axis 1 agrees:
-    top-1 agreement of two models' logits."""
+    top-1 agreement of two models' logits; of equal entries where both are already argmax maps (integers)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise ValueError(f"outputs of different shapes: {a.shape} vs {b.shape}")
+    if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):  # argmax maps (keep_argmax)
+        if a.size == 0:
+            raise ValueError("agreement of empty argmax maps")
+        return float(np.mean(a == b))
     if a.ndim < 2 or a.shape[0] == 0:
         raise ValueError(f"agreement needs [N, C, ...] outputs with N > 0, got shape {a.shape}")
     return float(np.mean(a.argmax(axis=1) == b.argmax(axis=1)))
@@ -332,16 +336,18 @@ def build(name: str, ctx: dict) -> Built:
     raise ValueError(f"unknown variant {name!r}")
 
 
-def outputs_of(built: Built, evals: np.ndarray, batch: int) -> np.ndarray:
+def outputs_of(built: Built, evals: np.ndarray, batch: int, keep_argmax: bool = False) -> np.ndarray:
     """The first output over all of ``evals`` in batches of ``batch``; the last batch padded with copies of its last
-    image (so that a model with a fixed batch runs too), the padding's rows dropped."""
+    image (so that a model with a fixed batch runs too), the padding's rows dropped. ``keep_argmax``: only its argmax
+    over axis 1, as uint16 (a segmenter's logits over a test set are gigabytes a variant; its class map is not)."""
     parts = []
     for i in range(0, len(evals), batch):
         b = evals[i:i + batch]
         n = len(b)
         if n < batch:
             b = np.concatenate([b, np.repeat(b[-1:], batch - n, axis=0)])
-        parts.append(np.asarray(built.run(np.ascontiguousarray(b)))[:n])
+        out = np.asarray(built.run(np.ascontiguousarray(b)))[:n]
+        parts.append(out.argmax(axis=1).astype(np.uint16) if keep_argmax else out)
     return np.concatenate(parts)
 
 
@@ -425,10 +431,10 @@ def _result(status: str, reason: str | None = None, build_s: float | None = None
 def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch: int, threads: int, transformer: bool,
                     work: Path, ignored_scope_names: list[str] = (), variants: list[str] | None = None,
                     repeats: int = 5, min_time: float = 0.3, log=print,
-                    extra: dict[str, Callable[[np.ndarray], Built]] | None = None) -> dict:
+                    extra: dict[str, Callable[[np.ndarray], Built]] | None = None, keep_argmax: bool = False) -> dict:
     """Build every variant (a failure is that variant's result), run each over ``evals``, time them round-robin.
     ``extra``: more variants timed in the same rounds, {name: make(x) → Built} (e.g. an artifact under test, loaded
-    as its user deploys it).
+    as its user deploys it). ``keep_argmax``: each variant's outputs kept as their argmax over axis 1 (segmenters).
     Returns {"variants": {name: result}, "cpu", "versions", "batch", "threads", "fastest", "best_fp32", ...}; each
     result's "outputs" is an ndarray (the first model output over all of ``evals``), not JSON."""
     onnx_path = Path(onnx_path)
@@ -463,7 +469,7 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
             b = make()
             seconds = round(time.perf_counter() - t0, 2)
             results[name] = _result("ok", build_s=seconds, built=b)
-            results[name]["outputs"] = outputs_of(b, evals, batch)
+            results[name]["outputs"] = outputs_of(b, evals, batch, keep_argmax)
             built[name] = b
         except Skipped as ex:
             results[name] = _result("skipped", str(ex))

@@ -57,12 +57,42 @@ REAL_WEIGHTS = {
     "efficientnet_lite0": ("efficientnet_lite_pytorch:EfficientNet.from_name", {"model_name": "efficientnet-lite0"},
                            {"resize": 256, "crop": 224, "mean": [0.498039] * 3, "std": [0.501961] * 3}),
 }
-SUITE = [*MODELS, *REAL_WEIGHTS]
+# segmenters: ../shared's CamVid DeepLabV3 (--deeplabv3-weights FILE) on CamVid at 360x480 (--camvid DIR: segnet
+# layout; test/ + testannot/ scored, 64 seeded val/ frames calibrate); budget in mIoU points
+CAMVID_CLASSES = ["Sky", "Building", "Pole", "Road", "Pavement", "Tree", "SignSymbol", "Fence", "Car", "Pedestrian",
+                  "Bicyclist"]
+SEGMENTERS = {
+    "deeplabv3_camvid": ("torchvision:deeplabv3_mobilenet_v3_large",
+                         {"num_classes": 11, "aux_loss": False, "weights": None, "weights_backbone": None}, [360, 480]),
+}
+IGNORE_INDEX = 11
+BUDGET = {"classification": BUDGET_POINTS, "segmentation": 1.0}  # the issue's: top-1 points, mIoU points
+SUITE = [*MODELS, *REAL_WEIGHTS, *SEGMENTERS]
+
+
+def task_of(name: str) -> str:
+    return "segmentation" if name in SEGMENTERS else "classification"
+
+
+def input_size_of(name: str) -> list[int]:
+    return SEGMENTERS[name][2] if name in SEGMENTERS else [224, 224]
 
 
 def config(name: str, a, batch: int, threads: int) -> dict:
     """The optimize config of one row: model and data of ``name``, the row's batch and threads."""
     many = batch > 8
+    if name in SEGMENTERS:
+        source, kwargs, size = SEGMENTERS[name]
+        ev = {"format": "segnet", "root": str(a.camvid), "split": "test", "ignore_index": IGNORE_INDEX, "batch_size": 8,
+              "class_names": CAMVID_CLASSES}
+        model = {"source": source, "kwargs": kwargs, "weights": str(a.deeplabv3_weights), "task": "segmentation",
+                 "output": "out", "preprocess": {"input_size": size, **NORM}}
+        return {"model": model,
+                "data": {"eval": ev, "calibration": {**ev, "split": "val", "count": 64, "seed": 0, "batch_size": 4}},
+                "variants": [{"engine": "onnxruntime"}],
+                "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
+                "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET["segmentation"]}, "batch_size": batch,
+                             "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
     if name in REAL_WEIGHTS:
         source, kwargs, pre = REAL_WEIGHTS[name]
         weights = str(a.lite0_weights or LITE0_WEIGHTS)
@@ -88,6 +118,12 @@ def config(name: str, a, batch: int, threads: int) -> dict:
 
 def missing(name: str, a) -> str | None:
     """Why ``name`` cannot run here (None: it can)."""
+    if name in SEGMENTERS:
+        if a.camvid is None or not (a.camvid / "test").is_dir() or not (a.camvid / "val").is_dir():
+            return "needs --camvid DIR (CamVid in the segnet layout: test/, testannot/, val/, valannot/)"
+        if a.deeplabv3_weights is None or not a.deeplabv3_weights.is_file():
+            return "needs --deeplabv3-weights FILE (../shared/models/camvid-deeplabv3's state dict)"
+        return None
     if name in REAL_WEIGHTS:
         if a.imagenet is None or not (a.imagenet / "synsets.txt").exists():
             return "needs --imagenet DIR (../shared/data/imagenet-val1300: class folders and synsets.txt)"
@@ -107,8 +143,9 @@ def arrays(spec: dict, cfg: dict, labels: bool, limit: int | None = None) -> tup
     from qdeploy.tasks import get_task
 
     pre = Preprocess(**cfg["model"]["preprocess"])
+    task = get_task(cfg["model"]["task"])
     xs, ys, n = [], [], 0
-    for images, lab in make_batches(DatasetSpec(**spec), pre, get_task("classification"), progress=False):
+    for images, lab in make_batches(DatasetSpec(**spec), pre, task, progress=False):
         xs.append(normalize(images, pre))
         if labels:
             ys.append(np.asarray(lab))
@@ -162,9 +199,9 @@ def chosen_maker(chosen: dict, threads: int, out: Path):
     return make
 
 
-def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out) -> dict:
+def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out, keep_argmax) -> dict:
     return measure_ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats=repeats,
-                           extra={"qdeploy": chosen_maker(chosen, threads, out)})
+                           extra={"qdeploy": chosen_maker(chosen, threads, out)}, keep_argmax=keep_argmax)
 
 
 def ceiling_in_child(*args) -> dict:
@@ -178,6 +215,22 @@ def ceiling_in_child(*args) -> dict:
         return pool.submit(_ceiling, *args).result()
 
 
+def miou(pred: np.ndarray, labels: np.ndarray, classes: int = len(CAMVID_CLASSES), ignore: int = IGNORE_INDEX) -> float:
+    """Mean IoU (%) of argmax maps against label maps over the pixels not labelled ``ignore``, over the classes present
+    in either (a class neither predicts nor labels has no IoU)."""
+    valid = labels != ignore
+    p, t = pred[valid].astype(np.int64), labels[valid].astype(np.int64)
+    conf = np.bincount(t * classes + p, minlength=classes * classes).reshape(classes, classes)
+    inter = np.diag(conf).astype(np.float64)
+    union = conf.sum(0) + conf.sum(1) - inter
+    return 100.0 * float(np.mean(inter[union > 0] / union[union > 0]))
+
+
+def metric_of(name: str, out: np.ndarray, labels: np.ndarray) -> float:
+    """The row's task metric in points: top-1 of logits, or mIoU of argmax maps."""
+    return miou(out, labels) if name in SEGMENTERS else top1(out, labels)
+
+
 def top1(out: np.ndarray, labels: np.ndarray) -> float:
     return 100.0 * float((out.argmax(1) == labels).mean())
 
@@ -187,25 +240,28 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
     fp32_names = [n for n in ("ort-fp32", "ov-fp32") if v.get(n, {}).get("status") == "ok"]
     best_fp32_name = min(fp32_names, key=lambda n: v[n]["p50_ms"]) if fp32_names else None
     best_fp32 = v[best_fp32_name]["p50_ms"] if best_fp32_name else None
-    ref_top1 = top1(v[best_fp32_name]["outputs"], labels) if best_fp32_name else None
+    ref_metric = metric_of(name, v[best_fp32_name]["outputs"], labels) if best_fp32_name else None
+    allowed = BUDGET[task_of(name)]
     acc = {}
     for n, r in v.items():
         if r["status"] == "ok" and r.get("outputs") is not None:
-            acc[n] = {"top1": round(top1(r["outputs"], labels), 2),
-                      "drop_points": round(ref_top1 - top1(r["outputs"], labels), 2) if ref_top1 is not None else None,
+            m = metric_of(name, r["outputs"], labels)
+            acc[n] = {"metric": round(m, 2), "drop_points": round(ref_metric - m, 2) if ref_metric is not None else None,
                       "agreement_with_fp32": round(agreement(r["outputs"], v[best_fp32_name]["outputs"]), 4)
                       if best_fp32_name else None}
     lib = {n: r["p50_ms"] for n, r in v.items() if r["status"] == "ok" and n != "qdeploy"}
     within = {n: p for n, p in lib.items() if acc.get(n, {}).get("drop_points") is not None
-              and acc[n]["drop_points"] <= BUDGET_POINTS}
+              and acc[n]["drop_points"] <= allowed}
     ceil_name = min(lib, key=lib.get) if lib else None
     ceil_in = min(within, key=within.get) if within else None
     q = v.get("qdeploy", {})
     sp = (lambda p: round(best_fp32 / p, 3) if best_fp32 and p else None)
     summ = summarize(name, batch, s)
     return {
-        "model": name, "input_size": 224,
-        "data": "ImageNet val subset (../shared)" if name in REAL_WEIGHTS else "CIFAR-10 resized to 224", "batch": batch, "threads": threads,
+        "model": name, "input_size": input_size_of(name) if name in SEGMENTERS else 224,
+        "data": ("ImageNet val subset (../shared)" if name in REAL_WEIGHTS else "CamVid test (../shared), 360x480"
+                 if name in SEGMENTERS else "CIFAR-10 resized to 224"), "task": task_of(name),
+        "metric": "mIoU" if name in SEGMENTERS else "top-1", "budget_points": allowed, "batch": batch, "threads": threads,
         "chosen": summ["chosen"], "chosen_precision": summ["chosen_precision"],
         "speedup_vs_best_fp32": sp(q.get("p50_ms")),
         "ceiling_speedup": sp(lib.get(ceil_name)), "ceiling_variant": ceil_name,
@@ -222,7 +278,7 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
                         "repeat_medians_ms": r.get("repeat_medians_ms"), "precision": r.get("precision"),
                         "runtime_precisions": r.get("runtime_precisions"), "note": r.get("note"), **acc.get(n, {})}
                     for n, r in v.items()},
-        "harness_eval_images": int(len(labels)), "harness_fp32_top1": ref_top1,
+        "harness_eval_images": int(len(labels)), "harness_fp32_metric": ref_metric,
         "optimize": {k: summ[k] for k in ("candidates", "decisions", "time_s", "nncf", "ort_int8_over_fp32_time")},
     }
 
@@ -288,6 +344,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=SUITE)
     ap.add_argument("--imagenet", type=Path, default=None, help="ImageNet class folders + synsets.txt (Lite0's row)")
     ap.add_argument("--lite0-weights", type=Path, default=None, help=f"Lite0's state dict (default {LITE0_WEIGHTS})")
+    ap.add_argument("--camvid", type=Path, default=None, help="CamVid in the segnet layout (deeplabv3_camvid's row)")
+    ap.add_argument("--deeplabv3-weights", type=Path, default=None, help="../shared's CamVid DeepLabV3 state dict")
     ap.add_argument("--rows", nargs="+", default=["1:16,4", "16:16"], help="BATCH:THREADS[,THREADS...]")
     ap.add_argument("--count", type=int, default=2000, help="test images optimize evaluates (half search, half confirm): 1,000 a split resolve a 0.5-point budget where 500 cannot (a drop of 0 with 12 changed predictions bounds at 0.73 on 500)")
     ap.add_argument("--harness-eval", type=int, default=1000,
@@ -332,7 +390,8 @@ def main() -> None:
             calib, _ = arrays(cfg["data"]["calibration"], cfg, labels=False)
             evals, labels = harness_sample(*arrays(cfg["data"]["eval"], cfg, labels=True), a.harness_eval)
             ceiling = ceiling_in_child(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
-                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out)
+                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out,
+                                       name in SEGMENTERS)
             r = row_of(name, batch, threads, s, ceiling, labels, wall)
             out_rows.append(r)
             print_row(r)
