@@ -6,6 +6,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -230,3 +231,32 @@ def test_the_suites_miou_counts_only_labelled_pixels_and_present_classes():
     assert suite.miou(pred, labels) == pytest.approx(50.0)
     assert suite.metric_of("deeplabv3_camvid", pred, labels) == pytest.approx(50.0)
     assert suite.BUDGET[suite.task_of("deeplabv3_camvid")] == 1.0 and suite.task_of("resnet50") == "classification"
+
+
+@pytest.mark.slow
+def test_the_suites_detector_map_replays_outputs_through_qdeploys_evaluation():
+    """The suite scores each harness variant of a detector row by replaying its raw outputs through qdeploy's own
+    decoding, NMS and COCO evaluation: on the committed 320 px BCCD detector's PyTorch outputs it must give the mAP
+    its training record states (52.06 on the 72 test images), and a replay that runs out of outputs must say so."""
+    import torch
+
+    from conftest import shared_path
+
+    suite = _suite()
+    bccd = shared_path("data", "detection", "bccd")
+    cfg = suite.config("yolo_bccd640", SimpleNamespace(bccd=bccd, time_limit=None), 1, 2)
+    cfg["model"].update(kwargs={"size": 320}, weights=str(ROOT / "bench/weights/bccd_yolo.pt"))
+    cfg["model"]["preprocess"]["input_size"] = [320, 320]
+    x, _ = suite.arrays(cfg["data"]["eval"], cfg, labels=False)
+    sys.path.insert(0, str(ROOT / "bench/train"))
+    import bccd_models
+
+    net = bccd_models.bccd_yolo(size=320).eval()
+    net.load_state_dict({k: v.float() for k, v in torch.load(cfg["model"]["weights"], map_location="cpu").items()})
+    with torch.no_grad():
+        out = torch.cat([net(torch.from_numpy(x[i:i + 8])) for i in range(0, len(x), 8)]).numpy()
+    assert len(x) == 72
+    recorded = 100 * json.loads((ROOT / "bench/weights/bccd_yolo.json").read_text())["test_split"]["map"]
+    assert suite.detection_map(cfg, out) == pytest.approx(recorded, abs=0.5)
+    with pytest.raises(ValueError, match="replay: 8 images asked at 64"):
+        suite.detection_map(cfg, out[:70])

@@ -34,6 +34,10 @@ for m in $MODELS; do
     STAGED_ARGS="$STAGED_ARGS --camvid $PWD/.realsize-weights/seg/camvid --deeplabv3-weights $PWD/.realsize-weights/seg/deeplabv3_fp16.pt"
     continue
   fi
+  if [ "$m" = yolo_bccd640 ]; then  # committed weights; BCCD from .devreal/det/bccd.tgz (stage_realsize.sh): carry it
+    STAGED_ARGS="$STAGED_ARGS --bccd /tmp/realeval/bccd"
+    continue
+  fi
   [ -f ".realsize-weights/$m.pt" ] || missing="$missing $m"
 done
 if [ -n "$missing" ]; then  # a fresh machine: train them here if the training images travelled, else stop
@@ -42,7 +46,7 @@ if [ -n "$missing" ]; then  # a fresh machine: train them here if the training i
   MODELS="${missing# }" OUT=$OUT bash bench/device/realsize_train.sh || exit 4
 fi
 . bench/device/stage.sh; unpack_zoo_site
-rm -rf /tmp/realeval && mkdir -p /tmp/realeval && for t in .devreal/eval/*.tgz; do tar -C /tmp/realeval -xzf "$t" || exit 3; done
+rm -rf /tmp/realeval && mkdir -p /tmp/realeval && for t in .devreal/eval/*.tgz .devreal/det/*.tgz; do [ -f "$t" ] || continue; tar -C /tmp/realeval -xzf "$t" || exit 3; done
 export PYTHONPATH=/tmp/zsite:$PWD/src:$PWD/.realsize-weights/lite0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= QDEPLOY_CACHE=/tmp/qdeploy-cache \
        COLUMNS=160 NO_COLOR=1
 lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-600

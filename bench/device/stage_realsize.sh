@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Stage the real-size suite's data for the device machine (git-ignored .devreal/; never commit it: ../shared's data must
-# never enter the repository). Two carried folders, since one call carries at most 64 MiB with the repository:
+# never enter the repository). Three carried folders, since one call carries at most 64 MiB with the repository:
 #   .devreal/train/cifar_train.tgz   PER_CLASS_TRAIN (1600 of 2000: the tar and the repository fit one call) CIFAR-10 training images a class: bench/train/train_realsize.py
 #                                    trains the classifiers on the GPU from them (call bench/device/realsize_train.sh)
 #   .devreal/eval/cifar_test.tgz     PER_CLASS_TEST (200) test images a class (train_realsize.py's top-1; the Xeon rows'
 #                                    search + confirm splits) and cifar_calib.tgz: CALIB (32) further test images a class,
 #                                    qdeploy's and the ceiling harness's calibration set
+#   .devreal/det/bccd.tgz            BCCD (test + train splits) for the 640 px detector row, carried by realsize_cpu.sh only
 # One .tgz per set: the device counts many small files for more than their bytes.
 #
 #   bash bench/device/stage_realsize.sh
@@ -29,5 +30,15 @@ mkdir -p .devreal/train .devreal/eval
 tar -C "$T" -czf .devreal/train/cifar_train.tgz train
 tar -C "$T" -czf .devreal/eval/cifar_test.tgz test
 tar -C "$T" -czf .devreal/eval/cifar_calib.tgz calib
+# BCCD for the 640 px detector's row (yolo_bccd640), in .devreal/det/ (carried by the measuring call only: the training
+# call's tree would pass 64 MiB): its test split (scored) and train split (32 seeded images calibrate), annotations and
+# split lists; the val split's images stay behind
+B=${SHARED:-../shared}/data/detection/bccd
+if [ -d "$B/Annotations" ]; then
+  mkdir -p "$T/bccd/JPEGImages"
+  cp -r "$B/Annotations" "$B/ImageSets" "$T/bccd/"
+  cat "$B/ImageSets/Main/test.txt" "$B/ImageSets/Main/train.txt" | sed "s|^\(.*\)$|$B/JPEGImages/\1.jpg|" | xargs cp -t "$T/bccd/JPEGImages/"
+  mkdir -p .devreal/det && tar -C "$T" -czf .devreal/det/bccd.tgz bccd
+fi
 rm -rf "$T"
-du -s --apparent-size --block-size=1K .devreal/train/* .devreal/eval/*   # KiB; a call carries <= 64 MiB with the repo
+du -s --apparent-size --block-size=1K .devreal/train/* .devreal/eval/* .devreal/det/*   # KiB; a call carries <= 64 MiB with the repo

@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -71,21 +72,41 @@ SEGMENTERS = {
                          {"num_classes": 11, "aux_loss": False, "weights": None, "weights_backbone": None}, [360, 480]),
 }
 IGNORE_INDEX = 11
-BUDGET = {"classification": BUDGET_POINTS, "segmentation": 1.0}  # the issue's: top-1 points, mIoU points
-SUITE = [*MODELS, *REAL_WEIGHTS, *SEGMENTERS]
+# detectors: bench/train/bccd_models.py's YOLOv8-style detector trained at 640 on BCCD (bench/train/train_bccd.py
+# --size 640; weights committed in bench/weights/), scored on BCCD's test split (--bccd DIR, Pascal VOC), 32 seeded
+# train images calibrate; budget in mAP@0.5:0.95 points
+DETECTORS = {
+    "yolo_bccd640": (f"{HERE.parents[1] / 'bench/train/bccd_models.py'}:bccd_yolo", {"size": 640}, [640, 640],
+                     HERE.parents[1] / "bench/weights/bccd_yolo640.pt"),
+}
+BCCD_CLASSES = ["RBC", "WBC", "Platelets"]
+BUDGET = {"classification": BUDGET_POINTS, "segmentation": 1.0, "detection": 1.0}  # top-1, mIoU, mAP points
+SUITE = [*MODELS, *REAL_WEIGHTS, *SEGMENTERS, *DETECTORS]
 
 
 def task_of(name: str) -> str:
-    return "segmentation" if name in SEGMENTERS else "classification"
+    return "segmentation" if name in SEGMENTERS else "detection" if name in DETECTORS else "classification"
 
 
 def input_size_of(name: str) -> list[int]:
-    return SEGMENTERS[name][2] if name in SEGMENTERS else [224, 224]
+    return SEGMENTERS[name][2] if name in SEGMENTERS else DETECTORS[name][2] if name in DETECTORS else [224, 224]
 
 
 def config(name: str, a, batch: int, threads: int) -> dict:
     """The optimize config of one row: model and data of ``name``, the row's batch and threads."""
     many = batch > 8
+    if name in DETECTORS:
+        source, kwargs, size, weights = DETECTORS[name]
+        ev = {"format": "voc", "root": str(a.bccd), "split": "test", "classes": BCCD_CLASSES, "batch_size": 8,
+              "bad_boxes": "skip"}
+        model = {"source": source, "kwargs": kwargs, "weights": str(weights), "task": "detection", "decode": "yolov8",
+                 "preprocess": {"input_size": size, "letterbox": True}}
+        return {"model": model,
+                "data": {"eval": ev, "calibration": {**ev, "split": "train", "count": 32, "seed": 0}},
+                "variants": [{"engine": "onnxruntime"}],
+                "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
+                "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET["detection"]}, "batch_size": batch,
+                             "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
     if name in SEGMENTERS:
         source, kwargs, size = SEGMENTERS[name]
         ev = {"format": "segnet", "root": str(a.camvid), "split": "test", "ignore_index": IGNORE_INDEX, "batch_size": 8,
@@ -123,6 +144,13 @@ def config(name: str, a, batch: int, threads: int) -> dict:
 
 def missing(name: str, a) -> str | None:
     """Why ``name`` cannot run here (None: it can)."""
+    if name in DETECTORS:
+        if a.bccd is None or not (a.bccd / "Annotations").is_dir():
+            return "needs --bccd DIR (../shared/data/detection/bccd: Pascal VOC with its own split)"
+        weights = DETECTORS[name][3]
+        if not weights.is_file():
+            return f"no {weights} (bench/train/train_bccd.py yolo --size 640 makes it)"
+        return None
     if name in SEGMENTERS:
         if a.camvid is None or not (a.camvid / "test").is_dir() or not (a.camvid / "val").is_dir():
             return "needs --camvid DIR (CamVid in the segnet layout: test/, testannot/, val/, valannot/)"
@@ -231,8 +259,42 @@ def miou(pred: np.ndarray, labels: np.ndarray, classes: int = len(CAMVID_CLASSES
     return 100.0 * float(np.mean(inter[union > 0] / union[union > 0]))
 
 
-def metric_of(name: str, out: np.ndarray, labels: np.ndarray) -> float:
-    """The row's task metric in points: top-1 of logits, or mIoU of argmax maps."""
+class _Replay:
+    """An engine for qdeploy's evaluate() that hands back outputs already computed, batch after batch, in order."""
+
+    def __init__(self, outputs: np.ndarray):
+        self.outputs, self.at = outputs, 0
+        self.variant = SimpleNamespace(label="replay")
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        out = self.outputs[self.at:self.at + len(batch)]
+        if len(out) != len(batch):
+            raise ValueError(f"replay: {len(batch)} images asked at {self.at}, {len(self.outputs)} outputs in all")
+        self.at += len(batch)
+        return out
+
+
+def detection_map(cfg: dict, outputs: np.ndarray) -> float:
+    """mAP@0.5:0.95 (points) of a detector's raw outputs over the whole eval split, in its order, by qdeploy's own
+    decoding, NMS and COCO evaluation (the model's decode and nms settings)."""
+    from qdeploy.config import DatasetSpec, ModelSpec
+    from qdeploy.data import make_batches
+    from qdeploy.evaluate.runner import evaluate
+    from qdeploy.tasks import get_task
+
+    model = ModelSpec(**cfg["model"])
+    task = get_task("detection").bind(model)
+    spec = DatasetSpec(**cfg["data"]["eval"])
+    batches = make_batches(spec, model.preprocess, task, progress=False)
+    metrics, _ = evaluate(_Replay(outputs), batches, model.preprocess, task, spec.ignore_index, BCCD_CLASSES,
+                          desc="replay")
+    return 100.0 * float(metrics["map"])
+
+
+def metric_of(name: str, out: np.ndarray, labels, cfg: dict | None = None) -> float:
+    """The row's task metric in points: top-1 of logits, mIoU of argmax maps, or a detector's mAP."""
+    if name in DETECTORS:
+        return detection_map(cfg, out)
     return miou(out, labels) if name in SEGMENTERS else top1(out, labels)
 
 
@@ -240,17 +302,17 @@ def top1(out: np.ndarray, labels: np.ndarray) -> float:
     return 100.0 * float((out.argmax(1) == labels).mean())
 
 
-def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: np.ndarray, wall: float) -> dict:
+def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels, wall: float, cfg: dict) -> dict:
     v = ceiling["variants"]
     fp32_names = [n for n in ("ort-fp32", "ov-fp32") if v.get(n, {}).get("status") == "ok"]
     best_fp32_name = min(fp32_names, key=lambda n: v[n]["p50_ms"]) if fp32_names else None
     best_fp32 = v[best_fp32_name]["p50_ms"] if best_fp32_name else None
-    ref_metric = metric_of(name, v[best_fp32_name]["outputs"], labels) if best_fp32_name else None
+    ref_metric = metric_of(name, v[best_fp32_name]["outputs"], labels, cfg) if best_fp32_name else None
     allowed = BUDGET[task_of(name)]
     acc = {}
     for n, r in v.items():
         if r["status"] == "ok" and r.get("outputs") is not None:
-            m = metric_of(name, r["outputs"], labels)
+            m = metric_of(name, r["outputs"], labels, cfg)
             acc[n] = {"metric": round(m, 2), "drop_points": round(ref_metric - m, 2) if ref_metric is not None else None,
                       "agreement_with_fp32": round(agreement(r["outputs"], v[best_fp32_name]["outputs"]), 4)
                       if best_fp32_name else None}
@@ -263,10 +325,11 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
     sp = (lambda p: round(best_fp32 / p, 3) if best_fp32 and p else None)
     summ = summarize(name, batch, s)
     return {
-        "model": name, "input_size": input_size_of(name) if name in SEGMENTERS else 224,
+        "model": name, "input_size": input_size_of(name) if task_of(name) != "classification" else 224,
         "data": ("ImageNet val subset (../shared)" if name in REAL_WEIGHTS else "CamVid test (../shared), 360x480"
-                 if name in SEGMENTERS else "CIFAR-10 resized to 224"), "task": task_of(name),
-        "metric": "mIoU" if name in SEGMENTERS else "top-1", "budget_points": allowed, "batch": batch, "threads": threads,
+                 if name in SEGMENTERS else "BCCD test (../shared), 640 letterbox" if name in DETECTORS
+                 else "CIFAR-10 resized to 224"), "task": task_of(name),
+        "metric": {"segmentation": "mIoU", "detection": "mAP@0.5:0.95"}.get(task_of(name), "top-1"), "budget_points": allowed, "batch": batch, "threads": threads,
         "chosen": summ["chosen"], "chosen_precision": summ["chosen_precision"],
         "speedup_vs_best_fp32": sp(q.get("p50_ms")),
         "ceiling_speedup": sp(lib.get(ceil_name)), "ceiling_variant": ceil_name,
@@ -283,7 +346,7 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels: 
                         "repeat_medians_ms": r.get("repeat_medians_ms"), "precision": r.get("precision"),
                         "runtime_precisions": r.get("runtime_precisions"), "note": r.get("note"), **acc.get(n, {})}
                     for n, r in v.items()},
-        "harness_eval_images": int(len(labels)), "harness_fp32_metric": ref_metric,
+        "harness_eval_images": int(ceiling["eval_images"]), "harness_fp32_metric": ref_metric,
         "optimize": {k: summ[k] for k in ("candidates", "decisions", "time_s", "nncf", "ort_int8_over_fp32_time")},
     }
 
@@ -350,6 +413,7 @@ def main() -> None:
     ap.add_argument("--imagenet", type=Path, default=None, help="ImageNet class folders + synsets.txt (Lite0's row)")
     ap.add_argument("--lite0-weights", type=Path, default=None, help=f"Lite0's state dict (default {LITE0_WEIGHTS})")
     ap.add_argument("--camvid", type=Path, default=None, help="CamVid in the segnet layout (deeplabv3_camvid's row)")
+    ap.add_argument("--bccd", type=Path, default=None, help="BCCD in Pascal VOC (yolo_bccd640's row)")
     ap.add_argument("--deeplabv3-weights", type=Path, default=None, help="../shared's CamVid DeepLabV3 state dict")
     ap.add_argument("--rows", nargs="+", default=["1:16,4", "16:16"], help="BATCH:THREADS[,THREADS...]")
     ap.add_argument("--count", type=int, default=2000, help="test images optimize evaluates (half search, half confirm): 1,000 a split resolve a 0.5-point budget where 500 cannot (a drop of 0 with 12 changed predictions bounds at 0.73 on 500)")
@@ -393,11 +457,14 @@ def main() -> None:
             wall = time.perf_counter() - t0
             onnx_path = exported_onnx(a.out / "cache", cfg["model"]["source"], before)
             calib, _ = arrays(cfg["data"]["calibration"], cfg, labels=False)
-            evals, labels = harness_sample(*arrays(cfg["data"]["eval"], cfg, labels=True), a.harness_eval)
+            if name in DETECTORS:  # all of the split, in order: its mAP replays the outputs through qdeploy's evaluation
+                evals, labels = arrays(cfg["data"]["eval"], cfg, labels=False)[0], None
+            else:
+                evals, labels = harness_sample(*arrays(cfg["data"]["eval"], cfg, labels=True), a.harness_eval)
             ceiling = ceiling_in_child(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
                                        a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out,
                                        name in SEGMENTERS)
-            r = row_of(name, batch, threads, s, ceiling, labels, wall)
+            r = row_of(name, batch, threads, s, ceiling, labels, wall, cfg)
             out_rows.append(r)
             print_row(r)
             a.json.parent.mkdir(parents=True, exist_ok=True)

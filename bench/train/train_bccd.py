@@ -90,12 +90,14 @@ def _giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 LEVEL_RANGES = ((0, 48), (48, 96), (96, 1e9))  # largest box distance per level at 320 input (strides 8, 16, 32)
+# at another input size the boxes scale with it, and so do these ranges (yolo_loss)
 
 
 def yolo_loss(model: bccd_models.BccdYolo, x: torch.Tensor, boxes: list, classes: list) -> torch.Tensor:
     dist, logits = model.raw(x)
     pts, strides = model.points, model.point_strides
-    ranges = {8: LEVEL_RANGES[0], 16: LEVEL_RANGES[1], 32: LEVEL_RANGES[2]}
+    k = SIZE / 320
+    ranges = {s: (lo * k, hi * k) for s, (lo, hi) in zip((8, 16, 32), LEVEL_RANGES)}
     lo = torch.tensor([ranges[int(s)][0] for s in strides.tolist()], device=x.device)
     hi = torch.tensor([ranges[int(s)][1] for s in strides.tolist()], device=x.device)
     box_losses, targets, n_pos = [], torch.zeros_like(logits), 0
@@ -168,9 +170,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", type=int, default=bccd_models.SIZE,
+                    help="the square letterboxed input (yolo; a multiple of 32): 320, or 640 as YOLO detectors deploy")
     ap.add_argument("--init", type=Path, default=None, help="start from these weights (a second cycle after a run that "
                                                              "a device call's time cut short)")
     a = ap.parse_args()
+    global SIZE
+    if a.size != SIZE and (a.model != "yolo" or a.size % 32):
+        ap.error(f"--size {a.size}: only the yolo model takes another input size, and it must be a multiple of 32")
+    SIZE = a.size
     torch.manual_seed(a.seed)
     rng = np.random.default_rng(a.seed)
     t0 = time.time()
@@ -178,7 +186,7 @@ def main() -> None:
     test_x, _, _, test_orig, _ = load_split(a.data, "test")
     print(f"train {len(train_x)} images, test {len(test_x)}; skipped boxes: {skipped}; data {time.time() - t0:.1f} s",
           flush=True)
-    model = bccd_models.bccd_yolo() if a.model == "yolo" else bccd_models.bccd_ssdlite()
+    model = bccd_models.bccd_yolo(size=SIZE) if a.model == "yolo" else bccd_models.bccd_ssdlite()
     if a.init:
         model.load_state_dict({k: v.float() if v.is_floating_point() else v
                                for k, v in torch.load(a.init, map_location="cpu").items()})
