@@ -72,7 +72,7 @@ class Target:
 
 
 _ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
-_CPU_STEPS = ("floats", "ptq", "cpu-engines", "fallback", "nncf-accuracy-control")
+_CPU_STEPS = ("floats", "engine-placements", "ptq", "cpu-engines", "fallback", "nncf-accuracy-control")
 _TORCH_STEPS = ("torch-runtimes",)
 TARGETS = {
     "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime", steps=_CPU_STEPS),

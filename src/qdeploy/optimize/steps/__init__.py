@@ -2,9 +2,10 @@
 :data:`STEPS`; a target lists the steps it runs (``candidates.Target.steps``) and ``search.py`` runs them in order.
 
 - ``floats`` (floats.py): the FP32 reference and the target's float candidates;
+- ``engine-placements`` (cpu_engines.py): the other CPU engines' own INT8 placement (OpenVINO: NNCF), before PTQ;
 - ``ptq`` (ptq.py): INT8 post-training quantization, its range methods ranked on a subset;
 - ``cpu-engines`` (cpu_engines.py): the CPU placements a profile or a lint finding asks for, and the other CPU engines'
-  INT8 (OpenVINO: the same Q/DQ ONNX and its own NNCF placement);
+  INT8 from the same Q/DQ ONNX;
 - ``fallback`` (fallback.py): per-layer fallback and QAT where PTQ misses the budget, or a fallback for speed;
 - ``nncf-accuracy-control`` (accuracy_control.py): NNCF's quantize_with_accuracy_control beside the fallback, as a peer;
 - ``torch-runtimes`` (torch_runtimes.py): the PyTorch targets' precision x layout x runtime search.

@@ -67,7 +67,7 @@ class SearchSplitValidation:
         metrics, _ = evaluate(_CompiledModel(compiled, "nncf-accuracy-control"), batches, s.ctx.cfg.model.preprocess,
                               s.ctx.cfg.model.task, s.ctx.cfg.data.eval.ignore_index, batches.class_names,
                               desc="nncf accuracy control")
-        return float(metrics[s.key]), None
+        return float(metrics[s.key]), None  # a fraction, like every metric qdeploy keeps
 
     def image(self, i: int) -> np.ndarray:
         return normalize(self.images[int(i):int(i) + 1], self.s.ctx.cfg.model.preprocess)
@@ -91,7 +91,7 @@ class NncfAccuracyControlStep(Step):
             s.note("NNCF accuracy control not run: OpenVINO's own INT8 placement was not measured in this search")
             return
         allowed = s.o.budget.allowed_points(s.reference.search_metric)
-        drop = (s.reference.search_metric - start.search_metric) if start.search_metric is not None else None
+        drop = 100.0 * (s.reference.search_metric - start.search_metric) if start.search_metric is not None else None
         if drop is not None and drop <= allowed:
             # NNCF's restorer validates the quantized model first and returns it unchanged when its drop is within
             # max_drop (a point estimate): the run would cost a quantization and two passes to give back this candidate
@@ -139,12 +139,14 @@ class NncfAccuracyControlStep(Step):
         allowed = s.o.budget.allowed_points(s.reference.search_metric)
         s.note(f"NNCF accuracy control: quantize_with_accuracy_control on the OpenVINO model, max_drop {allowed:.3g} "
                f"points of {s.key} on the {validation.n} search images")
+        # the validation function returns the metric as qdeploy keeps it, a fraction; NNCF compares max_drop with the
+        # difference of two of its values, so the budget's points go in as a fraction too
         with_restorer = AdvancedAccuracyRestorerParameters(ranking_subset_size=min(s.o.subset_size, validation.n))
         try:
             qmodel = nncf.quantize_with_accuracy_control(
                 ov_model, nncf.Dataset(plan.dataset_source, lambda x: {plan.input_name: x}),
                 nncf.Dataset(range(validation.n), validation.image), validation,
-                max_drop=allowed, drop_type=nncf.DropType.ABSOLUTE, subset_size=max(1, len(plan.dataset_source)),
+                max_drop=allowed / 100.0, drop_type=nncf.DropType.ABSOLUTE, subset_size=max(1, len(plan.dataset_source)),
                 model_type=plan.model_type, ignored_scope=plan.ignored_scope(nncf, names),
                 advanced_quantization_parameters=plan.advanced, advanced_accuracy_restorer_parameters=with_restorer)
         except Exception as e:  # noqa: BLE001 - NNCF's own failure ends the peer, not the search

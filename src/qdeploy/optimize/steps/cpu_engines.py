@@ -1,12 +1,14 @@
-"""The CPU engines' INT8: the placements a measurement or a lint finding asks for, and the other CPU engines' own.
+"""The CPU engines' INT8: the other CPU engines' own placements (first), and the placements a measurement or a lint
+finding asks for.
 
-From the best PTQ method:
+:class:`EnginePlacementsStep`, before ONNX Runtime's PTQ: each other engine's own placement (OpenVINO: NNCF).
+:class:`CpuEnginesStep`, from the best PTQ method:
 - the ONNX Runtime placement that keeps conv outputs quantized, when the default left convs float because ONNX Runtime
   has no INT8 conv with a float output (lint/placement.py);
 - the placement the profile asks for: op types whose INT8 kernels ONNX Runtime's profiler measured slower than their
   float ones (on this model, CPU and batch size) left float (:data:`FLOAT_WHEN_SLOWER`);
-- on the target's other engines (target cpu: OpenVINO) the same Q/DQ ONNX files, and the engine's own placement (NNCF),
-  each also with its float layers in BF16 where the CPU has native BF16.
+- on the target's other engines (target cpu: OpenVINO) the same Q/DQ ONNX files, the best also with its float layers
+  in BF16 where the CPU has native BF16.
 
 Once the answer is chosen, where its INT8 graph spends its time against FP32, per op class, goes into optimize.json.
 """
@@ -43,6 +45,34 @@ def own_placement_problem(engine: str) -> Optional[str]:
     except (NotApplicable, QDeployError) as e:
         return str(e)
     return None
+
+
+@register_step
+class EnginePlacementsStep(Step):
+    """The target's other CPU engines' own INT8 placement (OpenVINO: NNCF on the OpenVINO model), f32 and, where the
+    CPU has native BF16, BF16 float layers. Measured before ONNX Runtime's PTQ methods: it needs none of their
+    calibrations, and it was the fastest INT8 on every row of the real-size CPU suite at 224 px
+    (docs/results/realsize_cpu_xeon.json), so a search cut by its time limit has it."""
+
+    name = "engine-placements"
+
+    def run(self) -> None:
+        s = self.s
+        if s.timed_out or s.target.placement != "onnxruntime" or not s.target.measured:
+            return
+        planned: list[Candidate] = []
+        for engine in s.target.also:
+            problem = own_placement_problem(engine)
+            if problem:
+                s.note(f"{engine}'s own INT8 placement not tried: {problem}")
+                continue
+            planned.append(EngineCandidate.planned_own_placement(s.target, engine))
+            # OpenVINO's CPU plugin runs an INT8 model's float layers in BF16 by default where the CPU has native BF16
+            # (AMX-BF16, AVX512-BF16): on a transformer those layers (attention, Softmax, LayerNorm, GELU) are much of
+            # the time, and all-BF16 can beat the f32-hinted INT8 (docs/results/cpu/cpu_goals_xeon.json)
+            if "bf16" in engine_floats(engine):
+                planned.append(EngineCandidate.planned_own_placement(s.target, engine, float_precision="bf16"))
+        s.measure_all(planned)
 
 
 @register_step
@@ -102,7 +132,7 @@ class CpuEnginesStep(Step):
         return cand
 
     def twins(self, best: Optional[Candidate], planned: list[Candidate]) -> list[Candidate]:
-        """The other engines' INT8: the same Q/DQ ONNX files, and each engine's own placement."""
+        """The other engines' INT8 from the same Q/DQ ONNX files (their own placements: :class:`EnginePlacementsStep`)."""
         s = self.s
         twins: list[Candidate] = []
         for engine in s.target.also:
@@ -114,16 +144,6 @@ class CpuEnginesStep(Step):
             # one candidate, measured like the rest
             if best is not None and "bf16" in engine_floats(engine):
                 twins.append(EngineCandidate.planned_twin(s.target, engine, best, float_precision="bf16"))
-            problem = own_placement_problem(engine)
-            if problem:
-                s.note(f"{engine}'s own INT8 placement not tried: {problem}")
-                continue
-            twins.append(EngineCandidate.planned_own_placement(s.target, engine))
-            # OpenVINO's CPU plugin runs an INT8 model's float layers in BF16 by default where the CPU has native BF16
-            # (AMX-BF16, AVX512-BF16): on a transformer those layers (attention, Softmax, LayerNorm, GELU) are much of
-            # the time, and all-BF16 can beat the f32-hinted INT8 (docs/results/cpu/cpu_goals_xeon.json)
-            if "bf16" in engine_floats(engine):
-                twins.append(EngineCandidate.planned_own_placement(s.target, engine, float_precision="bf16"))
         return twins
 
     def same_onnx(self, a: Candidate, b: Candidate) -> bool:

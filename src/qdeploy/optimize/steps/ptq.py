@@ -31,7 +31,8 @@ class PtqStep(Step):
                 s.measure_all(ptq)
         elif ptq and not s.timed_out:
             self.rank_methods(ptq)
-        s.stages["ptq"] = {"within_budget": [c.variant for c in s.int8() if c.ok and c.within_budget]}
+        s.stages["ptq"] = {"within_budget": [c.variant for c in s.int8()
+                                             if c.ok and c.within_budget and isinstance(c, PtqCandidate)]}
 
     def subset_scores(self, ptq: list[PtqCandidate], sctx, ref_sub) -> list[tuple[PtqCandidate, dict]]:
         """Each method's agreement with FP32 on the subset (or its failure), best first."""
@@ -68,7 +69,7 @@ class PtqStep(Step):
                 cand.score(budget_check(o.budget, None, None, None), None, None)
                 s.candidates.append(cand)
                 continue
-            if rank > 0 and (rank > 1 or any(c.within_budget for c in s.int8())):
+            if rank > 0 and (rank > 1 or any(c.within_budget for c in s.int8() if isinstance(c, PtqCandidate))):
                 cand.subset_only(result["agreement"])
                 s.candidates.append(cand)
                 continue
