@@ -260,3 +260,28 @@ def test_the_suites_detector_map_replays_outputs_through_qdeploys_evaluation():
     assert suite.detection_map(cfg, out) == pytest.approx(recorded, abs=0.5)
     with pytest.raises(ValueError, match="replay: 8 images asked at 64"):
         suite.detection_map(cfg, out[:70])
+
+
+@pytest.mark.slow
+def test_another_row_of_the_same_model_reuses_its_quantized_models(tiny, tmp_path):
+    """Quantization depends on the ONNX, the calibration images and NNCF's settings, not on the batch or threads of a
+    row: the harness keeps each quantized model in a reuse folder keyed by those, and another row times it again
+    without quantizing (what a row of the real-size suite costs on the device is mostly NNCF and quantize_static)."""
+    run = lambda calib, variants: ceiling.measure_ceiling(  # noqa: E731
+        tiny["onnx"], calib, tiny["evals"], batch=1, threads=2, transformer=False, work=tmp_path / "work",
+        variants=variants, repeats=1, min_time=0.01, log=lambda m: None, reuse=tmp_path / "reuse")
+    first = run(tiny["calib"], ["ov-int8-f32", "nncf-default"])
+    assert all("nncf.quantize" in first["variants"][n]["note"] for n in ("ov-int8-f32", "nncf-default"))
+    again = run(tiny["calib"], ["ov-int8-f32", "nncf-default"])
+    for n in ("ov-int8-f32", "nncf-default"):
+        assert ceiling.REUSED in again["variants"][n]["note"], again["variants"][n]["note"]
+        np.testing.assert_allclose(again["variants"][n]["outputs"], first["variants"][n]["outputs"], atol=1e-4)
+    other_calib = run(tiny["calib"][::-1].copy(), ["ov-int8-f32"])  # other calibration images: quantized anew
+    assert "nncf.quantize" in other_calib["variants"]["ov-int8-f32"]["note"]
+    # an ONNX Runtime INT8 file kept there is loaded, not made again (the kept file here is the FP32 ONNX itself)
+    import shutil
+
+    folder = ceiling.reuse_folder(tmp_path / "reuse", tiny["onnx"], tiny["calib"], False, [])
+    shutil.copy(tiny["onnx"], folder / "ort-int8-u8s8.onnx")
+    kept = run(tiny["calib"], ["ort-int8-u8s8"])["variants"]["ort-int8-u8s8"]
+    assert kept["status"] == "ok" and ceiling.REUSED in kept["note"] and "0 QuantizeLinear" in kept["note"]

@@ -286,6 +286,47 @@ def ignored_scope_match(model, names: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ building
+REUSED = "quantized by an earlier run of the same ONNX and calibration images (reuse folder), not timed here"
+
+
+def reuse_folder(root: Path, onnx_path: Path, calib: np.ndarray, transformer: bool, ignored: list[str]) -> Path:
+    """Where the quantized models of one FP32 ONNX, calibration set and NNCF settings are kept, so that another row of
+    the same model (another batch size or thread count) times them without quantizing again: quantization does not
+    depend on either."""
+    import hashlib
+
+    h = hashlib.sha256(Path(onnx_path).read_bytes())
+    h.update(np.ascontiguousarray(calib).tobytes())
+    h.update(json.dumps([calib.shape, bool(transformer), sorted(ignored)]).encode())
+    return Path(root) / h.hexdigest()[:20]
+
+
+def _keep(src: Path, dest: Path) -> None:
+    import shutil
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".partial")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dest)  # whole or absent: a run cut mid-copy leaves no file another run would trust
+
+
+def _reused_ir(core, reuse: Path | None, stem: str, quantize: Callable[[], tuple]):
+    """(model, seconds) from ``quantize()``, kept as an IR under ``reuse``; (that IR read back, None) when kept."""
+    import openvino as ov
+
+    xml = reuse / f"{stem}.xml" if reuse else None
+    if xml is not None and xml.is_file() and xml.with_suffix(".bin").is_file():
+        return core.read_model(str(xml)), None
+    q, seconds = quantize()
+    if xml is not None:
+        part = reuse / f"{stem}.partial"
+        part.mkdir(parents=True, exist_ok=True)
+        ov.save_model(q, str(part / "m.xml"))  # weights as NNCF left them (compressed to INT8 where quantized)
+        (part / "m.bin").replace(xml.with_suffix(".bin"))
+        (part / "m.xml").replace(xml)  # the .xml last: present means complete
+    return q, seconds
+
+
 def build(name: str, ctx: dict) -> Built:
     """One variant, from the FP32 ONNX (``ctx``: the arguments of measure_ceiling, the staged input x, the Shared)."""
     import nncf
@@ -295,10 +336,16 @@ def build(name: str, ctx: dict) -> Built:
     threads, x, work = ctx["threads"], ctx["x"], ctx["work"]
     if name == "ort-fp32":
         return ort_built(ctx["onnx_path"], threads, x, "fp32")
+    reuse: Path | None = ctx.get("reuse")
     if name.startswith("ort-int8-"):
         act = name.rsplit("-", 1)[1][:2]  # "s8" or "u8"
+        kept = reuse / f"{name}.onnx" if reuse else None
+        if kept is not None and kept.is_file():
+            return ort_built(kept, threads, x, f"int8 {act}s8 (QDQ)", f"{qdq_note(kept)}; {REUSED}")
         source, note = shared.get("ort-pre", lambda: ort_preprocessed(ctx["onnx_path"], work))
         q = ort_int8(source, ctx["calib"], work / f"{name}.onnx", act)
+        if kept is not None:
+            _keep(q, kept)
         return ort_built(q, threads, x, f"int8 {act}s8 (QDQ)", "; ".join(filter(None, [note, qdq_note(q)])))
 
     core = shared.get("core", ov.Core)
@@ -322,17 +369,22 @@ def build(name: str, ctx: dict) -> Built:
                               ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None)
             return q, round(time.perf_counter() - t, 2)
 
-        q, seconds = shared.get("ov-int8-model", quantize)
+        q, seconds = shared.get("ov-int8-model", lambda: _reused_ir(core, reuse, "ov-int8", quantize))
         scope = ctx.get("ignored_scope")
-        note = f"nncf.quantize {seconds} s, one quantized model for ov-int8-f32 and ov-int8-bf16"
+        note = (f"nncf.quantize {seconds} s" if seconds is not None else REUSED) + \
+            ", one quantized model for ov-int8-f32 and ov-int8-bf16"
         if scope:
             note += (f"; ignored scope: {len(scope['matched'])} of {scope['given']} names matched an op by name, "
                      f"{len(scope['found'])} with the ops split from them ({len(scope['ov_names'])} ops ignored)")
         return ov_built(core, q, threads, "bf16" if bf16 else "f32", x, note)
     if name == "nncf-default":
-        t = time.perf_counter()
-        q = nncf.quantize(ov.convert_model(str(ctx["onnx_path"])), nncf.Dataset(calib_items))
-        return ov_built(core, q, threads, None, x, f"nncf.quantize {round(time.perf_counter() - t, 2)} s")
+        def quantize_default():
+            t = time.perf_counter()
+            q = nncf.quantize(ov.convert_model(str(ctx["onnx_path"])), nncf.Dataset(calib_items))
+            return q, round(time.perf_counter() - t, 2)
+
+        q, seconds = _reused_ir(core, reuse, "nncf-default", quantize_default)
+        return ov_built(core, q, threads, None, x, f"nncf.quantize {seconds} s" if seconds is not None else REUSED)
     raise ValueError(f"unknown variant {name!r}")
 
 
@@ -431,10 +483,13 @@ def _result(status: str, reason: str | None = None, build_s: float | None = None
 def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch: int, threads: int, transformer: bool,
                     work: Path, ignored_scope_names: list[str] = (), variants: list[str] | None = None,
                     repeats: int = 5, min_time: float = 0.3, log=print,
-                    extra: dict[str, Callable[[np.ndarray], Built]] | None = None, keep_argmax: bool = False) -> dict:
+                    extra: dict[str, Callable[[np.ndarray], Built]] | None = None, keep_argmax: bool = False,
+                    reuse: Path | None = None) -> dict:
     """Build every variant (a failure is that variant's result), run each over ``evals``, time them round-robin.
     ``extra``: more variants timed in the same rounds, {name: make(x) → Built} (e.g. an artifact under test, loaded
     as its user deploys it). ``keep_argmax``: each variant's outputs kept as their argmax over axis 1 (segmenters).
+    ``reuse``: a folder where the quantized models are kept and found again (reuse_folder: per ONNX, calibration
+    images and NNCF settings), for another row of the same model; their build_s is then the reload's.
     Returns {"variants": {name: result}, "cpu", "versions", "batch", "threads", "fastest", "best_fp32", ...}; each
     result's "outputs" is an ndarray (the first model output over all of ``evals``), not JSON."""
     onnx_path = Path(onnx_path)
@@ -458,6 +513,7 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
     x = np.ascontiguousarray(np.take(evals, np.arange(batch) % len(evals), axis=0))
     ctx = {"onnx_path": onnx_path.resolve(), "calib": calib, "threads": threads, "transformer": transformer,
            "work": work, "ignored_scope_names": list(ignored_scope_names), "x": x, "shared": Shared(),
+           "reuse": reuse_folder(reuse, onnx_path, calib, transformer, list(ignored_scope_names)) if reuse else None,
            "capabilities": cpu["openvino_capabilities"]}
     results, built = {}, {}
     makers = {**{v: (lambda v=v: build(v, ctx)) for v in VARIANTS if variants is None or v in variants},

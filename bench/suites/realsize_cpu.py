@@ -23,7 +23,8 @@ argmax maps and scores mIoU). Per model and row (batch, threads):
 2. The ceiling harness on qdeploy's exported FP32 ONNX (the same file), at the row's batch and threads, with the same
    calibration images decoded the same way; qdeploy's chosen artifact, loaded from --out as its user deploys it (its
    deploy line's compile properties for OpenVINO; an ONNX Runtime session with the row's threads), is timed in the same
-   rounds. Every ratio of a row comes from this one timer: ``speedup_vs_best_fp32`` = best FP32 (ONNX Runtime's or
+   rounds (the harness's quantized models are kept per ONNX and calibration set, so the model's next row times them
+   without quantizing again). Every ratio of a row comes from this one timer: ``speedup_vs_best_fp32`` = best FP32 (ONNX Runtime's or
    OpenVINO's f32) / qdeploy's; ``ceiling_speedup`` = best FP32 / the fastest variant; ``ceiling_within_budget`` the
    same over variants whose metric on the harness's eval images (a seeded random --harness-eval of them) is within
    the budget of FP32's;
@@ -232,9 +233,10 @@ def chosen_maker(chosen: dict, threads: int, out: Path):
     return make
 
 
-def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out, keep_argmax) -> dict:
+def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out, keep_argmax,
+             reuse) -> dict:
     return measure_ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats=repeats,
-                           extra={"qdeploy": chosen_maker(chosen, threads, out)}, keep_argmax=keep_argmax)
+                           extra={"qdeploy": chosen_maker(chosen, threads, out)}, keep_argmax=keep_argmax, reuse=reuse)
 
 
 def ceiling_in_child(*args) -> dict:
@@ -463,7 +465,7 @@ def main() -> None:
                 evals, labels = harness_sample(*arrays(cfg["data"]["eval"], cfg, labels=True), a.harness_eval)
             ceiling = ceiling_in_child(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
                                        a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out,
-                                       name in SEGMENTERS)
+                                       name in SEGMENTERS, a.out / "ceiling-models")
             r = row_of(name, batch, threads, s, ceiling, labels, wall, cfg)
             out_rows.append(r)
             print_row(r)
