@@ -93,6 +93,15 @@ def input_size_of(name: str) -> list[int]:
     return SEGMENTERS[name][2] if name in SEGMENTERS else DETECTORS[name][2] if name in DETECTORS else [224, 224]
 
 
+def _timed_search(name: str, a, batch: int, threads: int) -> dict:
+    """The variants, bench and optimize sections of a segmenter's or detector's row (larger inputs: fewer timed calls)."""
+    many = batch > 8
+    return {"variants": [{"engine": "onnxruntime"}],
+            "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
+            "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET[task_of(name)]}, "batch_size": batch,
+                         "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
+
+
 def config(name: str, a, batch: int, threads: int) -> dict:
     """The optimize config of one row: model and data of ``name``, the row's batch and threads."""
     many = batch > 8
@@ -104,10 +113,7 @@ def config(name: str, a, batch: int, threads: int) -> dict:
                  "preprocess": {"input_size": size, "letterbox": True}}
         return {"model": model,
                 "data": {"eval": ev, "calibration": {**ev, "split": "train", "count": 32, "seed": 0}},
-                "variants": [{"engine": "onnxruntime"}],
-                "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
-                "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET["detection"]}, "batch_size": batch,
-                             "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
+                **_timed_search(name, a, batch, threads)}
     if name in SEGMENTERS:
         source, kwargs, size = SEGMENTERS[name]
         ev = {"format": "segnet", "root": str(a.camvid), "split": "test", "ignore_index": IGNORE_INDEX, "batch_size": 8,
@@ -116,10 +122,7 @@ def config(name: str, a, batch: int, threads: int) -> dict:
                  "output": "out", "preprocess": {"input_size": size, **NORM}}
         return {"model": model,
                 "data": {"eval": ev, "calibration": {**ev, "split": "val", "count": 64, "seed": 0, "batch_size": 4}},
-                "variants": [{"engine": "onnxruntime"}],
-                "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
-                "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET["segmentation"]}, "batch_size": batch,
-                             "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
+                **_timed_search(name, a, batch, threads)}
     if name in REAL_WEIGHTS:
         source, kwargs, pre = REAL_WEIGHTS[name]
         weights = str(a.lite0_weights or LITE0_WEIGHTS)
