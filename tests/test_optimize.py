@@ -118,6 +118,21 @@ def test_a_faster_int8_outside_the_budget_by_its_drop_gets_a_fallback_although_a
     assert fallback_for_speed(shares, shares[1:]) is None
 
 
+def test_nncf_accuracy_control_is_worth_running_only_from_a_start_that_leads_the_answer_within_budget():
+    """NNCF's accuracy control only reverts layers of its start to float: after the fallback left DeiT-S at 8.722 ms
+    within budget, a start at 8.208 ms (6 % faster, just inside twice the 3 % tie) could not buy a gain told from
+    noise, and its ranking cost the rest of the Xeon call; a start 10 % faster, or nothing within budget, is worth it."""
+    from qdeploy.optimize.decide import leads
+
+    within = _cand("openvino-int8-mean-minmax-nncf-float1", within_budget=True, rank_key=8.722)
+    start = _cand("openvino-int8-mean-minmax-nncf", within_budget=False, rank_key=8.208)
+    assert not leads(start, within)
+    start.rank_key = 7.85
+    assert leads(start, within)
+    assert leads(start, None)  # nothing within budget: any INT8 inside it may be the answer
+    assert not leads(_cand("shares", within_budget=False, rank_key=-0.9), within)  # no latency: no claim
+
+
 def test_one_budget_kind_and_min_agreement_as_its_floor():
     with pytest.raises(ValueError, match="give one of max_drop, relative"):
         BudgetSpec(max_drop=0.3, relative=0.01)

@@ -193,9 +193,20 @@ def fallback_for_speed(candidates: list, int8: list, tie: float = LATENCY_TIE):
     best = fastest_within(candidates, tie)
     if best is None or best.rank_key is None or best.rank_key <= 0:
         return None
-    faster = [c for c in int8 if not c.within_budget and c.rejected_by == "max_drop" and c.rank_key is not None
-              and 0 < c.rank_key < best.rank_key * (1 - 2 * tie)]
+    faster = [c for c in int8 if not c.within_budget and c.rejected_by == "max_drop" and leads(c, best, tie)]
     return min(faster, key=lambda c: c.rank_key) if faster else None
+
+
+def leads(start, best, tie: float = LATENCY_TIE) -> bool:
+    """Whether a model that reverting layers of ``start`` to float could make is worth searching for against ``best``
+    (the fastest within budget): such a model is at best as fast as ``start``, so only a lead of ``start`` over ``best``
+    larger than the noise of both timings (twice ``tie``) can pay. Read by the per-layer fallback for speed and by
+    NNCF's accuracy control, which both only revert layers. False where either has no latency key."""
+    if start.rank_key is None or start.rank_key <= 0:
+        return False
+    if best is None or best.rank_key is None or best.rank_key <= 0:
+        return best is None
+    return start.rank_key < best.rank_key * (1 - 2 * tie)
 
 
 def best_effort(candidates: list):

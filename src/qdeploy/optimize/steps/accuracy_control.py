@@ -7,7 +7,9 @@ it cost: the validation passes over the whole split, the per-item passes of its 
 
 It runs on a target with OpenVINO where qdeploy's fallback ran (a budget PTQ missed, or a fallback for speed) or where
 no INT8 candidate is within budget, so that the two answers to a missed budget are compared on the same model, budget
-and split.
+and split. Not where it could not pay: its start's drop is within max_drop already (NNCF returns it unchanged), or its
+start is not faster than the answer within budget by more than the noise of two timings (``decide.leads``: NNCF only
+reverts layers to float, so its answer is at best as fast as its start).
 
 API used (nncf 3.4, nncf/quantization/quantize_model.py and accuracy_control/evaluator.py): ``quantize_with_accuracy_
 control(model, calibration_dataset, validation_dataset, validation_fn, max_drop=, drop_type=ABSOLUTE, subset_size=,
@@ -28,6 +30,7 @@ from qdeploy.data import ArrayBatches, normalize, take
 from qdeploy.errors import QDeployError
 from qdeploy.evaluate.runner import evaluate
 from qdeploy.optimize.candidates import Candidate, EngineCandidate
+from qdeploy.optimize.decide import LATENCY_TIE, fastest_within, leads
 from qdeploy.optimize.steps.base import Step, register_step
 
 NAME = "openvino-int8-nncf-accuracy-control"
@@ -100,6 +103,19 @@ class NncfAccuracyControlStep(Step):
                    "as it is")
             s.stages["nncf_accuracy_control"] = {"skipped": "the own placement's drop is within max_drop already",
                                                  "drop": round(drop, 4), "max_drop": allowed}
+            return
+        best = fastest_within(s.ok())
+        timed = best is not None and (best.rank_key or 0) > 0 and (start.rank_key or 0) > 0
+        if timed and not leads(start, best):
+            # NNCF only reverts layers of start to float: its answer is at best as fast as start, and start's lead
+            # over what is already within budget is inside the timing noise, so minutes of ranking could not pay
+            s.note(f"NNCF accuracy control not run: it starts from {start.variant} ({start.latency_p50_ms:.3f} ms) and "
+                   f"only reverts layers to float; {best.variant} is within budget at {best.latency_p50_ms:.3f} ms, "
+                   f"less than {2 * LATENCY_TIE:.0%} slower, so no answer of it could be told faster")
+            s.stages["nncf_accuracy_control"] = {"skipped": "its start is not faster than the answer within budget by "
+                                                            "more than the timing noise",
+                                                 "start": start.variant, "start_p50_ms": start.latency_p50_ms,
+                                                 "within_budget": best.variant, "within_budget_p50_ms": best.latency_p50_ms}
             return
         try:
             record, cand = self.quantize(own)
