@@ -285,3 +285,26 @@ def test_another_row_of_the_same_model_reuses_its_quantized_models(tiny, tmp_pat
     shutil.copy(tiny["onnx"], folder / "ort-int8-u8s8.onnx")
     kept = run(tiny["calib"], ["ort-int8-u8s8"])["variants"]["ort-int8-u8s8"]
     assert kept["status"] == "ok" and ceiling.REUSED in kept["note"] and "0 QuantizeLinear" in kept["note"]
+
+
+def test_a_rows_finished_optimize_is_read_back_by_the_next_call_with_the_same_config(tmp_path):
+    """A row's optimize and its harness need not fit one device call: the next run of the suite on the same machine
+    reads back the answer and wall time optimize left in --out, and runs optimize again when the config differs."""
+    suite = _suite()
+    calls = []
+
+    def optimize(cfg, out, cache_dir):  # what api.optimize leaves: optimize.json in out, its summary returned
+        calls.append(cfg["optimize"]["threads"])
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {"chosen": {"variant": f"int8-t{cfg['optimize']['threads']}"}}
+        (out / "optimize.json").write_text(json.dumps(summary))
+        return summary
+
+    api = SimpleNamespace(optimize=optimize)
+    cfg = {"model": {"source": "m.py:net"}, "optimize": {"threads": 16, "batch_size": 1}}
+    s, wall = suite.optimized(api, cfg, tmp_path / "row", tmp_path / "cache")
+    again, wall_again = suite.optimized(api, json.loads(json.dumps(cfg)), tmp_path / "row", tmp_path / "cache")
+    assert calls == [16] and again == s and wall_again == pytest.approx(wall, abs=0.05)
+    cfg["optimize"]["threads"] = 4
+    other, _ = suite.optimized(api, cfg, tmp_path / "row", tmp_path / "cache")
+    assert calls == [16, 4] and other["chosen"]["variant"] == "int8-t4"

@@ -12,7 +12,10 @@
 # bench/device/realsize_unpack.sh leaves there (staged here by bench/device/stage_realsize_lite0.sh / _seg.sh).
 # Env: MODELS (space-separated), ROWS (realsize_cpu.py --rows; default "1:16,4 16:16"), TAG, BUDGET (the call's
 # seconds, default 560: no row starts after BUDGET-PER_ROW s, PER_ROW 150), ARGS (more arguments). Writes
-# $OUT/realsize_cpu_$TAG.json (rewritten after each row) and $OUT/realsize_cpu_$TAG.log.
+# $OUT/realsize_cpu_$TAG.json (rewritten after each row), $OUT/realsize_cpu_$TAG.log (each line with its time) and
+# each row's optimize.json. A row whose harness the call's limit cut is finished by the same command in the next call
+# on the same warm machine: optimize's answer is read back from /tmp/realsize-runs (realsize_cpu.optimized), the
+# harness's quantized models from its reuse folder.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -54,7 +57,11 @@ left=$(( BUDGET - ($(date +%s) - T0) ))
 # shellcheck disable=SC2086  # MODELS, ROWS and ARGS are word lists
 timeout $(( left - 10 )) python3 bench/suites/realsize_cpu.py --weights .realsize-weights --cifar /tmp/realeval \
   --models $MODELS --rows $ROWS --budget $(( left - PER_ROW )) --out /tmp/realsize-runs \
-  --json "$OUT/realsize_cpu_$TAG.json" $STAGED_ARGS ${ARGS:-} 2>&1 | grep -v '━' | tee "$OUT/realsize_cpu_$TAG.log"
+  --json "$OUT/realsize_cpu_$TAG.json" $STAGED_ARGS ${ARGS:-} 2>&1 | grep --line-buffered -v '━' |
+  while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done | tee "$OUT/realsize_cpu_$TAG.log"  # each line's time
 rc=${PIPESTATUS[0]}
+for j in /tmp/realsize-runs/*/optimize.json; do  # each row's search record (stages, times) comes back beside the log
+  [ -f "$j" ] && cp "$j" "$OUT/optimize_${TAG}_$(basename "$(dirname "$j")").json"
+done
 echo "realsize_cpu.py exit $rc; $(( $(date +%s) - T0 )) s in this call"
 exit $rc

@@ -202,6 +202,24 @@ def harness_sample(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np
     return x[idx], y[idx]
 
 
+def optimized(api, cfg: dict, out: Path, cache: Path) -> tuple[dict, float]:
+    """optimize's summary and wall time for a row: read back from ``out`` where an earlier run of this suite on this
+    machine finished optimize with the same config (a row's optimize and its harness need not fit one device call:
+    the next call measures the harness on the artifact the first one left), else optimize runs now."""
+    done, summary = out / "suite-optimize.json", out / "optimize.json"
+    if done.is_file() and summary.is_file():
+        rec = json.loads(done.read_text())
+        if rec.get("config") == json.loads(json.dumps(cfg)):
+            print(f"optimize: {out.name}: finished by an earlier run ({rec['wall_s']:.0f} s); its answer is reused",
+                  flush=True)
+            return json.loads(summary.read_text()), float(rec["wall_s"])
+    t0 = time.perf_counter()
+    s = api.optimize(cfg, out, cache_dir=cache)
+    wall = time.perf_counter() - t0
+    done.write_text(json.dumps({"config": cfg, "wall_s": round(wall, 1)}, indent=1))
+    return s, wall
+
+
 def exported_onnx(cache: Path, source: str, before: set) -> Path:
     """The FP32 ONNX qdeploy exported for this row: the one optimize added to the cache, else (a cached export) the
     newest named after the source's builder (<builder>-<fingerprint>.onnx)."""
@@ -458,9 +476,7 @@ def main() -> None:
             cfg = config(name, a, batch, threads)
             out = a.out / f"{name}-b{batch}-t{threads}"
             before = set((a.out / "cache" / "exports").glob("*.onnx"))
-            t0 = time.perf_counter()
-            s = api.optimize(cfg, out, cache_dir=a.out / "cache")
-            wall = time.perf_counter() - t0
+            s, wall = optimized(api, cfg, out, a.out / "cache")
             onnx_path = exported_onnx(a.out / "cache", cfg["model"]["source"], before)
             calib, _ = arrays(cfg["data"]["calibration"], cfg, labels=False)
             if name in DETECTORS:  # all of the split, in order: its mAP replays the outputs through qdeploy's evaluation
