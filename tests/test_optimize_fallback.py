@@ -163,7 +163,10 @@ from test_optimize import _fragile_config
 from test_optimize_fallback import _labelled_by_fp32
 from qdeploy import api
 tmp_path = Path(sys.argv[1])
-cfg = _fragile_config(tmp_path, target="cpu", budget={"max_drop": 5.0}, max_float_fraction=1.0, qat="off")
+# always: on a model this small every candidate is bound by the cost of a call, so whether NNCF's start leads the
+# answer within budget by more than the timing noise (auto's rule) is a coin toss; the peer run is what is tested
+cfg = _fragile_config(tmp_path, target="cpu", budget={"max_drop": 5.0}, max_float_fraction=1.0, qat="off",
+                      accuracy_control="always")
 # an outlier 100x the fixture's: NNCF's mean-minmax range (the per-image maxima averaged) also drowns conv2's inputs
 fragile = tmp_path / "fragile.py"
 fragile.write_text(fragile.read_text().replace("1000.0", "100000.0"))

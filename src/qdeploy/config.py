@@ -750,6 +750,11 @@ class OptimizeConfig(_Strict):
     sensitivity_images: int = Field(32, gt=0, description="images of the search split for the one-pass SQNR ranking")
     max_float_fraction: float = Field(0.25, ge=0, le=1, description="share of compute (MACs) the fallback may leave in "
                                                                     "float before it stops (then QAT, when allowed)")
+    accuracy_control: Literal["auto", "always", "off"] = Field(
+        "auto", description="target cpu (OpenVINO): NNCF's quantize_with_accuracy_control as a peer of the per-layer "
+                            "fallback. auto: where it could pay (its start outside max_drop and faster than the answer "
+                            "within budget by more than the noise of two timings); always: wherever the fallback ran "
+                            "or no INT8 is within budget; off: never")
     compile_modes: list[Literal["default", "max-autotune-no-cudagraphs"]] = Field(
         default_factory=lambda: ["default"],
         description="PyTorch targets: torch.compile modes tried (each with and without CUDA graphs on a GPU). "

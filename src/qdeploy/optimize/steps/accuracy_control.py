@@ -9,7 +9,8 @@ It runs on a target with OpenVINO where qdeploy's fallback ran (a budget PTQ mis
 no INT8 candidate is within budget, so that the two answers to a missed budget are compared on the same model, budget
 and split. Not where it could not pay: its start's drop is within max_drop already (NNCF returns it unchanged), or its
 start is not faster than the answer within budget by more than the noise of two timings (``decide.leads``: NNCF only
-reverts layers to float, so its answer is at best as fast as its start).
+reverts layers to float, so its answer is at best as fast as its start; ``optimize.accuracy_control: always`` runs it
+there too, ``off`` never).
 
 API used (nncf 3.4, nncf/quantization/quantize_model.py and accuracy_control/evaluator.py): ``quantize_with_accuracy_
 control(model, calibration_dataset, validation_dataset, validation_fn, max_drop=, drop_type=ABSOLUTE, subset_size=,
@@ -85,6 +86,9 @@ class NncfAccuracyControlStep(Step):
         missed = not any(c.within_budget for c in s.int8() if c.ok)
         if s.timed_out or "openvino" not in s.target.also or (s.stages.get("fallback") is None and not missed):
             return
+        if s.o.accuracy_control == "off":
+            s.note("NNCF accuracy control not run: optimize.accuracy_control is off")
+            return
         if s.o.budget.agreement_only or s.reference is None or s.reference.search_metric is None:
             s.note("NNCF accuracy control not run: it needs a metric budget (max_drop or relative) and labels")
             return
@@ -106,7 +110,7 @@ class NncfAccuracyControlStep(Step):
             return
         best = fastest_within(s.ok())
         timed = best is not None and (best.rank_key or 0) > 0 and (start.rank_key or 0) > 0
-        if timed and not leads(start, best):
+        if timed and not leads(start, best) and s.o.accuracy_control == "auto":
             # NNCF only reverts layers of start to float: its answer is at best as fast as start, and start's lead
             # over what is already within budget is inside the timing noise, so minutes of ranking could not pay
             s.note(f"NNCF accuracy control not run: it starts from {start.variant} ({start.latency_p50_ms:.3f} ms) and "
