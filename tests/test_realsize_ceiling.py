@@ -275,7 +275,14 @@ def test_another_row_of_the_same_model_reuses_its_quantized_models(tiny, tmp_pat
     again = run(tiny["calib"], ["ov-int8-f32", "nncf-default"])
     for n in ("ov-int8-f32", "nncf-default"):
         assert ceiling.REUSED in again["variants"][n]["note"], again["variants"][n]["note"]
+        assert again["variants"][n].get("outputs_reused") and not first["variants"][n].get("outputs_reused")
         np.testing.assert_allclose(again["variants"][n]["outputs"], first["variants"][n]["outputs"], atol=1e-4)
+    other_images = ceiling.measure_ceiling(  # other eval images: their outputs are computed, not read back
+        tiny["onnx"], tiny["calib"], tiny["evals"][::-1].copy(), batch=1, threads=2, transformer=False,
+        work=tmp_path / "work", variants=["ov-int8-f32"], repeats=1, min_time=0.01, log=lambda m: None,
+        reuse=tmp_path / "reuse")["variants"]["ov-int8-f32"]
+    assert not other_images.get("outputs_reused")
+    np.testing.assert_allclose(other_images["outputs"], first["variants"]["ov-int8-f32"]["outputs"][::-1], atol=1e-4)
     other_calib = run(tiny["calib"][::-1].copy(), ["ov-int8-f32"])  # other calibration images: quantized anew
     assert "nncf.quantize" in other_calib["variants"]["ov-int8-f32"]["note"]
     # an ONNX Runtime INT8 file kept there is loaded, not made again (the kept file here is the FP32 ONNX itself)

@@ -403,6 +403,33 @@ def outputs_of(built: Built, evals: np.ndarray, batch: int, keep_argmax: bool = 
     return np.concatenate(parts)
 
 
+def _outputs_file(reuse: Path, name: str, evals: np.ndarray, keep_argmax: bool) -> Path:
+    import hashlib
+
+    h = hashlib.sha256(np.ascontiguousarray(evals).tobytes())
+    h.update(json.dumps([evals.shape, bool(keep_argmax)]).encode())
+    return Path(reuse) / f"outputs-{name}-{h.hexdigest()[:16]}.npy"
+
+
+def kept_outputs(reuse: Path | None, name: str, evals: np.ndarray, keep_argmax: bool) -> np.ndarray | None:
+    """A library variant's outputs over these eval images from an earlier row of the same model (reuse folder), or
+    None. Its model file is the same one (kept in the same folder); another batch size or thread count changes only
+    the order of float sums, not its predictions beyond noise, and evaluating 1,000 images at batch 1 on 4 threads
+    cost more than a device call's harness had (ResNet-50: ONNX Runtime S8S8 alone about 80 ms an image)."""
+    if reuse is None:
+        return None
+    f = _outputs_file(reuse, name, evals, keep_argmax)
+    return np.load(f) if f.is_file() else None
+
+
+def keep_outputs(reuse: Path, name: str, evals: np.ndarray, keep_argmax: bool, outputs: np.ndarray) -> None:
+    f = _outputs_file(reuse, name, evals, keep_argmax)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".partial.npy")
+    np.save(tmp, outputs)
+    tmp.replace(f)  # whole or absent
+
+
 # ------------------------------------------------------------------------------------------------ timing
 def warm(step: Callable[[], object]) -> float:
     """At least WARMUP_CALLS calls and WARMUP_S seconds; the median of those calls (ms)."""
@@ -489,7 +516,9 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
     ``extra``: more variants timed in the same rounds, {name: make(x) → Built} (e.g. an artifact under test, loaded
     as its user deploys it). ``keep_argmax``: each variant's outputs kept as their argmax over axis 1 (segmenters).
     ``reuse``: a folder where the quantized models are kept and found again (reuse_folder: per ONNX, calibration
-    images and NNCF settings), for another row of the same model; their build_s is then the reload's.
+    images and NNCF settings), for another row of the same model; their build_s is then the reload's, and the library
+    variants' outputs over the same eval images are read back from there too (``outputs_reused``; ``extra`` variants
+    are always run).
     Returns {"variants": {name: result}, "cpu", "versions", "batch", "threads", "fastest", "best_fp32", ...}; each
     result's "outputs" is an ndarray (the first model output over all of ``evals``), not JSON."""
     onnx_path = Path(onnx_path)
@@ -525,7 +554,14 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
             b = make()
             seconds = round(time.perf_counter() - t0, 2)
             results[name] = _result("ok", build_s=seconds, built=b)
-            results[name]["outputs"] = outputs_of(b, evals, batch, keep_argmax)
+            kept = kept_outputs(ctx["reuse"], name, evals, keep_argmax) if name in VARIANTS else None
+            if kept is None:
+                kept = outputs_of(b, evals, batch, keep_argmax)
+                if ctx["reuse"] is not None and name in VARIANTS:
+                    keep_outputs(ctx["reuse"], name, evals, keep_argmax, kept)
+            else:
+                results[name]["outputs_reused"] = True
+            results[name]["outputs"] = kept
             built[name] = b
         except Skipped as ex:
             results[name] = _result("skipped", str(ex))
