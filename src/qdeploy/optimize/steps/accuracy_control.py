@@ -115,7 +115,7 @@ class NncfAccuracyControlStep(Step):
             # over what is already within budget is inside the timing noise, so minutes of ranking could not pay
             s.note(f"NNCF accuracy control not run: it starts from {start.variant} ({start.latency_p50_ms:.3f} ms) and "
                    f"only reverts layers to float; {best.variant} is within budget at {best.latency_p50_ms:.3f} ms, "
-                   f"less than {2 * LATENCY_TIE:.0%} slower, so no answer of it could be told faster")
+                   f"not more than {2 * LATENCY_TIE:.0%} slower than that start, so no answer of it could be told faster")
             s.stages["nncf_accuracy_control"] = {"skipped": "its start is not faster than the answer within budget by "
                                                             "more than the timing noise",
                                                  "start": start.variant, "start_p50_ms": start.latency_p50_ms,
