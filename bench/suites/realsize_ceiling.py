@@ -403,27 +403,29 @@ def outputs_of(built: Built, evals: np.ndarray, batch: int, keep_argmax: bool = 
     return np.concatenate(parts)
 
 
-def _outputs_file(reuse: Path, name: str, evals: np.ndarray, keep_argmax: bool) -> Path:
+def outputs_key(evals: np.ndarray, keep_argmax: bool) -> str:
+    """The eval images' fingerprint that names a variant's kept outputs (hashed once a harness run: at 224 px 1,000
+    images are 600 MB)."""
     import hashlib
 
     h = hashlib.sha256(np.ascontiguousarray(evals).tobytes())
     h.update(json.dumps([evals.shape, bool(keep_argmax)]).encode())
-    return Path(reuse) / f"outputs-{name}-{h.hexdigest()[:16]}.npy"
+    return h.hexdigest()[:16]
 
 
-def kept_outputs(reuse: Path | None, name: str, evals: np.ndarray, keep_argmax: bool) -> np.ndarray | None:
-    """A library variant's outputs over these eval images from an earlier row of the same model (reuse folder), or
-    None. Its model file is the same one (kept in the same folder); another batch size or thread count changes only
-    the order of float sums, not its predictions beyond noise, and evaluating 1,000 images at batch 1 on 4 threads
-    cost more than a device call's harness had (ResNet-50: ONNX Runtime S8S8 alone about 80 ms an image)."""
+def kept_outputs(reuse: Path | None, name: str, key: str) -> np.ndarray | None:
+    """A library variant's outputs over the eval images ``key`` names from an earlier row of the same model (reuse
+    folder), or None. Its model file is the same one (kept in the same folder); another batch size or thread count
+    changes only the order of float sums, not its predictions beyond noise, and evaluating 1,000 images at batch 1 on
+    4 threads cost more than a device call's harness had (ResNet-50: ONNX Runtime S8S8 alone about 80 ms an image)."""
     if reuse is None:
         return None
-    f = _outputs_file(reuse, name, evals, keep_argmax)
+    f = Path(reuse) / f"outputs-{name}-{key}.npy"
     return np.load(f) if f.is_file() else None
 
 
-def keep_outputs(reuse: Path, name: str, evals: np.ndarray, keep_argmax: bool, outputs: np.ndarray) -> None:
-    f = _outputs_file(reuse, name, evals, keep_argmax)
+def keep_outputs(reuse: Path, name: str, key: str, outputs: np.ndarray) -> None:
+    f = Path(reuse) / f"outputs-{name}-{key}.npy"
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".partial.npy")
     np.save(tmp, outputs)
@@ -545,6 +547,7 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
            "reuse": reuse_folder(reuse, onnx_path, calib, transformer, list(ignored_scope_names)) if reuse else None,
            "capabilities": cpu["openvino_capabilities"]}
     results, built = {}, {}
+    key = outputs_key(evals, keep_argmax) if ctx["reuse"] is not None else None
     makers = {**{v: (lambda v=v: build(v, ctx)) for v in VARIANTS if variants is None or v in variants},
               **{n: (lambda make=make: make(x)) for n, make in (extra or {}).items()}}
     for name, make in makers.items():
@@ -554,11 +557,11 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
             b = make()
             seconds = round(time.perf_counter() - t0, 2)
             results[name] = _result("ok", build_s=seconds, built=b)
-            kept = kept_outputs(ctx["reuse"], name, evals, keep_argmax) if name in VARIANTS else None
+            kept = kept_outputs(ctx["reuse"], name, key) if name in VARIANTS else None
             if kept is None:
                 kept = outputs_of(b, evals, batch, keep_argmax)
                 if ctx["reuse"] is not None and name in VARIANTS:
-                    keep_outputs(ctx["reuse"], name, evals, keep_argmax, kept)
+                    keep_outputs(ctx["reuse"], name, key, kept)
             else:
                 results[name]["outputs_reused"] = True
             results[name]["outputs"] = kept
