@@ -755,6 +755,10 @@ class OptimizeConfig(_Strict):
                             "fallback. auto: where it could pay (its start outside max_drop and faster than the answer "
                             "within budget by more than the noise of two timings); always: wherever the fallback ran "
                             "or no INT8 is within budget; off: never")
+    retime_rounds: int = Field(5, ge=0, description="CPU targets: the fastest candidates within budget (within 15 % of the "
+                                                    "fastest, at most 4) timed again side by side in this many "
+                                                    "interleaved rounds before the answer is chosen; the median of the "
+                                                    "round medians decides. 0: each candidate's single search timing")
     compile_modes: list[Literal["default", "max-autotune-no-cudagraphs"]] = Field(
         default_factory=lambda: ["default"],
         description="PyTorch targets: torch.compile modes tried (each with and without CUDA graphs on a GPU). "

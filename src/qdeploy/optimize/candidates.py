@@ -72,7 +72,7 @@ class Target:
 
 
 _ORT_CPU = {"engine": "onnxruntime", "device": "cpu"}
-_CPU_STEPS = ("floats", "engine-placements", "ptq", "cpu-engines", "fallback", "nncf-accuracy-control")
+_CPU_STEPS = ("floats", "engine-placements", "ptq", "cpu-engines", "fallback", "nncf-accuracy-control", "final-timing")
 _TORCH_STEPS = ("torch-runtimes",)
 TARGETS = {
     "onnxruntime-cpu": Target("onnxruntime-cpu", _ORT_CPU, "onnxruntime", steps=_CPU_STEPS),
@@ -169,6 +169,9 @@ class Candidate:
     subset_agreement: Optional[float] = None
     replayed: bool = False
     scores_replayed: bool = False  # accuracy from a search of the same model timed otherwise (batch, threads)
+    # a finalist timed again in interleaved rounds (steps/final_timing.py): its first p50 and each round's median
+    search_p50_ms: Optional[float] = None
+    retimed_p50s_ms: Optional[list] = None
     predictions: Optional[np.ndarray] = field(default=None, repr=False)
 
     # ---- what it is
@@ -265,8 +268,10 @@ class Candidate:
                 **{k: getattr(self, k) for k in self._MEASURED},
                 "agreement": self.agreement, "se": self.se, "agreement_se": self.agreement_se,
                 "within_budget": self.within_budget, "margin": self.margin, "rejected_by": self.rejected_by,
-                "budget": self.verdict_text, "replayed": self.replayed, "scores_replayed": self.scores_replayed, **({"subset_agreement": self.subset_agreement}
-                                          if self.subset_agreement is not None else {}),
+                "budget": self.verdict_text, "replayed": self.replayed, "scores_replayed": self.scores_replayed,
+                **({"subset_agreement": self.subset_agreement} if self.subset_agreement is not None else {}),
+                **({"search_p50_ms": self.search_p50_ms, "retimed_p50s_ms": self.retimed_p50s_ms}
+                   if self.retimed_p50s_ms is not None else {}),
                 "description": self.describe()}
 
 

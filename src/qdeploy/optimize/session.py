@@ -243,13 +243,24 @@ class SearchSession:
     def run_in(self, ctx, variant):
         """run_variant in ``ctx``; a variant whose model a step made outside the builder (``prebuilt``: its name → how
         to replace the artifact the builder makes for its settings) runs that model."""
-        replace = self.prebuilt.get(variant.label)
-        if replace is None:
+        if self.prebuilt.get(variant.label) is None:
             return run_variant(ctx, variant)
+        return run_variant(ctx, variant, self._built(ctx, variant))
+
+    def _built(self, ctx, variant):
         record = build_variant(ctx, variant)
-        if record.ok:
+        replace = self.prebuilt.get(variant.label)
+        if record.ok and replace is not None:
             record.artifact = replace(record.artifact)
-        return run_variant(ctx, variant, record)
+        return record
+
+    def built_record(self, spec: dict):
+        """The build record of a measured candidate's artifact (from the build cache; a ``prebuilt`` model where a step
+        made it), for a step that loads it again; raises QDeployError when it cannot be built."""
+        record = self._built(self.ctx, self.variant_of(spec))
+        if not record.ok or record.artifact is None:
+            raise QDeployError(record.reason or f"{spec.get('name')}: no artifact")
+        return record
 
     def measure_all(self, planned: list[Candidate]) -> bool:
         """Measure each candidate in turn (once per variant); False when the time limit stopped it (the rest are named

@@ -185,7 +185,9 @@ def missed_budget_table(summary: Mapping) -> Optional[T.Table]:
                 caption="Evaluations: passes over the whole search split, plus subset or per-image evaluations "
                         "(qdeploy ranks on a subset by SQNR and agreement; NNCF on each image's metric). NNCF's loop "
                         "stops on the metric drop alone; qdeploy's budget also has an agreement floor.")
-    if fb:
+    if fb.get("skipped"):
+        t.add(["qdeploy per-layer fallback", "–", "–", f"not run: {fb['skipped']}", "–", "–", "–"])
+    elif fb:
         trials = fb.get("trials") or []
         last = by.get(trials[-1]) if trials else None
         t.add(["qdeploy per-layer fallback", f"{len(trials)} full, subset ranking",

@@ -8,11 +8,14 @@
   INT8 from the same Q/DQ ONNX;
 - ``fallback`` (fallback.py): per-layer fallback and QAT where PTQ misses the budget, or a fallback for speed;
 - ``nncf-accuracy-control`` (accuracy_control.py): NNCF's quantize_with_accuracy_control beside the fallback, as a peer;
+- ``final-timing`` (final_timing.py): the CPU targets' fastest candidates within budget timed again in interleaved
+  rounds, so that one timing each minutes apart does not order near-equal ones;
 - ``torch-runtimes`` (torch_runtimes.py): the PyTorch targets' precision x layout x runtime search.
 
 The confirm split (confirm.py) follows every search.
 """
-from qdeploy.optimize.steps import accuracy_control, cpu_engines, fallback, floats, ptq, torch_runtimes  # noqa: F401 (they register)
+from qdeploy.optimize.steps import (accuracy_control, cpu_engines, fallback, final_timing, floats, ptq,  # noqa: F401 (they register)
+                                   torch_runtimes)
 from qdeploy.optimize.steps.base import STEPS, Step, register_step
 
 __all__ = ["STEPS", "Step", "register_step"]

@@ -17,7 +17,7 @@ from qdeploy.data import normalize, take
 from qdeploy.errors import QDeployError
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.optimize.candidates import Candidate, EngineCandidate, FallbackCandidate, PtqCandidate, QatCandidate, onnx_of
-from qdeploy.optimize.decide import LATENCY_TIE, best_effort, fallback_for_speed, fastest_within
+from qdeploy.optimize.decide import LATENCY_TIE, best_effort, fallback_for_speed, fastest_within, leads
 from qdeploy.optimize.fallback import FallbackHooks, run_fallback
 from qdeploy.optimize.sensitivity import layer_names_map, layer_sensitivity, with_float_activations
 from qdeploy.optimize.session import untimed_spec
@@ -195,9 +195,37 @@ class FallbackStep(Step):
         if s.timed_out or not ok_ptq:
             return
         if not any(c.within_budget for c in s.int8() if c.ok) and not slower:
-            self.recover(best_effort(ok_ptq))
+            start = self.recovery_start(ok_ptq)
+            if start is not None:
+                self.recover(start)
         elif s.o.fallback and s.target.measured:
             self.for_speed()
+
+    def recovery_start(self, ok_ptq: list[Candidate]) -> Optional[Candidate]:
+        """Where the recovery starts (the PTQ candidate closest to the budget), among those that could still be the
+        answer. Per-layer fallback and QAT keep the start's INT8 graph (fallback adds float layers), so their answer is
+        at best as fast as the start: where a float candidate of another precision or engine (BF16, OpenVINO's FP32) is
+        within budget already, only a start that leads it beyond the timing noise of both (``decide.leads``) can pay,
+        and None (said, and recorded in stages) when no PTQ candidate does. DeiT-S at 224 on the AMX Xeon: the
+        fallback from ONNX Runtime's INT8 (16.7 ms) spent 108 s of rebuilds while OpenVINO's BF16 was within budget at
+        7.2 ms."""
+        s = self.s
+        floats = fastest_within([c for c in s.ok() if not c.reference and c.precision != "int8"])
+        if not s.target.measured or floats is None or (floats.rank_key or 0) <= 0:
+            return best_effort(ok_ptq)
+        leaders = [c for c in ok_ptq if leads(c, floats)]
+        if leaders:
+            return best_effort(leaders)
+        fastest = min(ok_ptq, key=lambda c: c.rank_key or float("inf"))
+        s.note(f"no PTQ candidate within budget on the search split; no fallback or QAT: they keep the INT8 graph of "
+               f"their start, so they are at best as fast as it, and the fastest PTQ candidate, {fastest.variant} "
+               f"({fastest.latency_p50_ms:.3f} ms), does not lead {floats.variant}, within budget at "
+               f"{floats.latency_p50_ms:.3f} ms, by more than {2 * LATENCY_TIE:.0%}")
+        s.stages["fallback"] = {"skipped": "no PTQ candidate is faster than a float candidate within budget by more "
+                                           "than the timing noise", "fastest_ptq": fastest.variant,
+                                "fastest_ptq_p50_ms": fastest.latency_p50_ms, "within_budget": floats.variant,
+                                "within_budget_p50_ms": floats.latency_p50_ms}
+        return None
 
     def recover(self, start: Candidate) -> None:
         """No INT8 candidate within budget (FP16 may be, and slower): per-layer fallback, then QAT."""
