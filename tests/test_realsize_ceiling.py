@@ -209,6 +209,19 @@ def test_the_suite_loads_qdeploys_artifact_as_its_deploy_line_says(tiny, tmp_pat
         suite.chosen_maker({"artifact": "program.pt2"}, 2, out)(x)
 
 
+def test_outputs_are_computed_at_a_larger_batch_only_where_the_batch_is_dynamic(tiny, tmp_path):
+    """A batch-1 row evaluates its eval images 16 at a time where the ONNX's batch is dynamic; an ONNX with a fixed
+    batch is evaluated at that batch (another one would not run)."""
+    import onnx
+
+    assert ceiling.evaluation_batch(tiny["onnx"], 1) == 16 and ceiling.evaluation_batch(tiny["onnx"], 32) == 32
+    m = onnx.load(str(tiny["onnx"]))
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(m, str(tmp_path / "static.onnx"))
+    assert ceiling.evaluation_batch(tmp_path / "static.onnx", 1) == 1
+
+
 def test_argmax_maps_are_kept_and_compared_as_class_maps():
     """A segmenter's logits over a test set are gigabytes a variant: the harness keeps their argmax (keep_argmax), and
     agreement then compares class maps entry by entry."""

@@ -388,6 +388,21 @@ def build(name: str, ctx: dict) -> Built:
     raise ValueError(f"unknown variant {name!r}")
 
 
+# The batch each variant's outputs over the eval images are computed at, where the model's batch is dynamic: a row at
+# batch 1 evaluating 1,000 images one at a time spent most of a device call's harness there (DeiT-S: 20-35 s a
+# variant on 16 threads), and a prediction does not depend on the batch it was computed in beyond float summation order
+EVAL_BATCH = 16
+
+
+def evaluation_batch(onnx_path: Path, batch: int) -> int:
+    """The row's ``batch`` where the ONNX's batch dimension is fixed, else at least EVAL_BATCH."""
+    import onnx
+
+    dims = onnx.load(str(onnx_path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    static = bool(dims) and dims[0].HasField("dim_value") and dims[0].dim_value > 0
+    return batch if static else max(batch, EVAL_BATCH)
+
+
 def outputs_of(built: Built, evals: np.ndarray, batch: int, keep_argmax: bool = False) -> np.ndarray:
     """The first output over all of ``evals`` in batches of ``batch``; the last batch padded with copies of its last
     image (so that a model with a fixed batch runs too), the padding's rows dropped. ``keep_argmax``: only its argmax
@@ -514,7 +529,8 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
                     repeats: int = 5, min_time: float = 0.3, log=print,
                     extra: dict[str, Callable[[np.ndarray], Built]] | None = None, keep_argmax: bool = False,
                     reuse: Path | None = None) -> dict:
-    """Build every variant (a failure is that variant's result), run each over ``evals``, time them round-robin.
+    """Build every variant (a failure is that variant's result), run each over ``evals`` (at ``batch`` where the ONNX's
+    batch is fixed, else at least EVAL_BATCH), time them round-robin at ``batch``.
     ``extra``: more variants timed in the same rounds, {name: make(x) → Built} (e.g. an artifact under test, loaded
     as its user deploys it). ``keep_argmax``: each variant's outputs kept as their argmax over axis 1 (segmenters).
     ``reuse``: a folder where the quantized models are kept and found again (reuse_folder: per ONNX, calibration
@@ -550,16 +566,20 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
     key = outputs_key(evals, keep_argmax) if ctx["reuse"] is not None else None
     makers = {**{v: (lambda v=v: build(v, ctx)) for v in VARIANTS if variants is None or v in variants},
               **{n: (lambda make=make: make(x)) for n, make in (extra or {}).items()}}
+    eval_batch = evaluation_batch(onnx_path, batch)
     for name, make in makers.items():
         log(f"ceiling: building {name}")
         t0 = time.perf_counter()
+        eval_s = None
         try:
             b = make()
             seconds = round(time.perf_counter() - t0, 2)
             results[name] = _result("ok", build_s=seconds, built=b)
             kept = kept_outputs(ctx["reuse"], name, key) if name in VARIANTS else None
             if kept is None:
-                kept = outputs_of(b, evals, batch, keep_argmax)
+                t1 = time.perf_counter()
+                kept = outputs_of(b, evals, eval_batch, keep_argmax)
+                eval_s = results[name]["eval_s"] = round(time.perf_counter() - t1, 2)
                 if ctx["reuse"] is not None and name in VARIANTS:
                     keep_outputs(ctx["reuse"], name, key, kept)
             else:
@@ -571,8 +591,14 @@ def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch
         except Exception as ex:  # noqa: BLE001 - this variant failed; the others still run
             results[name] = {**results.get(name, _result("failed")), "status": "failed", "reason": one_line(ex),
                              "build_s": round(time.perf_counter() - t0, 2)}
-        log(f"ceiling: {name}: {results[name]['status']}" + (f" ({results[name]['reason']})"
-                                                             if results[name]["reason"] else ""))
+        r = results[name]
+        how = ""
+        if r["status"] == "ok":
+            built_how = f"built in {r['build_s']} s" + (", model reused" if REUSED in (r.get("note") or "") else "")
+            evaluated = ("outputs reused" if r.get("outputs_reused")
+                         else f"{len(evals)} images evaluated at batch {eval_batch} in {eval_s} s")
+            how = f" ({built_how}; {evaluated})"
+        log(f"ceiling: {name}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else how))
     timings, failed = time_round_robin({n: b.step for n, b in built.items()}, repeats, min_time, log)
     for name, t in timings.items():
         results[name].update(t)
