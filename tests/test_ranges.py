@@ -265,3 +265,36 @@ def test_modelopt_histograms_with_an_extra_edge_work_with_every_method():
     for method in RANGE_METHODS:
         amax = compute_amax(stats, method)
         assert 0 < amax <= top * (1 + 1e-6), method
+
+
+def test_a_batch_whose_activations_exceed_the_run_budget_is_run_in_chunks_with_the_same_statistics(tmp_path, monkeypatch):
+    """Every float activation of a run comes back at once (a batch of 32 Swin-T images at 224 px: 14.9 GiB): a batch
+    is run in chunks that keep one run's outputs under ACTIVATION_BYTES_PER_RUN, sized by a one-image run, and the
+    statistics are those of the whole batch (extremes and per-image sums exactly; the histogram holds every value)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qdeploy.quantize import collect
+    from qdeploy.quantize.ranges import compute_ranges
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("Neg", ["r"], ["y"], name="neg")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])])
+    path = tmp_path / "two.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    images = np.random.default_rng(0).normal(size=(10, 64)).astype(np.float32)
+    whole = collect.collect_activation_stats(path, [images], total=10, num_bins=64)
+    assert whole.images_per_run >= 10
+    per_image = 3 * 64 * 4  # x, r and y of one image, float32
+    monkeypatch.setattr(collect, "ACTIVATION_BYTES_PER_RUN", 3 * per_image)
+    chunked = collect.collect_activation_stats(path, [images], total=10, num_bins=64)
+    assert chunked.images_per_run == 3 and chunked.samples == whole.samples == 10
+    for name in ("x", "r", "y"):
+        a, b = whole.tensors[name], chunked.tensors[name]
+        assert (a.lo, a.hi, a.samples) == (b.lo, b.hi, b.samples)
+        assert a.sample_lo_sum == pytest.approx(b.sample_lo_sum) and a.sample_absmax_sum == pytest.approx(b.sample_absmax_sum)
+        assert b.hist.counts.sum() == a.hist.counts.sum() == 10 * 64
+    assert compute_ranges(chunked, "mean-minmax")["y"].lo == pytest.approx(compute_ranges(whole, "mean-minmax")["y"].lo)

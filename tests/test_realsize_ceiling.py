@@ -328,3 +328,21 @@ def test_a_rows_finished_optimize_is_read_back_by_the_next_call_with_the_same_co
     cfg["optimize"]["threads"] = 4
     other, _ = suite.optimized(api, cfg, tmp_path / "row", tmp_path / "cache")
     assert calls == [16, 4] and other["chosen"]["variant"] == "int8-t4"
+
+
+def test_onnx_runtime_calibrates_on_the_images_its_calibrator_can_hold(tiny, monkeypatch):
+    """ONNX Runtime's MinMax calibrator keeps every calibration image's activations to the end (320 Swin-T images at
+    224 px: about 146 GiB): the harness gives quantize_static the first images that fit in a quarter of the available
+    memory, and says so in the variant's note; all of them where they fit."""
+    import types
+
+    import psutil
+
+    calib = tiny["calib"]
+    per = ceiling.activation_bytes_per_image(tiny["onnx"], calib)
+    assert per > calib[0].nbytes  # the input and every float tensor after it
+    kept, note = ceiling.ort_calibration_images(tiny["onnx"], calib)
+    assert len(kept) == len(calib) and note is None
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=4 * 5 * per + 1))
+    kept, note = ceiling.ort_calibration_images(tiny["onnx"], calib)
+    assert len(kept) == 5 and note.startswith(f"calibrated on the first 5 of {len(calib)} images")

@@ -2,8 +2,8 @@
 
 Every float activation tensor becomes an extra graph output; each calibration batch is run once and
 its tensors are folded into per-tensor statistics (min, max and an ``AbsHistogram`` of |x|) straight
-away, so memory stays at one batch of activations. (ONNX Runtime's own Entropy / Percentile
-calibrators keep every batch's intermediate outputs until the end: 1.2 GB for ResNet-20.)
+away, so memory stays at one run's activations (a batch, or a chunk of it: ACTIVATION_BYTES_PER_RUN). (ONNX Runtime's
+own Entropy / Percentile calibrators keep every batch's intermediate outputs until the end: 1.2 GB for ResNet-20.)
 One pass serves every range method (the per-sample extremes for mean-minmax are summed on the way).
 """
 from __future__ import annotations
@@ -19,6 +19,14 @@ import numpy as np
 from qdeploy.errors import QDeployError
 from qdeploy.utils.log import progress
 from qdeploy.utils.onnx_graph import OnnxGraph
+
+
+# The most activation bytes one ONNX Runtime run hands back at once: every float activation of the images in it is a
+# graph output, so a calibration batch of 32 Swin-T images at 224 px is 14.9 GiB of outputs (652 tensors, 466 MiB an
+# image) on top of ONNX Runtime's own buffers, and the 24 GiB host killed the process (no error, no artifact). A batch
+# is run in chunks of as many images as fit, sized by a one-image run first; a model whose whole batch fits runs as
+# before.
+ACTIVATION_BYTES_PER_RUN = 1 << 30
 
 
 class NonFiniteActivation(QDeployError):
@@ -108,6 +116,7 @@ class ActivationStats:
     tensors: dict[str, TensorStats] = field(default_factory=dict)
     samples: int = 0
     producer: dict[str, str] = field(default_factory=dict)  # tensor → name of the node that makes it
+    images_per_run: Optional[int] = None  # the chunk a calibration batch was run in (ACTIVATION_BYTES_PER_RUN)
 
 
 def float_activations(model) -> tuple[list[str], dict[str, str]]:
@@ -144,18 +153,29 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
     stats = ActivationStats({n: TensorStats(n, hist=AbsHistogram(num_bins) if histograms else None)
                              for n in names}, 0, producer)
     workers = max(1, min(len(names), threads or os.cpu_count() or 1))
+    chunk = None  # images per run (ACTIVATION_BYTES_PER_RUN), from the first image's activations
     with progress("calibrate: collect activation statistics", total) as advance, \
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qdeploy-stats") as pool:
-        for x in batches:
-            outs = sess.run(out_names, {input_name: x})
-            # each tensor's statistics fold on a worker thread (numpy's reductions, casts and bincount release the GIL):
-            # at 224 px a transformer's 478 tensors make this fold, not the model, the cost of calibration when one
-            # thread does it. A tensor is folded by one task per batch, so no two threads touch the same statistics
-            work = [(stats.tensors[name], value) for name, value in zip(out_names, outs)
-                    if name in stats.tensors and value.size]
-            list(pool.map(lambda item: _fold(item[0], item[1], len(x), item[0].name in channel_names, producer), work))
-            stats.samples += len(x)
-            advance(len(x))
+        for batch in batches:
+            if chunk is None and len(batch):
+                per_image = sum(o.nbytes for o in sess.run(out_names, {input_name: batch[:1]}))
+                chunk = max(1, ACTIVATION_BYTES_PER_RUN // max(per_image, 1))
+            for i in range(0, len(batch), chunk or 1):
+                x = batch[i:i + chunk] if chunk < len(batch) else batch
+                outs = sess.run(out_names, {input_name: x})
+                # each tensor's statistics fold on a worker thread (numpy's reductions, casts and bincount release the
+                # GIL): at 224 px a transformer's 478 tensors make this fold, not the model, the cost of calibration
+                # when one thread does it. A tensor is folded by one task per run, so no two threads touch the same
+                # statistics
+                work = [(stats.tensors[name], value) for name, value in zip(out_names, outs)
+                        if name in stats.tensors and value.size]
+                del outs
+                list(pool.map(lambda item: _fold(item[0], item[1], len(x), item[0].name in channel_names, producer),
+                              work))
+                del work
+                stats.samples += len(x)
+                advance(len(x))
+    stats.images_per_run = chunk
     return stats
 
 
