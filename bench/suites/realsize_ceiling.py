@@ -203,8 +203,8 @@ def activation_bytes_per_image(source: Path, x: np.ndarray) -> int:
 def ort_calibration_images(source: Path, calib: np.ndarray) -> tuple[np.ndarray, str | None]:
     """The calibration images ONNX Runtime's quantize_static can hold: its MinMax calibrator keeps every image's
     activations until the end (its CalibMaxIntermediateOutputs option drops the outputs it clears instead of merging
-    them, in onnxruntime 1.32's source), which for 320 Swin-T images at 224 px is about 146 GiB. The first images that fit
-    in a quarter of the memory available, and a note saying so where that is fewer than all."""
+    them, in onnxruntime 1.32's source), which for 320 Swin-T images at 224 px is about 146 GiB. The first images that
+    fit in a quarter of the memory available, and a note saying so where that is fewer than all."""
     import psutil
 
     per = activation_bytes_per_image(source, calib)
