@@ -196,8 +196,11 @@ def activation_bytes_per_image(source: Path, x: np.ndarray) -> int:
             model.graph.output.append(onnx.helper.make_tensor_value_info(vi.name, onnx.TensorProto.FLOAT, None))
             known.add(vi.name)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = sess.run(None, {sess.get_inputs()[0].name: np.ascontiguousarray(x[:1])})
-    return int(sum(np.asarray(o).nbytes for o in outs if np.asarray(o).dtype.kind == "f"))
+    dim = sess.get_inputs()[0].shape[0]
+    n = dim if isinstance(dim, int) and dim > 0 else 1  # a fixed batch runs only at that batch
+    b = np.ascontiguousarray(np.take(x, np.arange(n) % len(x), axis=0))
+    outs = sess.run(None, {sess.get_inputs()[0].name: b})
+    return int(sum(np.asarray(o).nbytes for o in outs if np.asarray(o).dtype.kind == "f")) // n
 
 
 def ort_calibration_images(source: Path, calib: np.ndarray) -> tuple[np.ndarray, str | None]:

@@ -154,12 +154,16 @@ def collect_activation_stats(onnx_path: Path, batches: Iterable[np.ndarray], tot
                              for n in names}, 0, producer)
     workers = max(1, min(len(names), threads or os.cpu_count() or 1))
     chunk = None  # images per run (ACTIVATION_BYTES_PER_RUN), from the first image's activations
+    static_batch = isinstance(sess.get_inputs()[0].shape[0], int)
     with progress("calibrate: collect activation statistics", total) as advance, \
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qdeploy-stats") as pool:
         for batch in batches:
             if chunk is None and len(batch):
-                per_image = sum(o.nbytes for o in sess.run(out_names, {input_name: batch[:1]}))
-                chunk = max(1, ACTIVATION_BYTES_PER_RUN // max(per_image, 1))
+                if static_batch:  # a model with a fixed batch runs only at that batch: nothing to choose
+                    chunk = len(batch)
+                else:
+                    per_image = sum(o.nbytes for o in sess.run(out_names, {input_name: batch[:1]}))
+                    chunk = max(1, ACTIVATION_BYTES_PER_RUN // max(per_image, 1))
             for i in range(0, len(batch), chunk or 1):
                 x = batch[i:i + chunk] if chunk < len(batch) else batch
                 outs = sess.run(out_names, {input_name: x})
