@@ -188,22 +188,28 @@ def test_abs_histogram_merges_bins_instead_of_growing_without_bound():
     assert np.abs(ours._calib_hist[:len(merged)] - merged).sum() <= 100 + 1e-3 * ref_hist.sum()
 
 
+def _elementwise_onnx(path, nodes, width: int):
+    """An opset-17 ONNX from graph input x to output y, both (n, width) float, through ``nodes``; saved at ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
 def test_mean_minmax_averages_each_images_extremes(tmp_path):
     """NNCF's default activation estimator: mean over images of each image's min / max / max|x|, so one outlier
     image does not stretch the range (global max: 10; mean of per-image maxima: 3.25)."""
-    import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from qdeploy.quantize.collect import collect_activation_stats
     from qdeploy.quantize.ranges import compute_ranges
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="id")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
-    path = tmp_path / "id.onnx"
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
+    path = _elementwise_onnx(tmp_path / "id.onnx", [helper.make_node("Identity", ["x"], ["y"], name="id")], 4)
     images = np.array([[-1, 0, 0, 1], [-1, 0, 0, 1], [-2, 0, 0, 1], [0, 0, 0, 10]], dtype=np.float32)
     stats = collect_activation_stats(path, [images[:3], images[3:]], total=4, histograms=False)  # batches of 3 and 1
     r = compute_ranges(stats, "mean-minmax")["y"]
@@ -271,20 +277,13 @@ def test_a_batch_whose_activations_exceed_the_run_budget_is_run_in_chunks_with_t
     """Every float activation of a run comes back at once (a batch of 32 Swin-T images at 224 px: 14.9 GiB): a batch
     is run in chunks that keep one run's outputs under ACTIVATION_BYTES_PER_RUN, sized by a one-image run, and the
     statistics are those of the whole batch (extremes and per-image sums exactly; the histogram holds every value)."""
-    import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from qdeploy.quantize import collect
     from qdeploy.quantize.ranges import compute_ranges
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
-                               helper.make_node("Neg", ["r"], ["y"], name="neg")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])])
-    path = tmp_path / "two.onnx"
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
+    path = _elementwise_onnx(tmp_path / "two.onnx", [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                                                     helper.make_node("Neg", ["r"], ["y"], name="neg")], 64)
     images = np.random.default_rng(0).normal(size=(10, 64)).astype(np.float32)
     whole = collect.collect_activation_stats(path, [images], total=10, num_bins=64)
     assert whole.images_per_run >= 10
