@@ -106,9 +106,9 @@ class FinalTimingStep(Step):
         finally:
             for _, engine, _ in loaded:
                 engine.close()
-        self.record(loaded, p50s, failed, rounds)
+        self.record(loaded, p50s, failed)
 
-    def record(self, loaded: list, p50s: dict, failed: dict, rounds: int) -> None:
+    def record(self, loaded: list, p50s: dict, failed: dict) -> None:
         """Each finalist's latency key becomes the median of its round medians (its search p50 kept beside it)."""
         s = self.s
         done = min(len(v) for v in p50s.values())
