@@ -80,6 +80,7 @@ class FinalTimingStep(Step):
         loaded, failed = [], {}
         try:
             for c in chosen:
+                engine = None
                 try:
                     engine = create_engine(s.variant_of(c.spec), s.built_record(c.spec).artifact)
                     release_build_memory()
@@ -87,6 +88,8 @@ class FinalTimingStep(Step):
                     loaded.append((c, engine, engine.prepare_timed(fill_batch(s.ctx.bench_inputs(), s.batch_size))))
                 except (QDeployError, OSError, RuntimeError) as e:  # the search's own timing stands for this one
                     failed[c.variant] = str(e).splitlines()[0][:200]
+                    if engine is not None and all(engine is not e_ for _, e_, _ in loaded):
+                        engine.close()
             if len(loaded) < 2:
                 return
             p50s: dict[str, list[float]] = {c.variant: [] for c, _, _ in loaded}
