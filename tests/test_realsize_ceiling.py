@@ -346,3 +346,41 @@ def test_onnx_runtime_calibrates_on_the_images_its_calibrator_can_hold(tiny, mon
     monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=4 * 5 * per + 1))
     kept, note = ceiling.ort_calibration_images(tiny["onnx"], calib)
     assert len(kept) == 5 and note.startswith(f"calibrated on the first 5 of {len(calib)} images")
+
+
+def test_the_activation_byte_count_skips_value_info_of_tensors_no_node_produces(tiny, tmp_path):
+    """quant_pre_process's optimizer fuses nodes and can keep their old value_info entries (a timm ConvNeXt's layer
+    scale Mul): asking ONNX Runtime for such a tensor as an output makes the model invalid, so only tensors that a node
+    produces are counted."""
+    import onnx
+
+    model = onnx.load(str(tiny["onnx"]))
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info("fused_away", onnx.TensorProto.FLOAT, [1, 16]))
+    stale = tmp_path / "stale.onnx"
+    onnx.save(model, str(stale))
+    calib = tiny["calib"]
+    assert ceiling.activation_bytes_per_image(stale, calib) == ceiling.activation_bytes_per_image(tiny["onnx"], calib)
+
+
+def test_a_row_measured_again_replaces_the_earlier_one_which_is_kept_as_superseded(tmp_path):
+    suite = _suite()
+
+    def row(speedup):
+        return {"model": "resnet50", "batch": 1, "threads": 16, "chosen": "openvino-int8", "chosen_p50_ms": 3.0,
+                "speedup_vs_best_fp32": speedup, "ceiling_variant": "ov-int8-bf16", "ceiling_speedup": 3.5,
+                "ceiling_within_budget_variant": "ov-int8-bf16", "ceiling_within_budget_speedup": 3.5,
+                "nncf_default_speedup": 3.4, "confirm_drop_points": 0.1, "budget_met": True, "optimize_wall_s": 200.0,
+                "vs_ceiling": speedup / 3.5}
+
+    parts = []
+    for i, speedup in enumerate((2.6, 3.4)):
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps({"cpu_flags": ["amx_int8"], "machine": "xeon", "command": f"run {i}",
+                                         "rows": [row(speedup)]}))
+    out = tmp_path / "merged.json"
+    suite.merge(parts, out)
+    suite.merge([parts[1]], out)  # the same measurement merged again is not a new supersession
+    merged = json.loads(out.read_text())
+    assert [r["speedup_vs_best_fp32"] for r in merged["rows"]] == [3.4]
+    assert merged["rows"][0]["measured_by"] == "run 1"
+    assert [r["speedup_vs_best_fp32"] for r in merged["superseded"]] == [2.6]

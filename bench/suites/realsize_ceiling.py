@@ -191,8 +191,12 @@ def activation_bytes_per_image(source: Path, x: np.ndarray) -> int:
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(source)))
     known = {o.name for o in model.graph.output}
+    # value_info may still name tensors no node produces any more (quant_pre_process's optimizer fuses nodes and
+    # keeps their old entries): only a node's output can become a graph output
+    produced = {name for node in model.graph.node for name in node.output}
     for vi in model.graph.value_info:  # the float tensors whose type inference knows
-        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT and vi.name not in known:
+        if (vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT and vi.name in produced
+                and vi.name not in known):
             model.graph.output.append(onnx.helper.make_tensor_value_info(vi.name, onnx.TensorProto.FLOAT, None))
             known.add(vi.name)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

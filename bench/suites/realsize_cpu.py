@@ -387,18 +387,28 @@ def print_row(r: dict) -> None:
           f"| {r['optimize_wall_s']:.0f} s |", flush=True)
 
 
+def _measurement(row: dict) -> dict:
+    """A row without what merge adds to it (the same measurement merged twice is one measurement)."""
+    return {k: v for k, v in row.items() if k not in ("measured_by", "training")}
+
+
 def merge(parts: list[Path], out: Path | None) -> None:
     """Rows of several runs into one document (``out`` itself first when it exists, so rows accumulate across device
-    sessions; a later row of the same model, batch and threads replaces an earlier one). Each row keeps the command
-    and the training record of the run that measured it; unfinished attempts are kept."""
+    sessions; a later row of the same model, batch and threads replaces an earlier one, which is kept under
+    ``superseded``). Each row keeps the command and the training record of the run that measured it; unfinished
+    attempts are kept."""
     if out is not None and out.exists() and out not in parts:
         parts = [out, *parts]
     docs = [json.loads(p.read_text()) for p in parts]
-    rows, attempts = {}, []
+    rows, attempts, superseded = {}, [], []
     for d in docs:
         trained = {t["model"]: t for t in d.get("training") or []}
+        superseded += [r for r in d.get("superseded") or [] if r not in superseded]
         for r in d["rows"]:
-            rows[(r["model"], r["batch"], r["threads"])] = {**r, "measured_by": r.get("measured_by") or d.get("command"),
+            key = (r["model"], r["batch"], r["threads"])
+            if key in rows and _measurement(rows[key]) != _measurement(r):
+                superseded.append(rows[key])
+            rows[key] = {**r, "measured_by": r.get("measured_by") or d.get("command"),
                                                             "training": r.get("training") or trained.get(r["model"])}
         attempts += [a for a in d.get("attempts") or [] if a not in attempts]
     order = {m: i for i, m in enumerate(SUITE)}
@@ -412,7 +422,7 @@ def merge(parts: list[Path], out: Path | None) -> None:
         out.write_text(json.dumps({"schema": "qdeploy.realsize_cpu/1", "cpu_flags": last["cpu_flags"],
                                    "machine": last["machine"], "versions": last.get("versions"),
                                    "data": next((d["data"] for d in docs if d.get("data")), None),
-                                   "rows": merged, "attempts": attempts}, indent=1))
+                                   "rows": merged, "attempts": attempts, "superseded": superseded}, indent=1))
 
 
 def summary(rows: list) -> None:
