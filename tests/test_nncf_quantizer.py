@@ -3,6 +3,7 @@ OpenVINO on small real models: what it refuses (fast), the Q/DQ it writes and ho
 the range methods and exclusions it maps, the transformer model type, and a whole `qdeploy run` (slow)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+import yaml
 from PIL import Image
 from torch import nn
 
@@ -21,7 +23,11 @@ from qdeploy.data import ArrayBatches, normalize
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.quantize import NotApplicable, QuantizeInputs, candidates, get_quantizer, quantize
 
-from conftest import SRC, TINY_MODEL
+from qdeploy.cli import main
+from qdeploy.lint.placement import nncf_model_types
+from qdeploy.utils.onnx_graph import OnnxGraph
+
+from conftest import SRC, TINY_MODEL, write_image_folder
 
 PRE = Preprocess(input_size=[16, 16], mean=[0.5] * 3, std=[0.25] * 3)
 
@@ -64,9 +70,29 @@ class TinyAttention(nn.Module):
         return self.head((t + a @ self.v(t)).mean(1))
 
 
-def _export(module: nn.Module, path: Path) -> Path:
+class TinyConvNeXtBlock(nn.Module):
+    """A ConvNeXt block without attention: depthwise conv → LayerNorm (channels last) → MLP → layer scale → residual."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, dim, 4, stride=4)
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        y = (self.fc2(nn.functional.gelu(self.fc1(y))) * self.gamma).permute(0, 3, 1, 2)
+        return self.head((x + y).mean((2, 3)))
+
+
+def _export(module: nn.Module, path: Path, opset: int = 17) -> Path:
     torch.onnx.export(module.eval(), (torch.randn(1, 3, 16, 16),), str(path), input_names=["input"],
-                      output_names=["output"], opset_version=17, dynamic_axes={"input": {0: "n"}}, dynamo=False)
+                      output_names=["output"], opset_version=opset, dynamic_axes={"input": {0: "n"}}, dynamo=False)
     return path
 
 
@@ -259,6 +285,96 @@ def test_attention_makes_it_a_transformer_model(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("opset", [17, 13], ids=["LayerNormalization", "decomposed"])
+def test_layer_norm_without_attention_makes_it_a_transformer_model(tmp_path, opset):
+    """NNCF's default scheme quantizes a LayerNorm network's residual stream per tensor (lint/placement.
+    NNCF_TRANSFORMER_WHY): a ConvNeXt block gets model_type TRANSFORMER, whether its LayerNorm is exported whole
+    (opset 17) or as ReduceMean/Sub/Pow/... (opset 13)."""
+    fp32 = _export(TinyConvNeXtBlock(), tmp_path / f"cnx{opset}.onnx", opset=opset)
+    types = {n.op_type for n in onnx.load(str(fp32)).graph.node}
+    assert ("LayerNormalization" in types) == (opset == 17)
+    assert nncf_model_types(OnnxGraph(onnx.load(str(fp32)))) == ("transformer", "cnn")
+    out = tmp_path / f"cnx{opset}-int8.onnx"
+    info = _quantize(fp32, out)
+    assert info["model_type"] == "transformer" and info["attention_matmuls"] == [] and len(info["layer_norms"]) == 1
+    x = normalize(_images(16, seed=3), PRE)
+    _close_to_fp32(_ort(out, x), _ort(fp32, x))
+    # the other scheme, as optimize measures it beside (Int8Config.nncf_model_type)
+    info = _quantize(fp32, tmp_path / f"cnx{opset}-cnn.onnx", nncf_model_type="cnn")
+    assert info["model_type"] is None and len(info["layer_norms"]) == 1
+
+
+def test_nncf_model_type_is_an_option_of_nncfs_own_placement_only():
+    assert Int8Config(placement="openvino", nncf_model_type="cnn").label_parts()[-1] == "nncf-cnn"
+    assert "nncf-" not in "".join(Int8Config(placement="openvino").label_parts())
+    with pytest.raises(ValueError, match="nncf_model_type applies to placement openvino only"):
+        Int8Config(nncf_model_type="transformer")
+
+
+LN_AND_PLAIN_FACTORIES = """import torch
+from torch import nn
+
+
+class _Block(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 4, stride=4)
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.fc2(nn.functional.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1))))).permute(0, 3, 1, 2)
+        return self.head((x + y).mean((2, 3)))
+
+
+def convnext_block():
+    torch.manual_seed(0)
+    return _Block()
+
+
+def plain_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 4))
+"""
+
+
+@pytest.mark.slow
+def test_optimize_measures_both_nncf_schemes_on_a_layer_norm_model_without_attention(tmp_path):
+    """A ConvNeXt block (LayerNorm, no attention): target cpu plans NNCF's INT8 with the scheme auto picks
+    (transformer) and with NNCF's default scheme beside it, each with its BF16-float-layer twin where the CPU has BF16;
+    a plain CNN gets one scheme only."""
+    from qdeploy.optimize.candidates import engine_floats
+
+    factory = tmp_path / "blocks.py"
+    factory.write_text(LN_AND_PLAIN_FACTORIES)
+    for seed, name in enumerate(("calib", "eval")):
+        write_image_folder(tmp_path / name, classes=("a", "b", "c", "d"), per_class=4, size=(16, 16), seed=seed)
+    results = {}
+    for fn in ("convnext_block", "plain_cnn"):
+        cfg = {"model": {"source": f"{factory}:{fn}", "weights": "random",
+                         "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
+               "data": {"eval": {"root": str(tmp_path / "eval"), "batch_size": 4, "workers": 0},
+                        "calibration": {"root": str(tmp_path / "calib"), "batch_size": 4, "workers": 0}},
+               "bench": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
+               "optimize": {"target": "cpu", "methods": ["mean-minmax"], "threads": 1, "fallback": False,
+                            "budget": {"max_drop": 100.0}}}
+        (tmp_path / f"{fn}.yaml").write_text(yaml.safe_dump(cfg))
+        assert main(["--quiet", "optimize", str(tmp_path / f"{fn}.yaml"), "--out", str(tmp_path / fn),
+                     "--cache-dir", str(tmp_path / "cache")]) in (0, 3)
+        results[fn] = {c["variant"]: c for c in json.loads((tmp_path / fn / "optimize.json").read_text())["candidates"]}
+    bf16 = "bf16" in engine_floats("openvino")
+    schemes = {v for v in results["convnext_block"] if v.startswith("openvino-int8-mean-minmax-nncf")}
+    assert schemes == {"openvino-int8-mean-minmax-nncf", "openvino-int8-mean-minmax-nncf-cnn"} | (
+        {"openvino-int8-mean-minmax-nncf-bf16", "openvino-int8-mean-minmax-nncf-cnn-bf16"} if bf16 else set())
+    assert results["convnext_block"]["openvino-int8-mean-minmax-nncf-cnn"]["status"] == "ok"
+    assert not any(v.startswith("openvino-int8-mean-minmax-nncf-cnn") for v in results["plain_cnn"])
+
+
+@pytest.mark.slow
 def test_import_qdeploy_without_nncf(tmp_path):
     """nncf is imported on first use only; where it cannot be imported, the quantizer declines with the install hint."""
     code = ("import sys; sys.modules['nncf'] = None\n"  # Python's own way to make a package unimportable
@@ -311,3 +427,4 @@ def test_run_openvino_placement_end_to_end(tmp_path):
     assert made and all(a["produced_by"].startswith("quantizer nncf") for a in made)
     ir = [a for a in results["artifacts"] if a["kind"] == "openvino-ir-int8"]
     assert ir and all(a["produced_by"].startswith("NNCF") and "OpenVINO model" in a["produced_by"] for a in ir)
+

@@ -426,6 +426,12 @@ class Int8Config(_Strict):
                            "between a DQ and a Q): 3-7x less conv time on the MobileNet-class models measured, for one more "
                            "rounding before the activation (0.6 point on EfficientNet-B0@48); by default such convs stay "
                            "float, because ONNX Runtime has no INT8 conv with a float output (lint/placement.py)")
+    nncf_model_type: Literal["auto", "cnn", "transformer"] = Field(
+        "auto", description="placement openvino (NNCF): the scheme NNCF quantizes with: transformer (NNCF's "
+                            "ModelType.TRANSFORMER: Add, normalization and attention outputs stay float) or cnn (NNCF's "
+                            "default); auto takes transformer where the graph has attention or LayerNorm, else cnn "
+                            "(lint/placement.NNCF_TRANSFORMER_WHY); optimize measures both on a LayerNorm model without "
+                            "attention")
     residual_quantizers: bool = Field(
         True, description="placement tensorrt: quantize the skip input of residual Adds (TensorRT's recommendation: the Add "
                           "then runs in INT8, fused into the conv); false leaves every residual Add float, as "
@@ -439,6 +445,8 @@ class Int8Config(_Strict):
         if self.quantized_conv_outputs and (self.placement != "onnxruntime" or self.split_activations):
             raise ValueError("quantized_conv_outputs applies to placement onnxruntime with activations kept whole "
                              "(split_activations quantizes the conv outputs already)")
+        if self.nncf_model_type != "auto" and self.placement != "openvino":
+            raise ValueError("nncf_model_type applies to placement openvino only (NNCF's own placement)")
         if not self.residual_quantizers and self.placement != "tensorrt":
             raise ValueError("residual_quantizers: false applies to placement tensorrt only (ONNX Runtime's placement "
                              "quantizes Adds by its own rules)")
@@ -470,6 +478,8 @@ class Int8Config(_Strict):
             parts.append("split")
         if self.quantized_conv_outputs:
             parts.append("qconv")
+        if self.nncf_model_type != "auto":
+            parts.append(f"nncf-{self.nncf_model_type}")
         if not self.residual_quantizers:
             parts.append("noresq")
         return parts

@@ -446,6 +446,46 @@ def attention_matmuls(g: OnnxGraph) -> list[onnx.NodeProto]:
     return [n for n in g.nodes if n.op_type == "MatMul" and _two_activations(g, n)]
 
 
+def layer_norms(g: OnnxGraph) -> list[onnx.NodeProto]:
+    """LayerNorms, exported whole (LayerNormalization, opset 17+) or decomposed (a ReduceMean whose input is also the
+    first input of the Sub that its output feeds: x - mean(x), the start of the ReduceMean/Sub/Pow/… form older opsets
+    and hand-written norms export)."""
+    found = []
+    for n in g.nodes:
+        if n.op_type == "LayerNormalization":
+            found.append(n)
+        elif n.op_type == "ReduceMean" and any(c.op_type == "Sub" and c.input[0] == n.input[0]
+                                               for c in g.consumers.get(n.output[0], [])):
+            found.append(n)
+    return found
+
+
+# NNCF's model_type: which scheme its INT8 placement follows on the OpenVINO and ONNX backends
+NNCF_TRANSFORMER_WHY = (
+    "NNCF's model_type TRANSFORMER first wherever the model has attention or LayerNorm, and on a LayerNorm model without "
+    "attention NNCF's default (CNN) scheme measured beside it. NNCF's default scheme quantizes the tensors around a "
+    "LayerNorm block (the norm's input after a depthwise conv, the residual Adds) with one symmetric per-tensor scale "
+    "each, and in a network normalized by LayerNorm instead of BatchNorm those tensors can carry a few outlier channels "
+    "(Bondarenko et al. 2021, 'Understanding and overcoming the challenges of efficient transformer quantization': the "
+    "residual sum of LayerNorm models is where per-tensor INT8 fails); TRANSFORMER keeps Add, MVN and the normalization "
+    "arithmetic float (min_max/openvino_backend.py, get_ignored_metatypes) and uses asymmetric activations. Measured "
+    "with NNCF 3.4 on the OpenVINO model, agreement of the argmax with FP32, default vs TRANSFORMER "
+    "(bench/diagnose/nncf_model_type.py, docs/results/nncf_model_type.json): ../shared's ConvNeXt-atto 15.9 vs 96.9 %, "
+    "a torchvision ConvNeXt trained on CIFAR-10 19.6 vs 97.2 %, and the default scheme collapsed a timm ConvNeXt-T "
+    "trained at 224 to 15.0 % (docs/results/realsize_cpu_xeon.json); but a timm MLP-Mixer (LayerNorm, no depthwise "
+    "conv) kept 96.6 % with the default scheme against 91.4 % with TRANSFORMER, so without attention neither is assumed")
+
+
+def nncf_model_types(g: OnnxGraph) -> tuple[str, ...]:
+    """NNCF's schemes worth measuring on this graph, the one a single quantization takes first ('transformer' or
+    'cnn', NNCF's default): NNCF_TRANSFORMER_WHY."""
+    if attention_matmuls(g):
+        return ("transformer",)
+    if layer_norms(g):
+        return ("transformer", "cnn")
+    return ("cnn",)
+
+
 @contextlib.contextmanager
 def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
     """Add a rule for the duration of a block (tests, experiments): first, it overrides the rules after it."""
@@ -457,6 +497,7 @@ def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
 
 
 __all__ = ["ANY_OP", "ATTENTION_MATMUL", "COMPUTE_OPS", "CONV_FLOAT_OUTPUT_WHY", "Decision", "FLOAT", "INT8", "NARROW_CONV_WHY",
-           "OpRule", "PlacementPlan", "OP_RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY", "attention_matmuls",
+           "NNCF_TRANSFORMER_WHY", "OpRule", "PlacementPlan", "OP_RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY",
+           "attention_matmuls", "layer_norms", "nncf_model_types",
            "compute_nodes", "conv_runs_int8_in_tensorrt", "convs_without_int8_kernel", "extra_rule", "float_nodes",
            "int8_op_types", "placement_plan", "rule_for", "rules"]

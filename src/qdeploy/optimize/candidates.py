@@ -390,13 +390,15 @@ class EngineCandidate(Candidate):
 
     @classmethod
     def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax",
-                              float_precision: str = "f32") -> "EngineCandidate":
+                              float_precision: str = "f32", nncf_model_type: str = "auto") -> "EngineCandidate":
         """``float_precision`` bf16: the layers the INT8 model leaves float run in BF16 (OpenVINO's float_precision
-        option), as OpenVINO's CPU plugin runs an INT8 model by default on a CPU with native BF16."""
-        return cls(_with_float_precision({**target.engine_spec(engine), "precision": "int8", "method": method,
-                                          "placement": engine,
-                                          "name": f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"},
-                                         float_precision))
+        option), as OpenVINO's CPU plugin runs an INT8 model by default on a CPU with native BF16.
+        ``nncf_model_type``: NNCF's scheme where not the one ``auto`` picks (Int8Config.nncf_model_type)."""
+        name = f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"
+        spec = {**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine, "name": name}
+        if nncf_model_type != "auto":
+            spec.update(nncf_model_type=nncf_model_type, name=f"{name}-{nncf_model_type}")
+        return cls(_with_float_precision(spec, float_precision))
 
     def deploy(self, artifact: str) -> Optional[str]:
         """The engine call that runs ``artifact`` as this candidate was measured (a BF16 candidate's artifact is the FP32
@@ -413,7 +415,8 @@ class EngineCandidate(Candidate):
             return f"{name} {self.precision.upper()}"
         bf16 = ", float layers in BF16" if self.spec.get("float_precision") == "bf16" else ""
         if self.spec.get("placement") == self.engine:
-            return f"{name} INT8, {self.method} ranges, its own placement (NNCF){bf16}"
+            scheme = f", NNCF's {self.spec['nncf_model_type']} scheme" if self.spec.get("nncf_model_type") else ""
+            return f"{name} INT8, {self.method} ranges, its own placement (NNCF){scheme}{bf16}"
         return (f"{name} INT8 on the ONNX Runtime-placement Q/DQ ONNX ({self.method} ranges"
                 + (", conv outputs quantized" if self.spec.get("quantized_conv_outputs") else "") + f"){bf16}")
 

@@ -83,6 +83,7 @@ class NncfPlan:
     input_name: str
     model_type: object
     attention: list
+    layer_norms: list
     excluded: list
     unmatched: list
     head_convs: set
@@ -94,7 +95,7 @@ class NncfPlan:
 
     @classmethod
     def of(cls, nncf, model, inputs: QuantizeInputs, cfg: Int8Config) -> "NncfPlan":
-        from qdeploy.lint.placement import attention_matmuls, prediction_head
+        from qdeploy.lint.placement import attention_matmuls, layer_norms, nncf_model_types, prediction_head
         from qdeploy.lint.qdq_graph import QdqGraph
         from qdeploy.quantize.qdq import select_excluded
         from qdeploy.utils.onnx_graph import OnnxGraph
@@ -110,8 +111,10 @@ class NncfPlan:
         # output and position-encoding patterns float (MULTIHEAD_ATTENTION_OUTPUT, ROPE, SAM_PE in
         # common/graph/patterns/patterns.py), picks preset mixed (asymmetric activations, but symmetric on both inputs
         # of an activation×activation MatMul: min_max/algorithm.py) and runs SmoothQuant before the range pass
-        # (post_training/pipeline.py). Without it an attention model gets the CNN rules, which NNCF does not recommend.
-        attention = attention_matmuls(graph)
+        # (post_training/pipeline.py). A LayerNorm network without attention takes it first too (a ConvNeXt collapses
+        # under the default scheme, an MLP-Mixer did not): lint/placement.NNCF_TRANSFORMER_WHY.
+        attention, norms = attention_matmuls(graph), layer_norms(graph)
+        scheme = nncf_model_types(graph)[0] if cfg.nncf_model_type == "auto" else cfg.nncf_model_type
         # qdeploy's exclude rule (module names, or regexes *searched* in node names: quantize/exclude.py) resolved here,
         # then handed to NNCF by name: NNCF's own patterns are re.match'ed (anchored), which would read "conv1" differently
         excluded, unmatched = select_excluded(model, cfg.exclude, cfg.exclude_ops)
@@ -124,9 +127,9 @@ class NncfPlan:
             # a static batch of N: N images per inference, statistics still per image (NNCF's batchwise statistics,
             # what it uses for any batched data loader)
             advanced.batchwise_statistics = True
-        return cls(cfg, input_name, nncf.ModelType.TRANSFORMER if attention else None, attention, excluded, unmatched,
-                   head_convs, head_tail, chunk, _CalibrationImages(inputs.calibration, inputs.preprocess, chunk),
-                   advanced)
+        return cls(cfg, input_name, nncf.ModelType.TRANSFORMER if scheme == "transformer" else None, attention, norms,
+                   excluded, unmatched, head_convs, head_tail, chunk,
+                   _CalibrationImages(inputs.calibration, inputs.preprocess, chunk), advanced)
 
     @property
     def head(self) -> list:
@@ -140,11 +143,18 @@ class NncfPlan:
         return nncf.IgnoredScope(names=self.ignored_names() if names is None else names,
                                  types=list(self.cfg.exclude_ops), validate=False)
 
+    def why_transformer(self) -> str:
+        """What made it a transformer model for NNCF: '2 attention matmuls, 5 LayerNorms', or the config."""
+        if self.cfg.nncf_model_type != "auto":
+            return "int8.nncf_model_type"
+        return ", ".join(f"{len(found)} {what}" for found, what in ((self.attention, "attention matmuls"),
+                                                                    (self.layer_norms, "LayerNorms")) if found)
+
     def log(self, nncf, backend: str) -> None:
         samples = int(self.dataset_source.batches.num_samples)
         log(f"quantize: NNCF {nncf.__version__} (OpenVINO placement, {backend}), {samples} calibration images, "
             f"method {self.cfg.method}, model_type {'transformer' if self.model_type else 'default'}"
-            + (f" ({len(self.attention)} attention matmuls)" if self.attention else "")
+            + (f" ({self.why_transformer()})" if self.model_type else "")
             + (f", {len(self.excluded)} nodes excluded" if self.excluded else "")
             + (f", prediction head float ({len(self.head_convs)} convs, {len(self.head_tail)} decoding nodes)"
                if self.head else "")
@@ -169,6 +179,7 @@ class NncfPlan:
         return {"method": self.cfg.method, "samples": int(self.dataset_source.batches.num_samples),
                 "nncf": nncf.__version__, "model_type": "transformer" if self.model_type else None,
                 "attention_matmuls": [n.name for n in self.attention],
+                "layer_norms": [n.name for n in self.layer_norms],
                 "ignored_scope": {"names": self.excluded, "types": list(self.cfg.exclude_ops),
                                   "patterns": list(self.cfg.exclude), **({"prediction_head": head} if head else {})},
                 "excluded_by_user": self.excluded, "unmatched_patterns": self.unmatched,

@@ -1,0 +1,156 @@
+"""NNCF's model_type on models whose blocks normalize with LayerNorm but have no attention: does NNCF's default INT8
+scheme hold, or does it need model_type TRANSFORMER (which keeps Add, MVN and the other normalization ops float)?
+
+    python bench/diagnose/nncf_model_type.py --cifar ../shared/data/cifar10 --json docs/results/nncf_model_type.json
+
+Models: ../shared's ConvNeXt-atto (timm, trained, 64 px) and two trained here on CIFAR-10 at 32 px (seeded, a few
+minutes on 2 cores): torchvision's ConvNeXt (another implementation: nn.LayerNorm on permuted tensors, its own layer
+scale) at a small width, and timm's MLP-Mixer (LayerNorm, token- and channel-mixing MLPs, no attention). Each one's
+OpenVINO model is quantized by NNCF 3.x (300 calibration images) with model_type default and TRANSFORMER, and each
+INT8 IR is scored against the FP32 IR on 1,000 other test images (top-1, agreement of the argmax). Prints the CPU's
+flags (the numbers are accuracy, not speed).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+
+
+def images(root: Path, split: str, per_class: int, size: int, seed: int):
+    from PIL import Image
+
+    classes = sorted(p.name for p in (root / split).iterdir() if p.is_dir())
+    files = [(f, i) for i, c in enumerate(classes) for f in sorted(glob.glob(str(root / split / c / "*.png")))[:per_class]]
+    random.Random(seed).shuffle(files)
+
+    def load(f):
+        im = Image.open(f).convert("RGB")
+        if im.size != (size, size):
+            im = im.resize((size, size), Image.BILINEAR)
+        return (np.asarray(im, np.float32).transpose(2, 0, 1) / 255 - MEAN) / STD
+
+    return np.stack([load(f) for f, _ in files]).astype(np.float32), np.array([y for _, y in files])
+
+
+def torchvision_convnext_mini() -> nn.Module:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    cfg = [CNBlockConfig(32, 64, 2), CNBlockConfig(64, 128, 2), CNBlockConfig(128, 256, 2), CNBlockConfig(256, None, 2)]
+    net = ConvNeXt(cfg, stochastic_depth_prob=0.0, layer_scale=1e-6, num_classes=10)
+    net.features[0][0] = nn.Conv2d(3, 32, kernel_size=2, stride=2)  # a 2x2 stem for 32 px inputs (16x16 after it)
+    return net
+
+
+def timm_mixer_mini() -> nn.Module:
+    from timm.models.mlp_mixer import MlpMixer
+
+    return MlpMixer(num_classes=10, img_size=32, patch_size=4, num_blocks=6, embed_dim=128)
+
+
+def train(net: nn.Module, x: np.ndarray, y: np.ndarray, seconds: float, seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.05)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    net.train()
+    t0, steps, epochs = time.perf_counter(), 0, 0
+    while time.perf_counter() - t0 < seconds:
+        perm = torch.randperm(len(xt))
+        for i in range(0, len(xt) - 63, 64):
+            idx = perm[i:i + 64]
+            xb = xt[idx]
+            flip = torch.rand(len(xb)) < 0.5
+            xb[flip] = xb[flip].flip(-1)
+            loss = nn.functional.cross_entropy(net(xb), yt[idx], label_smoothing=0.1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+            if time.perf_counter() - t0 >= seconds:
+                break
+        epochs += 1
+    net.eval()
+    return {"train_seconds": round(time.perf_counter() - t0, 1), "steps": steps, "epochs_started": epochs}
+
+
+def measure(name: str, net: nn.Module, calib: np.ndarray, ev: np.ndarray, yev: np.ndarray) -> dict:
+    import nncf
+    import openvino as ov
+
+    core = ov.Core()
+    model = ov.convert_model(net, example_input=torch.from_numpy(calib[:1]))
+
+    def predict(m):
+        compiled = core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        return np.concatenate([compiled(ev[i:i + 50])[0] for i in range(0, len(ev), 50)]).argmax(1)
+
+    ref = predict(model)
+    row = {"model": name, "fp32_top1": round(float((ref == yev).mean()) * 100, 2), "eval_images": len(ev),
+           "calibration_images": len(calib)}
+    data = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))])
+    for label, kwargs in (("default", {}), ("transformer", {"model_type": nncf.ModelType.TRANSFORMER})):
+        t0 = time.perf_counter()
+        q = nncf.quantize(model, data, subset_size=len(calib), **kwargs)
+        pred = predict(q)
+        row[label] = {"top1": round(float((pred == yev).mean()) * 100, 2),
+                      "agreement": round(float((pred == ref).mean()) * 100, 2),
+                      "quantize_s": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cifar", type=Path, required=True)
+    ap.add_argument("--shared-models", type=Path, default=None, help="../shared/models (ConvNeXt-atto); default: beside --cifar")
+    ap.add_argument("--train-seconds", type=float, default=240)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    import platform
+
+    import nncf
+    import openvino as ov
+    import timm
+
+    flags = sorted(f for f in open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
+                   if f.startswith(("avx", "amx")))
+    print("# cpu", platform.processor() or platform.machine(), "flags:", " ".join(flags))
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = []
+    shared = a.shared_models or a.cifar.parents[1] / "models"
+    atto = shared / "cifar10-modern" / "convnext_atto_64.pt"
+    if atto.is_file():
+        net = timm.create_model("convnext_atto", pretrained=False, num_classes=10, conv_mlp=False)
+        net.load_state_dict({k: v.float() for k, v in torch.load(atto, weights_only=True).items()})
+        x, y = images(a.cifar, "test", 130, 64, 0)
+        rows.append({**measure("timm convnext_atto (../shared, 64 px)", net.eval(), x[:300], x[300:], y[300:]),
+                     "weights": str(atto)})
+    else:
+        print(f"skipped ConvNeXt-atto: {atto} is absent")
+    xtr, ytr = images(a.cifar, "train", 1000, 32, 1)
+    x, y = images(a.cifar, "test", 130, 32, 0)
+    for name, make in (("torchvision ConvNeXt (4 stages, widths 32-256, 32 px)", torchvision_convnext_mini),
+                       ("timm MLP-Mixer (6 blocks, width 128, patch 4, 32 px)", timm_mixer_mini)):
+        torch.manual_seed(0)
+        net = make()
+        rec = train(net, xtr, ytr, a.train_seconds)
+        rows.append({**measure(name, net, x[:300], x[300:], y[300:]), "training": {**rec, "train_images": len(xtr)}})
+    doc = {"cpu_flags": flags, "versions": {"nncf": nncf.__version__, "openvino": ov.__version__, "torch": torch.__version__,
+                                            "timm": timm.__version__}, "rows": rows,
+           "command": "python bench/diagnose/nncf_model_type.py --cifar ../shared/data/cifar10 --json docs/results/nncf_model_type.json"}
+    if a.json:
+        a.json.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
