@@ -8,13 +8,16 @@ minutes on 2 cores): torchvision's ConvNeXt (another implementation: nn.LayerNor
 scale) at a small width, and timm's MLP-Mixer (LayerNorm, token- and channel-mixing MLPs, no attention). Each one's
 OpenVINO model is quantized by NNCF 3.x (300 calibration images) with model_type default and TRANSFORMER, and each
 INT8 IR is scored against the FP32 IR on 1,000 other test images (top-1, agreement of the argmax). Prints the CPU's
-flags (the numbers are accuracy, not speed).
+flags. ``--speed`` also times timm's ConvNeXt-T at 224 (random weights, batch 1, every core, 32 noise images
+calibrating): OpenVINO FP32, BF16 and NNCF's INT8 IR with each scheme (float layers f32 and BF16), 5 interleaved
+rounds of 15 calls, median of the round medians.
 """
 from __future__ import annotations
 
 import argparse
 import glob
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -109,12 +112,56 @@ def measure(name: str, net: nn.Module, calib: np.ndarray, ev: np.ndarray, yev: n
     return row
 
 
+def speed(threads: int) -> dict:
+    import nncf
+    import openvino as ov
+    import timm
+
+    torch.manual_seed(0)
+    net = timm.create_model("convnext_tiny", pretrained=False, num_classes=10).eval()
+    x = np.random.default_rng(0).standard_normal((32, 3, 224, 224)).astype(np.float32)
+    model = ov.convert_model(net, example_input=torch.from_numpy(x[:1]))
+    data = nncf.Dataset([x[i:i + 1] for i in range(len(x))])
+    default = nncf.quantize(model, data, subset_size=len(x))
+    transformer = nncf.quantize(model, data, subset_size=len(x), model_type=nncf.ModelType.TRANSFORMER)
+    core = ov.Core()
+
+    def compiled(m, hint):
+        return core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY",
+                                             "INFERENCE_NUM_THREADS": threads})
+
+    variants = {"ov-fp32": compiled(model, "f32"), "ov-bf16": compiled(model, "bf16"),
+                "int8-default-f32": compiled(default, "f32"), "int8-default-bf16": compiled(default, "bf16"),
+                "int8-transformer-f32": compiled(transformer, "f32"),
+                "int8-transformer-bf16": compiled(transformer, "bf16")}
+    b = x[:1]
+    for c in variants.values():
+        for _ in range(5):
+            c(b)
+    rounds = {k: [] for k in variants}
+    items = list(variants.items())
+    for r in range(5):
+        for k, c in items[r:] + items[:r]:
+            ts = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                c(b)
+                ts.append(time.perf_counter() - t0)
+            rounds[k].append(float(np.median(ts)) * 1e3)
+    out = {k: {"p50_ms": round(float(np.median(v)), 3), "round_medians_ms": [round(t, 3) for t in v]}
+           for k, v in rounds.items()}
+    print(json.dumps({"convnext_tiny_speed": out}), flush=True)
+    return {"model": "timm convnext_tiny, random weights, 224 px, batch 1", "threads": threads, "variants": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cifar", type=Path, required=True)
     ap.add_argument("--shared-models", type=Path, default=None, help="../shared/models (ConvNeXt-atto); default: beside --cifar")
     ap.add_argument("--train-seconds", type=float, default=240)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--speed", action="store_true", help="also time ConvNeXt-T at 224 with each scheme")
+    ap.add_argument("--only-speed", action="store_true", help="only the timing (keeps the rows of an existing --json)")
     a = ap.parse_args()
     import platform
 
@@ -126,6 +173,12 @@ def main() -> None:
                    if f.startswith(("avx", "amx")))
     print("# cpu", platform.processor() or platform.machine(), "flags:", " ".join(flags))
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if a.only_speed:
+        doc = json.loads(a.json.read_text()) if a.json and a.json.is_file() else {"rows": []}
+        doc.update(cpu_flags=flags, speed=speed(os.cpu_count() or 1))
+        if a.json:
+            a.json.write_text(json.dumps(doc, indent=1))
+        return
     rows = []
     shared = a.shared_models or a.cifar.parents[1] / "models"
     atto = shared / "cifar10-modern" / "convnext_atto_64.pt"
@@ -148,6 +201,8 @@ def main() -> None:
     doc = {"cpu_flags": flags, "versions": {"nncf": nncf.__version__, "openvino": ov.__version__, "torch": torch.__version__,
                                             "timm": timm.__version__}, "rows": rows,
            "command": "python bench/diagnose/nncf_model_type.py --cifar ../shared/data/cifar10 --json docs/results/nncf_model_type.json"}
+    if a.speed:
+        doc["speed"] = speed(os.cpu_count() or 1)
     if a.json:
         a.json.write_text(json.dumps(doc, indent=1))
 
