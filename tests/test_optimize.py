@@ -482,7 +482,9 @@ def test_a_search_for_another_thread_count_or_batch_replays_the_scores_and_times
     other["bench"]["batch_sizes"] = [2]
     second = api.optimize(other, tmp_path / "b", cache_dir=tmp_path / "cache")
     assert second["threads"] == 2 and second["evaluations"]["cached"] == 0  # nothing replayed whole: timing differs
-    assert second["evaluations"]["timed_only"] == 2 and second["evaluations"]["full"] <= 2  # FP32 and PTQ; the confirm split
+    # FP32 and the PTQ candidate at least (which others run can follow the timings: a loaded machine can make an INT8
+    # slower than FP32 and start another path), each timed on replayed scores; full: the confirm split
+    assert second["evaluations"]["timed_only"] >= 2 and second["evaluations"]["full"] <= 2
     assert second["evaluations"]["subset"] == 0
     for c in second["candidates"]:
         if c["status"] == "ok" and not c.get("subset_only"):
