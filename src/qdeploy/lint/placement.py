@@ -471,9 +471,9 @@ NNCF_TRANSFORMER_WHY = (
     "arithmetic float (min_max/openvino_backend.py, get_ignored_metatypes) and uses asymmetric activations. Measured "
     "with NNCF 3.4 on the OpenVINO model, agreement of the argmax with FP32, default vs TRANSFORMER "
     "(bench/diagnose/nncf_model_type.py, docs/results/nncf_model_type.json): ../shared's ConvNeXt-atto 15.9 vs 96.9 %, "
-    "a torchvision ConvNeXt trained on CIFAR-10 19.6 vs 97.2 %, and the default scheme collapsed a timm ConvNeXt-T "
+    "a torchvision ConvNeXt trained on CIFAR-10 20.3 vs 96.3 %, and the default scheme collapsed a timm ConvNeXt-T "
     "trained at 224 to 15.0 % (docs/results/realsize_cpu_xeon.json); but a timm MLP-Mixer (LayerNorm, no depthwise "
-    "conv) kept 96.6 % with the default scheme against 91.4 % with TRANSFORMER, so without attention neither is assumed")
+    "conv) kept 95.9 % with the default scheme against 91.1 % with TRANSFORMER, so without attention neither is assumed")
 
 
 def nncf_model_types(g: OnnxGraph) -> tuple[str, ...]:
