@@ -149,6 +149,21 @@ def write_image_folder(root: Path, classes=("a", "b", "c"), per_class=6, size=(1
     return root
 
 
+def cpu_optimize_config(tmp_path: Path, source: str, size: int, batch: int = 4, per_class: int = 6, **model) -> dict:
+    """A small `optimize --target cpu` config on random-weight images: four classes of ``per_class`` images at
+    ``size`` px in tmp_path/calib and tmp_path/eval, one thread, mean-minmax only, no fallback, any accuracy drop."""
+    for seed, name in enumerate(("calib", "eval")):
+        write_image_folder(tmp_path / name, classes=("a", "b", "c", "d"), per_class=per_class, size=(size, size),
+                           seed=seed)
+    return {"model": {"source": source, "weights": "random", **model,
+                      "preprocess": {"input_size": [size, size], "mean": [0.5] * 3, "std": [0.25] * 3}},
+            "data": {"eval": {"root": str(tmp_path / "eval"), "batch_size": 4, "workers": 0},
+                     "calibration": {"root": str(tmp_path / "calib"), "batch_size": 4, "workers": 0}},
+            "bench": {"batch_sizes": [batch], "warmup": 1, "iterations": 3},
+            "optimize": {"target": "cpu", "methods": ["mean-minmax"], "threads": 1, "fallback": False,
+                         "budget": {"max_drop": 100.0}}}
+
+
 @pytest.fixture
 def image_folder(tmp_path) -> Path:
     return write_image_folder(tmp_path / "images")

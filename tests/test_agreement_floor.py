@@ -194,18 +194,10 @@ def test_optimize_on_a_random_weight_model_never_calls_a_collapsed_candidate_wit
     pytest.importorskip("nncf")
     import torch
 
-    from conftest import write_image_folder
+    from conftest import cpu_optimize_config
     from qdeploy.cli import main
 
-    for seed, name in enumerate(("calib", "eval")):
-        write_image_folder(tmp_path / name, classes=("a", "b", "c", "d"), per_class=6, size=(32, 32), seed=seed)
-    cfg = {"model": {"source": "torchvision:mobilenet_v3_small", "weights": "random", "kwargs": {"num_classes": 4},
-                     "preprocess": {"input_size": [32, 32], "mean": [0.5] * 3, "std": [0.25] * 3}},
-           "data": {"eval": {"root": str(tmp_path / "eval"), "batch_size": 4, "workers": 0},
-                    "calibration": {"root": str(tmp_path / "calib"), "batch_size": 4, "workers": 0}},
-           "bench": {"batch_sizes": [4], "warmup": 1, "iterations": 3},
-           "optimize": {"target": "cpu", "methods": ["mean-minmax"], "threads": 1, "fallback": False,
-                        "budget": {"max_drop": 100.0}}}
+    cfg = cpu_optimize_config(tmp_path, "torchvision:mobilenet_v3_small", 32, kwargs={"num_classes": 4})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     torch.manual_seed(0)  # the random initialisation (the run is the same whatever it is; this keeps it repeatable)
     code = main(["optimize", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"),

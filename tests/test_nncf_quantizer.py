@@ -24,7 +24,7 @@ from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.quantize import NotApplicable, QuantizeInputs, candidates, get_quantizer, quantize
 
 from qdeploy.cli import main
-from qdeploy.lint.placement import nncf_model_types
+from qdeploy.lint.placement import NncfScheme, nncf_schemes
 from qdeploy.utils.onnx_graph import OnnxGraph
 
 from conftest import SRC, TINY_MODEL, write_image_folder
@@ -70,10 +70,15 @@ class TinyAttention(nn.Module):
         return self.head((t + a @ self.v(t)).mean(1))
 
 
-class TinyConvNeXtBlock(nn.Module):
-    """A ConvNeXt block without attention: depthwise conv → LayerNorm (channels last) → MLP → layer scale → residual."""
+# model sources are file.py:factory, so the optimize test writes this source to a file; the others use its class
+LN_AND_PLAIN_FACTORIES = """import torch
+from torch import nn
 
-    def __init__(self, dim=16):
+
+class ConvNeXtBlock(nn.Module):
+    \"\"\"A ConvNeXt block without attention: depthwise conv, LayerNorm (channels last), MLP, layer scale, residual.\"\"\"
+
+    def __init__(self, dim=16, num_classes=10):
         super().__init__()
         torch.manual_seed(0)
         self.stem = nn.Conv2d(3, dim, 4, stride=4)
@@ -81,13 +86,27 @@ class TinyConvNeXtBlock(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.full((dim,), 0.5))
-        self.head = nn.Linear(dim, 10)
+        self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x):
         x = self.stem(x)
         y = self.norm(self.dw(x).permute(0, 2, 3, 1))
         y = (self.fc2(nn.functional.gelu(self.fc1(y))) * self.gamma).permute(0, 3, 1, 2)
         return self.head((x + y).mean((2, 3)))
+
+
+def convnext_block():
+    return ConvNeXtBlock(num_classes=4)
+
+
+def plain_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 4))
+"""
+_FACTORIES: dict = {}
+exec(LN_AND_PLAIN_FACTORIES, _FACTORIES)
+TinyConvNeXtBlock = _FACTORIES["ConvNeXtBlock"]
 
 
 def _export(module: nn.Module, path: Path, opset: int = 17) -> Path:
@@ -293,15 +312,20 @@ def test_layer_norm_without_attention_makes_it_a_transformer_model(tmp_path, ops
     fp32 = _export(TinyConvNeXtBlock(), tmp_path / f"cnx{opset}.onnx", opset=opset)
     types = {n.op_type for n in onnx.load(str(fp32)).graph.node}
     assert ("LayerNormalization" in types) == (opset == 17)
-    assert nncf_model_types(OnnxGraph(onnx.load(str(fp32)))) == ("transformer", "cnn")
+    assert nncf_schemes(OnnxGraph(onnx.load(str(fp32)))) == (NncfScheme("transformer"), NncfScheme("cnn", ("Add",)))
     out = tmp_path / f"cnx{opset}-int8.onnx"
     info = _quantize(fp32, out)
     assert info["model_type"] == "transformer" and info["attention_matmuls"] == [] and len(info["layer_norms"]) == 1
     x = normalize(_images(16, seed=3), PRE)
     _close_to_fp32(_ort(out, x), _ort(fp32, x))
-    # the other scheme, as optimize measures it beside (Int8Config.nncf_model_type)
-    info = _quantize(fp32, tmp_path / f"cnx{opset}-cnn.onnx", nncf_model_type="cnn")
-    assert info["model_type"] is None and len(info["layer_norms"]) == 1
+    # the other scheme, as optimize measures it beside (Int8Config.nncf_model_type and exclude_ops): every Add float
+    cnn = tmp_path / f"cnx{opset}-cnn.onnx"
+    info = _quantize(fp32, cnn, nncf_model_type="cnn", exclude_ops=["Add"])
+    assert info["model_type"] is None and len(info["layer_norms"]) == 1 and info["ignored_scope"]["types"] == ["Add"]
+    g = onnx.load(str(cnn)).graph
+    dq_out = {o for n in g.node if n.op_type == "DequantizeLinear" for o in n.output}
+    adds = [n for n in g.node if n.op_type == "Add"]
+    assert adds and not any(i in dq_out for n in adds for i in n.input)
 
 
 def test_nncf_model_type_is_an_option_of_nncfs_own_placement_only():
@@ -311,66 +335,30 @@ def test_nncf_model_type_is_an_option_of_nncfs_own_placement_only():
         Int8Config(nncf_model_type="transformer")
 
 
-LN_AND_PLAIN_FACTORIES = """import torch
-from torch import nn
-
-
-class _Block(nn.Module):
-    def __init__(self, dim=16):
-        super().__init__()
-        self.stem = nn.Conv2d(3, dim, 4, stride=4)
-        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = nn.LayerNorm(dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.head = nn.Linear(dim, 4)
-
-    def forward(self, x):
-        x = self.stem(x)
-        y = self.fc2(nn.functional.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1))))).permute(0, 3, 1, 2)
-        return self.head((x + y).mean((2, 3)))
-
-
-def convnext_block():
-    torch.manual_seed(0)
-    return _Block()
-
-
-def plain_cnn():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(8, 4))
-"""
-
-
 @pytest.mark.slow
 def test_optimize_measures_both_nncf_schemes_on_a_layer_norm_model_without_attention(tmp_path):
     """A ConvNeXt block (LayerNorm, no attention): target cpu plans NNCF's INT8 with the scheme auto picks
     (transformer) and with NNCF's default scheme beside it, each with its BF16-float-layer twin where the CPU has BF16;
-    a plain CNN gets one scheme only."""
+    a plain CNN gets one scheme only. The second is NNCF's default scheme with every Add float."""
     from qdeploy.optimize.candidates import engine_floats
+
+    from conftest import cpu_optimize_config
 
     factory = tmp_path / "blocks.py"
     factory.write_text(LN_AND_PLAIN_FACTORIES)
-    for seed, name in enumerate(("calib", "eval")):
-        write_image_folder(tmp_path / name, classes=("a", "b", "c", "d"), per_class=4, size=(16, 16), seed=seed)
     results = {}
     for fn in ("convnext_block", "plain_cnn"):
-        cfg = {"model": {"source": f"{factory}:{fn}", "weights": "random",
-                         "preprocess": {"input_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}},
-               "data": {"eval": {"root": str(tmp_path / "eval"), "batch_size": 4, "workers": 0},
-                        "calibration": {"root": str(tmp_path / "calib"), "batch_size": 4, "workers": 0}},
-               "bench": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
-               "optimize": {"target": "cpu", "methods": ["mean-minmax"], "threads": 1, "fallback": False,
-                            "budget": {"max_drop": 100.0}}}
+        cfg = cpu_optimize_config(tmp_path, f"{factory}:{fn}", 16, batch=1, per_class=4)
         (tmp_path / f"{fn}.yaml").write_text(yaml.safe_dump(cfg))
         assert main(["--quiet", "optimize", str(tmp_path / f"{fn}.yaml"), "--out", str(tmp_path / fn),
                      "--cache-dir", str(tmp_path / "cache")]) in (0, 3)
         results[fn] = {c["variant"]: c for c in json.loads((tmp_path / fn / "optimize.json").read_text())["candidates"]}
     bf16 = "bf16" in engine_floats("openvino")
     schemes = {v for v in results["convnext_block"] if v.startswith("openvino-int8-mean-minmax-nncf")}
-    assert schemes == {"openvino-int8-mean-minmax-nncf", "openvino-int8-mean-minmax-nncf-cnn"} | (
-        {"openvino-int8-mean-minmax-nncf-bf16", "openvino-int8-mean-minmax-nncf-cnn-bf16"} if bf16 else set())
-    assert results["convnext_block"]["openvino-int8-mean-minmax-nncf-cnn"]["status"] == "ok"
+    second = "openvino-int8-mean-minmax-nncf-cnn-float-add"
+    assert schemes == {"openvino-int8-mean-minmax-nncf", second} | (
+        {"openvino-int8-mean-minmax-nncf-bf16", f"{second}-bf16"} if bf16 else set())
+    assert results["convnext_block"][second]["status"] == "ok"
     assert not any(v.startswith("openvino-int8-mean-minmax-nncf-cnn") for v in results["plain_cnn"])
 
 

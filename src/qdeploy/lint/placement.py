@@ -463,27 +463,40 @@ def layer_norms(g: OnnxGraph) -> list[onnx.NodeProto]:
 # NNCF's model_type: which scheme its INT8 placement follows on the OpenVINO and ONNX backends
 NNCF_TRANSFORMER_WHY = (
     "NNCF's model_type TRANSFORMER first wherever the model has attention or LayerNorm, and on a LayerNorm model without "
-    "attention NNCF's default (CNN) scheme measured beside it. NNCF's default scheme quantizes the tensors around a "
-    "LayerNorm block (the norm's input after a depthwise conv, the residual Adds) with one symmetric per-tensor scale "
-    "each, and in a network normalized by LayerNorm instead of BatchNorm those tensors can carry a few outlier channels "
-    "(Bondarenko et al. 2021, 'Understanding and overcoming the challenges of efficient transformer quantization': the "
-    "residual sum of LayerNorm models is where per-tensor INT8 fails); TRANSFORMER keeps Add, MVN and the normalization "
-    "arithmetic float (min_max/openvino_backend.py, get_ignored_metatypes) and uses asymmetric activations. Measured "
-    "with NNCF 3.4 on the OpenVINO model, agreement of the argmax with FP32, default vs TRANSFORMER "
-    "(bench/diagnose/nncf_model_type.py, docs/results/nncf_model_type.json): ../shared's ConvNeXt-atto 15.9 vs 96.9 %, "
-    "a torchvision ConvNeXt trained on CIFAR-10 20.3 vs 96.3 %, and the default scheme collapsed a timm ConvNeXt-T "
-    "trained at 224 to 15.0 % (docs/results/realsize_cpu_xeon.json); but a timm MLP-Mixer (LayerNorm, no depthwise "
-    "conv) kept 95.9 % with the default scheme against 91.1 % with TRANSFORMER, so without attention neither is assumed")
+    "attention NNCF's default (CNN) scheme with every Add float measured beside it. NNCF's default scheme quantizes the "
+    "tensors around a LayerNorm block (the norm's input after a depthwise conv, the residual Adds) with one symmetric "
+    "per-tensor scale each, and in a network normalized by LayerNorm instead of BatchNorm those tensors can carry a few "
+    "outlier channels (Bondarenko et al. 2021, 'Understanding and overcoming the challenges of efficient transformer "
+    "quantization': the residual sum of LayerNorm models is where per-tensor INT8 fails); TRANSFORMER keeps Add, MVN and "
+    "the normalization arithmetic float (min_max/openvino_backend.py, get_ignored_metatypes) and uses asymmetric "
+    "activations. Measured with NNCF 3.4 on the OpenVINO model, agreement of the argmax with FP32, default / TRANSFORMER "
+    "/ default with every Add float (bench/diagnose/nncf_model_type.py, docs/results/nncf_model_type.json): ../shared's "
+    "ConvNeXt-atto 15.9 / 96.9 / 96.2 %, a torchvision ConvNeXt trained on CIFAR-10 20.3 / 96.3 / 96.6 %, a timm "
+    "MLP-Mixer (LayerNorm, no depthwise conv) 95.9 / 91.1 / 97.4 %; the default scheme collapsed a timm ConvNeXt-T "
+    "trained at 224 to 15.0 % (docs/results/realsize_cpu_xeon.json). Without attention neither TRANSFORMER nor the "
+    "default held on every model, and the default with float Adds was within 0.7 points of the better one on all three")
 
 
-def nncf_model_types(g: OnnxGraph) -> tuple[str, ...]:
-    """NNCF's schemes worth measuring on this graph, the one a single quantization takes first ('transformer' or
-    'cnn', NNCF's default): NNCF_TRANSFORMER_WHY."""
+@dataclass(frozen=True)
+class NncfScheme:
+    """One way to call NNCF: its ``model_type`` ('transformer' or 'cnn', its default) and op types kept float beside
+    what that scheme leaves float itself (an IgnoredScope of types)."""
+    model_type: str
+    float_ops: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.model_type + "".join(f"-float-{op.lower()}" for op in self.float_ops)
+
+
+def nncf_schemes(g: OnnxGraph) -> tuple[NncfScheme, ...]:
+    """NNCF's schemes worth measuring on this graph, the first the one a single quantization takes:
+    NNCF_TRANSFORMER_WHY."""
     if attention_matmuls(g):
-        return ("transformer",)
+        return (NncfScheme("transformer"),)
     if layer_norms(g):
-        return ("transformer", "cnn")
-    return ("cnn",)
+        return (NncfScheme("transformer"), NncfScheme("cnn", ("Add",)))
+    return (NncfScheme("cnn"),)
 
 
 @contextlib.contextmanager
@@ -497,7 +510,7 @@ def extra_rule(rule: OpRule, first: bool = True) -> Iterator[OpRule]:
 
 
 __all__ = ["ANY_OP", "ATTENTION_MATMUL", "COMPUTE_OPS", "CONV_FLOAT_OUTPUT_WHY", "Decision", "FLOAT", "INT8", "NARROW_CONV_WHY",
-           "NNCF_TRANSFORMER_WHY", "OpRule", "PlacementPlan", "OP_RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY",
-           "attention_matmuls", "layer_norms", "nncf_model_types",
+           "NNCF_TRANSFORMER_WHY", "NncfScheme", "OpRule", "PlacementPlan", "OP_RULES", "SKIP_INPUT", "SQUEEZE_EXCITATION_WHY",
+           "attention_matmuls", "layer_norms", "nncf_schemes",
            "compute_nodes", "conv_runs_int8_in_tensorrt", "convs_without_int8_kernel", "extra_rule", "float_nodes",
            "int8_op_types", "placement_plan", "rule_for", "rules"]

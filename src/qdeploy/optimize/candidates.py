@@ -390,14 +390,17 @@ class EngineCandidate(Candidate):
 
     @classmethod
     def planned_own_placement(cls, target: Target, engine: str, method: str = "mean-minmax",
-                              float_precision: str = "f32", nncf_model_type: str = "auto") -> "EngineCandidate":
+                              float_precision: str = "f32", nncf_scheme=None) -> "EngineCandidate":
         """``float_precision`` bf16: the layers the INT8 model leaves float run in BF16 (OpenVINO's float_precision
         option), as OpenVINO's CPU plugin runs an INT8 model by default on a CPU with native BF16.
-        ``nncf_model_type``: NNCF's scheme where not the one ``auto`` picks (Int8Config.nncf_model_type)."""
+        ``nncf_scheme`` (lint/placement.NncfScheme): NNCF's scheme where not the one Int8Config's nncf_model_type auto
+        picks; its float op types become the config's exclude_ops."""
         name = f"{engine}-int8-{method}-{'nncf' if engine == 'openvino' else engine}"
         spec = {**target.engine_spec(engine), "precision": "int8", "method": method, "placement": engine, "name": name}
-        if nncf_model_type != "auto":
-            spec.update(nncf_model_type=nncf_model_type, name=f"{name}-{nncf_model_type}")
+        if nncf_scheme is not None:
+            spec.update(nncf_model_type=nncf_scheme.model_type, name=f"{name}-{nncf_scheme.label}")
+            if nncf_scheme.float_ops:
+                spec["exclude_ops"] = list(nncf_scheme.float_ops)
         return cls(_with_float_precision(spec, float_precision))
 
     def deploy(self, artifact: str) -> Optional[str]:

@@ -95,7 +95,7 @@ class NncfPlan:
 
     @classmethod
     def of(cls, nncf, model, inputs: QuantizeInputs, cfg: Int8Config) -> "NncfPlan":
-        from qdeploy.lint.placement import attention_matmuls, layer_norms, nncf_model_types, prediction_head
+        from qdeploy.lint.placement import attention_matmuls, layer_norms, nncf_schemes, prediction_head
         from qdeploy.lint.qdq_graph import QdqGraph
         from qdeploy.quantize.qdq import select_excluded
         from qdeploy.utils.onnx_graph import OnnxGraph
@@ -114,7 +114,7 @@ class NncfPlan:
         # (post_training/pipeline.py). A LayerNorm network without attention takes it first too (a ConvNeXt collapses
         # under the default scheme, an MLP-Mixer did not): lint/placement.NNCF_TRANSFORMER_WHY.
         attention, norms = attention_matmuls(graph), layer_norms(graph)
-        scheme = nncf_model_types(graph)[0] if cfg.nncf_model_type == "auto" else cfg.nncf_model_type
+        scheme = nncf_schemes(graph)[0].model_type if cfg.nncf_model_type == "auto" else cfg.nncf_model_type
         # qdeploy's exclude rule (module names, or regexes *searched* in node names: quantize/exclude.py) resolved here,
         # then handed to NNCF by name: NNCF's own patterns are re.match'ed (anchored), which would read "conv1" differently
         excluded, unmatched = select_excluded(model, cfg.exclude, cfg.exclude_ops)

@@ -66,29 +66,32 @@ class EnginePlacementsStep(Step):
             if problem:
                 s.note(f"{engine}'s own INT8 placement not tried: {problem}")
                 continue
-            # NNCF's scheme: the one a single quantization takes, and on a LayerNorm model without attention the
-            # other one too (lint/placement.NNCF_TRANSFORMER_WHY: neither held on every such model measured)
-            for i, scheme in enumerate(self.nncf_schemes() if engine == "openvino" else ("auto",)):
-                scheme = "auto" if i == 0 else scheme  # the first is auto's own pick: named as before
-                planned.append(EngineCandidate.planned_own_placement(s.target, engine, nncf_model_type=scheme))
+            # NNCF's scheme: the one a single quantization takes, and on a LayerNorm model without attention another
+            # too (lint/placement.NNCF_TRANSFORMER_WHY: no one scheme held on every such model measured)
+            schemes = self.nncf_schemes() if engine == "openvino" else (None,)
+            for scheme in schemes:
+                # the first is auto's own pick, named as before
+                scheme = None if scheme is schemes[0] else scheme
+                planned.append(EngineCandidate.planned_own_placement(s.target, engine, nncf_scheme=scheme))
                 # OpenVINO's CPU plugin runs an INT8 model's float layers in BF16 by default where the CPU has native
                 # BF16 (AMX-BF16, AVX512-BF16): on a transformer those layers (attention, Softmax, LayerNorm, GELU) are
                 # much of the time, and all-BF16 can beat the f32-hinted INT8 (docs/results/cpu/cpu_goals_xeon.json)
                 if "bf16" in engine_floats(engine):
                     planned.append(EngineCandidate.planned_own_placement(s.target, engine, float_precision="bf16",
-                                                                         nncf_model_type=scheme))
+                                                                         nncf_scheme=scheme))
         s.measure_all(planned)
 
-    def nncf_schemes(self) -> tuple[str, ...]:
-        """NNCF's schemes to measure, the first being the one Int8Config's nncf_model_type auto picks."""
+    def nncf_schemes(self) -> tuple:
+        """NNCF's schemes to measure (lint/placement.NncfScheme), the first the one Int8Config's nncf_model_type auto
+        picks."""
         import onnx
 
-        from qdeploy.lint.placement import nncf_model_types
+        from qdeploy.lint.placement import nncf_schemes
         from qdeploy.utils.onnx_graph import OnnxGraph
 
         if self.s.fp32_onnx is None:
-            return ("auto",)
-        return nncf_model_types(OnnxGraph(onnx.load(str(self.s.fp32_onnx), load_external_data=False)))
+            return (None,)
+        return nncf_schemes(OnnxGraph(onnx.load(str(self.s.fp32_onnx), load_external_data=False)))
 
 
 @register_step
