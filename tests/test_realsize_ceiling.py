@@ -384,3 +384,19 @@ def test_a_row_measured_again_replaces_the_earlier_one_which_is_kept_as_supersed
     assert [r["speedup_vs_best_fp32"] for r in merged["rows"]] == [3.4]
     assert merged["rows"][0]["measured_by"] == "run 1"
     assert [r["speedup_vs_best_fp32"] for r in merged["superseded"]] == [2.6]
+
+
+def test_every_rows_optimize_decides_on_the_suites_confidence(tmp_path):
+    """The goal (within budget on the confirm split) and the ceiling within budget are point estimates; every kind of
+    row (CIFAR-10 classifier, Lite0, segmenter, detector) hands the suite's --confidence to optimize, and the row says
+    which bound optimize decided on."""
+    from qdeploy.config import OptimizeConfig
+
+    suite = _suite()
+    a = SimpleNamespace(weights=tmp_path, cifar=tmp_path, count=2000, time_limit=None, confidence=0.5,
+                        imagenet=tmp_path, lite0_weights=tmp_path / "lite0.pt", camvid=tmp_path, bccd=tmp_path,
+                        deeplabv3_weights=tmp_path / "dlv3.pt")
+    for name in ("resnet50", "efficientnet_lite0", "deeplabv3_camvid", "yolo_bccd640"):
+        cfg = suite.config(name, a, 1, 16)
+        assert cfg["optimize"]["confidence"] == 0.5, name
+        assert OptimizeConfig(**cfg["optimize"]).confidence == 0.5

@@ -99,7 +99,8 @@ def _timed_search(name: str, a, batch: int, threads: int) -> dict:
     return {"variants": [{"engine": "onnxruntime"}],
             "bench": {"batch_sizes": [batch], "warmup": 3 if many else 5, "iterations": 10 if many else 30},
             "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET[task_of(name)]}, "batch_size": batch,
-                         "qat": "off", "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})}}
+                         "qat": "off", "threads": threads, "confidence": a.confidence,
+                         **({"time_limit": a.time_limit} if a.time_limit else {})}}
 
 
 def config(name: str, a, batch: int, threads: int) -> dict:
@@ -142,7 +143,8 @@ def config(name: str, a, batch: int, threads: int) -> dict:
         "variants": [{"engine": "onnxruntime"}],
         "bench": {"batch_sizes": [batch], "warmup": 3 if many else 10, "iterations": 20 if many else 50},
         "optimize": {"target": "cpu", "budget": {"max_drop": BUDGET_POINTS}, "batch_size": batch, "qat": "off",
-                     "threads": threads, **({"time_limit": a.time_limit} if a.time_limit else {})},
+                     "threads": threads, "confidence": a.confidence,
+                     **({"time_limit": a.time_limit} if a.time_limit else {})},
     }
 
 
@@ -361,6 +363,8 @@ def row_of(name: str, batch: int, threads: int, s: dict, ceiling: dict, labels, 
         "nncf_default_speedup": sp(lib.get("nncf-default")),
         "nncf_default_within_budget": "nncf-default" in within,
         "budget_met": summ["budget_met"], "optimize_wall_s": round(wall, 1),
+        # the bound optimize decided on (0.5: the point estimate; rows without the key: qdeploy's default 0.9)
+        "optimize_confidence": cfg["optimize"].get("confidence", 0.9),
         "optimize_timed_out": bool(s.get("timed_out")),
         "vs_ceiling": round(within[ceil_in] / q["p50_ms"], 3) if ceil_in and q.get("p50_ms") else None,
         "chosen_p50_ms": q.get("p50_ms"), "best_fp32": best_fp32_name, "best_fp32_p50_ms": best_fp32,
@@ -450,7 +454,15 @@ def main() -> None:
     ap.add_argument("--bccd", type=Path, default=None, help="BCCD in Pascal VOC (yolo_bccd640's row)")
     ap.add_argument("--deeplabv3-weights", type=Path, default=None, help="../shared's CamVid DeepLabV3 state dict")
     ap.add_argument("--rows", nargs="+", default=["1:16,4", "16:16"], help="BATCH:THREADS[,THREADS...]")
-    ap.add_argument("--count", type=int, default=2000, help="test images optimize evaluates (half search, half confirm): 1,000 a split resolve a 0.5-point budget where 500 cannot (a drop of 0 with 12 changed predictions bounds at 0.73 on 500)")
+    ap.add_argument("--count", type=int, default=2000, help="test images optimize evaluates (half search, half confirm)")
+    # optimize decides by default on the one-sided 90 % bound of the paired drop: on 1,000 search images an INT8 model
+    # that changes 3 % of the predictions (ResNet-50 here) bounds 0.56 points above its measured drop, more than the
+    # whole 0.5-point budget, so only a candidate whose drop came out negative passes and the choice between equally good
+    # ones is left to noise (docs/heldout_findings.md). The goal (within budget on the confirm split) and the harness's
+    # ceiling within budget are point estimates: the suite decides on the point estimate too, and the confirm split
+    # checks the choice on images it was not chosen on
+    ap.add_argument("--confidence", type=float, default=0.5,
+                    help="optimize.confidence of every row (0.5: the point estimate; qdeploy's default 0.9)")
     ap.add_argument("--harness-eval", type=int, default=1000,
                     help="test images the ceiling harness scores (a seeded random sample of the eval images)")
     ap.add_argument("--repeats", type=int, default=5)
