@@ -257,7 +257,7 @@ def test_the_suites_detector_map_replays_outputs_through_qdeploys_evaluation():
 
     suite = _suite()
     bccd = shared_path("data", "detection", "bccd")
-    cfg = suite.config("yolo_bccd640", SimpleNamespace(bccd=bccd, time_limit=None), 1, 2)
+    cfg = suite.config("yolo_bccd640", SimpleNamespace(bccd=bccd, time_limit=None, confidence=0.5), 1, 2)
     cfg["model"].update(kwargs={"size": 320}, weights=str(ROOT / "bench/weights/bccd_yolo.pt"))
     cfg["model"]["preprocess"]["input_size"] = [320, 320]
     x, _ = suite.arrays(cfg["data"]["eval"], cfg, labels=False)
