@@ -5,7 +5,8 @@
 Per model (``effnet`` = cifar10-dev/efficientnet_b0_48, ``convnext`` = cifar10-modern/convnext_atto_64, ``deit`` =
 cifar10-modern/deit_tiny_p4_32; issue 35's held-out architectures, trained by bench/train/train_heldout.py: ``tv_vit``,
 ``tv_convnext_femto``, ``hf_vit``, ``tv_effnet_b0`` (64x64), ``tv_swin``; DIR holds cifar-test/ (the CIFAR-10 test set,
-image folders) and the .pt weights):
+image folders) and the .pt weights; the real-size classifiers of bench/train/train_realsize.py at 224 px,
+``resnet50`` ... ``deit_small``, with ``--batches 1,8,32,128``):
 1. ``qdeploy optimize`` with ``target: torch-cuda``, ``max_drop: 0.3``, bench batch sizes 1 and 32 and every other
    setting at its default, in its own process (the whole test set: 5,000 search / 5,000 confirm images). Its confirm
    step already loads the saved program in a fresh process with ``load_model.py``; that process's import check and
@@ -53,7 +54,14 @@ HERE = Path(__file__).resolve().parent
 TRAIN = HERE.parent / "train"  # bench/train/train_heldout.py: the factories; weights re-trained into .devheld/
 for _name, _size in (("tv_vit", 32), ("tv_convnext_femto", 64), ("hf_vit", 32), ("tv_effnet_b0", 64), ("tv_swin", 32)):
     MODELS[_name] = (f"{TRAIN / 'train_heldout.py'}:{_name}", {}, f"{_name}.pt", _size, ".devheld")
-BATCHES = (1, 32)
+# the real-size suite (bench/train/train_realsize.py: CIFAR-10 resized to 224, trained in the device session; DIR holds
+# <name>.pt, FP16 state dicts, and cifar-test/): ResNet-50, MobileNetV3-L, EfficientNet-B0, ConvNeXt-T, Swin-T, DeiT-S
+sys.path.insert(0, str(TRAIN))
+from train_realsize import MODELS as REALSIZE  # noqa: E402
+
+for _name, (_source, _kwargs, _) in REALSIZE.items():
+    MODELS[_name] = (_source, _kwargs, f"{_name}.pt", 224, ".realsize-weights")
+BATCHES = (1, 32)  # --batches replaces it (the real-size rows: 1, 8, 32, 128)
 
 
 def config(name: str, data: Path, max_drop: float) -> dict:
@@ -63,7 +71,7 @@ def config(name: str, data: Path, max_drop: float) -> dict:
                       "preprocess": pre},
             "data": {"eval": {"format": "imagefolder", "root": str(data / "cifar-test"), "batch_size": 250, "workers": 8}},
             "variants": [{"engine": "torch"}],
-            "bench": {"batch_sizes": list(BATCHES)},
+            "bench": {"batch_sizes": list(BATCHES)},  # --batches
             "optimize": {"target": "torch-cuda", "budget": {"max_drop": max_drop}}}
 
 
@@ -159,7 +167,8 @@ def fresh_alternating(args, out: Path, recipe: str, repeats: int) -> dict:
         for side, cmd in (("program", [sys.executable, str(out / "load_model.py"), str(out), "--bench",
                                        ",".join(map(str, BATCHES)), "--json", str(tmp)]),
                           ("hand", [sys.executable, str(Path(__file__).resolve()), args.model, "--data", str(args.data),
-                                    "--out", str(args.out), "--hand-only", recipe, "--json", str(tmp)])):
+                                    "--out", str(args.out), "--batches", ",".join(map(str, BATCHES)),
+                                    "--hand-only", recipe, "--json", str(tmp)])):
             tmp.unlink(missing_ok=True)
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if p.returncode != 0 or not tmp.is_file():
@@ -206,9 +215,14 @@ def main() -> None:
                     "kernel search); the rows name it in references_not_measured")
     ap.add_argument("--fresh-repeats", type=int, default=3, help="fresh processes per side for the alternating "
                     "program-vs-best-recipe comparison (0: leave it out)")
+    ap.add_argument("--batches", default=None, help="batch sizes timed, comma-separated (default 1,32); bench.batch_sizes "
+                    "of optimize too")
     ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
                     "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
     args = ap.parse_args()
+    if args.batches:
+        global BATCHES
+        BATCHES = tuple(int(b) for b in args.batches.split(","))
     out = args.out / args.model
     if args.hand_only:
         torch.backends.cudnn.benchmark = True

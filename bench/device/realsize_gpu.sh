@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bench/suites/gpu_reference.py on the real-size classifiers at 224 px (bench/train/train_realsize.py: CIFAR-10 resized
+# to 224) on the device's GPU: `optimize --target torch-cuda` (max_drop 0.3) beside the hand-written references
+# (eager, CUDA graph, torch.compile reduce-overhead, torch.compile + a hand CUDA graph in FP16 and BF16 channels_last,
+# max-autotune), both sides also in fresh processes, alternating. Uses the weights bench/device/realsize_train.sh left in
+# .realsize-weights/ of this warm machine (a fresh machine: train first). Carry .devzoo (pydantic, ...) and .devreal/eval:
+#
+#   run(command="MODELS='resnet50 deit_small' SECONDS_PER_MODEL=65 bash bench/device/realsize_train.sh", carry=[".devreal/train", ".devreal/eval"])
+#   run(command="MODELS=resnet50 BATCHES=1,8,32,128 TAG=r50 bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval"])
+#
+# Env: MODELS, BATCHES (default 1,8,32,128), TAG, GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
+# --fresh-repeats 3). Writes $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with
+# its time) and $OUT/<model>.optimize.json.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+T0=$(date +%s)
+MODELS=${MODELS:-resnet50} BATCHES=${BATCHES:-1,8,32,128} TAG=${TAG:-1}
+OUT=${OUT:-/tmp/realsize-gpu-out}; mkdir -p "$OUT"
+for m in $MODELS; do
+  [ -f ".realsize-weights/$m.pt" ] || { echo "no .realsize-weights/$m.pt on this machine: run"\
+    "bench/device/realsize_train.sh first (same warm machine)"; exit 3; }
+done
+. bench/device/stage.sh; unpack_zoo_site
+rm -rf /tmp/realeval /tmp/rsdd && mkdir -p /tmp/realeval /tmp/rsdd && tar -C /tmp/realeval -xzf .devreal/eval/cifar_test.tgz || exit 3
+ln -s /tmp/realeval/test /tmp/rsdd/cifar-test  # gpu_reference.py reads DATA/cifar-test and DATA/<model>.pt
+for m in $MODELS; do ln -s "$PWD/.realsize-weights/$m.pt" /tmp/rsdd/; done
+export PYTHONPATH=/tmp/zsite:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=200 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+python3 -c "import qdeploy.cli" || exit 2
+rc=0
+for m in $MODELS; do
+  t0=$(date +%s)
+  # shellcheck disable=SC2086  # GR_ARGS is a word list
+  python3 bench/suites/gpu_reference.py "$m" --batches "$BATCHES" ${GR_ARGS:-} --data /tmp/rsdd --out /tmp/rsgpu \
+    --json "$OUT/realsize_gpu_$TAG.json" 2>&1 | while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done > "$OUT/$m.log"
+  r=${PIPESTATUS[0]}; [ "$r" = 0 ] || rc=$r
+  echo "$m exit $r in $(( $(date +%s) - t0 )) s"
+  grep -E "ROW|optimize: (chosen|confirm)|Error|optimize exit|(eager|CUDA|torch.compile|qdeploy) " "$OUT/$m.log" | cut -c1-300 | head -40
+  cp "/tmp/rsgpu/$m/optimize.json" "$OUT/$m.optimize.json" 2>/dev/null
+done
+echo "realsize_gpu.sh: $(( $(date +%s) - T0 )) s in this call"
+exit $rc
