@@ -28,7 +28,8 @@ import qdeploy
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.config import RunConfig, check_output_folder, parse_config
 from qdeploy.models.loader import model_fingerprint
-from qdeploy.optimize.decide import choose, z_of
+from qdeploy.optimize.candidates import sibling_agreements
+from qdeploy.optimize.decide import choose, rejected_by_the_bound, z_of
 from qdeploy.optimize.prepare import SearchPlan, prepare_search
 from qdeploy.optimize.session import ResultStore, SearchSession, resume_identity
 from qdeploy.optimize.steps import STEPS
@@ -119,6 +120,14 @@ def _decide(s: SearchSession, steps: list):
     chosen, budget_met_search, why = choose(s.candidates, s.target.measured)
     for line in why:
         s.note(line)
+    if s.target.measured and s.reference is not None:
+        bound_only = rejected_by_the_bound(chosen, s.candidates, s.o.budget, s.z, s.reference,
+                                           lambda c: sibling_agreements(c, s.candidates), s.o.confidence,
+                                           len(s.reference.predictions))
+        for line in bound_only:
+            s.note(line, warning=True)
+        if bound_only:
+            s.stages["faster_within_point_estimate_only"] = [line.split(" ", 1)[0] for line in bound_only]
     if s.timed_out:
         s.note(f"time limit {s.o.time_limit:g} s: the chosen candidate is the best found so far")
     for step in steps:
