@@ -127,6 +127,9 @@ def speed(threads: int) -> dict:
     data = nncf.Dataset([x[i:i + 1] for i in range(len(x))])
     default = nncf.quantize(model, data, subset_size=len(x))
     transformer = nncf.quantize(model, data, subset_size=len(x), model_type=nncf.ModelType.TRANSFORMER)
+    # optimize's second scheme on a LayerNorm model without attention (lint/placement.nncf_schemes)
+    add_float = nncf.quantize(model, data, subset_size=len(x),
+                              ignored_scope=nncf.IgnoredScope(types=["Add"], validate=False))
     core = ov.Core()
 
     def compiled(m, hint):
@@ -136,7 +139,9 @@ def speed(threads: int) -> dict:
     variants = {"ov-fp32": compiled(model, "f32"), "ov-bf16": compiled(model, "bf16"),
                 "int8-default-f32": compiled(default, "f32"), "int8-default-bf16": compiled(default, "bf16"),
                 "int8-transformer-f32": compiled(transformer, "f32"),
-                "int8-transformer-bf16": compiled(transformer, "bf16")}
+                "int8-transformer-bf16": compiled(transformer, "bf16"),
+                "int8-default-add-float-f32": compiled(add_float, "f32"),
+                "int8-default-add-float-bf16": compiled(add_float, "bf16")}
     b = x[:1]
     for c in variants.values():
         for _ in range(5):
