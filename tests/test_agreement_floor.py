@@ -253,8 +253,10 @@ def test_a_faster_candidate_rejected_only_by_the_bound_is_named_with_what_would_
     nncf = cand("openvino-int8-mean-minmax-nncf", 0.736, 0.44, 5.29, False)
     worse = cand("openvino-int8-max", 0.729, 0.44, 5.10, False)  # drop 0.8: outside on the point estimate too
     slower = cand("int8-entropy", 0.734, 0.27, 6.32, False)
-    lines = rejected_by_the_bound(chosen, [ref, chosen, nncf, worse, slower], budget, z, ref, lambda c: [], 0.9, 1000)
-    assert len(lines) == 1 and lines[0].startswith("openvino-int8-mean-minmax-nncf (p50 5.290 ms")
+    named = rejected_by_the_bound(chosen, [ref, chosen, nncf, worse, slower], budget, z, ref, lambda c: [], 0.9, 1000)
+    assert [c for c, _ in named] == [nncf]
+    lines = [line for _, line in named]
+    assert lines[0].startswith("openvino-int8-mean-minmax-nncf (p50 5.290 ms")
     assert "drop 0.10 points" in lines[0] and "90 % bound (0.66)" in lines[0]
     assert "about 1988 search images, not 1000" in lines[0] and "optimize.confidence 0.5" in lines[0]
     # deciding on the point estimate (z 0), nothing is rejected by a bound

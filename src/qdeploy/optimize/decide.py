@@ -240,8 +240,8 @@ def int8_slower_than_fp32(candidates: list) -> list[str]:
 
 
 def rejected_by_the_bound(chosen, candidates: list, budget: BudgetSpec, z: float, reference, siblings_of,
-                          confidence: float, n_search: int) -> list[str]:
-    """A line for each candidate faster than ``chosen`` that is within the budget on its point estimate but not on the
+                          confidence: float, n_search: int) -> list[tuple]:
+    """(candidate, line) for each candidate faster than ``chosen`` that is within the budget on its point estimate but not on the
     confidence bound the search decides on: on a split too small for the budget (an INT8 model that changes 3 % of
     1,000 predictions bounds about 0.56 points above its measured drop at 90 %) such candidates are as good as the
     chosen one by every measurement but the noise, and the user should know what would take them: the images the
@@ -258,12 +258,12 @@ def rejected_by_the_bound(chosen, candidates: list, budget: BudgetSpec, z: float
         drop = 100.0 * (reference.search_metric - c.search_metric)
         room = budget.allowed_points(reference.search_metric) - drop
         need = math.ceil((z * c.se * math.sqrt(n_search) / room) ** 2) if room > 0 else None
-        lines.append(f"{c.variant} ({_speed(c, c.rank_key)}, faster than {chosen.variant}) is within the budget on its "
+        lines.append((c, f"{c.variant} ({_speed(c, c.rank_key)}, faster than {chosen.variant}) is within the budget on its "
                      f"point estimate (drop {drop:.2f} points) but not on the {100 * confidence:g} % bound "
                      f"({drop + z * c.se:.2f}) the search decides on"
                      + (f": at this drop the bound needs about {need} search images, not {n_search}" if need else "")
                      + "; more data.eval images, or optimize.confidence 0.5 (the point estimate, checked on the confirm "
-                     "split), would take it")
+                     "split), would take it"))
     return lines
 
 

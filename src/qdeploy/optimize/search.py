@@ -124,10 +124,10 @@ def _decide(s: SearchSession, steps: list):
         bound_only = rejected_by_the_bound(chosen, s.candidates, s.o.budget, s.z, s.reference,
                                            lambda c: sibling_agreements(c, s.candidates), s.o.confidence,
                                            len(s.reference.predictions))
-        for line in bound_only:
+        for _, line in bound_only:
             s.note(line, warning=True)
         if bound_only:
-            s.stages["faster_within_point_estimate_only"] = [line.split(" ", 1)[0] for line in bound_only]
+            s.stages["faster_within_point_estimate_only"] = [c.variant for c, _ in bound_only]
     if s.timed_out:
         s.note(f"time limit {s.o.time_limit:g} s: the chosen candidate is the best found so far")
     for step in steps:

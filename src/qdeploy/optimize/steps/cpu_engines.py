@@ -68,10 +68,8 @@ class EnginePlacementsStep(Step):
                 continue
             # NNCF's scheme: the one a single quantization takes, and on a LayerNorm model without attention another
             # too (lint/placement.NNCF_TRANSFORMER_WHY: no one scheme held on every such model measured)
-            schemes = self.nncf_schemes() if engine == "openvino" else (None,)
-            for scheme in schemes:
-                # the first is auto's own pick, named as before
-                scheme = None if scheme is schemes[0] else scheme
+            for i, scheme in enumerate(self.nncf_schemes() if engine == "openvino" else (None,)):
+                scheme = scheme if i else None  # the first is what auto picks: planned as auto, under the plain name
                 planned.append(EngineCandidate.planned_own_placement(s.target, engine, nncf_scheme=scheme))
                 # OpenVINO's CPU plugin runs an INT8 model's float layers in BF16 by default where the CPU has native
                 # BF16 (AMX-BF16, AVX512-BF16): on a transformer those layers (attention, Softmax, LayerNorm, GELU) are
