@@ -9,7 +9,7 @@ scale) at a small width, and timm's MLP-Mixer (LayerNorm, token- and channel-mix
 OpenVINO model is quantized by NNCF 3.x (300 calibration images) with model_type default, TRANSFORMER, and default
 with every Add float, and each INT8 IR is scored against the FP32 IR on 1,000 other test images (top-1, agreement of
 the argmax). Prints the CPU's flags. ``--speed`` also times timm's ConvNeXt-T at 224 (random weights, batch 1, every
-core, 32 noise images calibrating): OpenVINO FP32, BF16 and NNCF's INT8 IR with the default and TRANSFORMER schemes
+core, 32 noise images calibrating): OpenVINO FP32, BF16 and NNCF's INT8 IR with each of the three schemes
 (float layers f32 and BF16), 5 interleaved rounds of 15 calls, median of the round medians.
 """
 from __future__ import annotations
