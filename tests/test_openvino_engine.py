@@ -623,3 +623,32 @@ def test_a_pool_window_over_its_whole_input_is_read_as_a_global_pool_by_openvino
     int8 = by["openvino-int8-ov-mean-minmax"]
     assert "AveragePool-17" in int8["quantization"]["route"]["why"] and "GlobalAveragePool" in int8["quantization"]["route"]["why"]
     assert int8["agreement"] >= 0.9
+
+
+@pytest.mark.slow
+def test_the_pytorch_route_is_timed_beside_the_onnx_route_in_alternating_rounds(tmp_path, monkeypatch):
+    """export/openvino_ir._pick_route: both routes of one small CNN timed in rounds, each round's median kept; the
+    PyTorch route kept only at ROUTE_MIN_GAIN faster by the median of the rounds; routes whose outputs differ are not
+    timed at all (the ONNX route, verified against PyTorch, is kept)."""
+    import torch
+
+    from qdeploy.export import openvino_ir
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 3)).eval()
+    x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
+    path = tmp_path / "net.onnx"
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=17, dynamo=False,
+                      input_names=["input"], dynamic_axes={"input": {0: "n"}})
+    rounds = []
+    timed = openvino_ir._interleaved_ms
+    monkeypatch.setattr(openvino_ir, "_interleaved_ms", lambda requests: rounds.append(len(requests)) or timed(requests))
+    model, record = openvino_ir._pick_route(ov.convert_model(str(path)), lambda: net, x)
+    assert rounds == [2] and record["onnx_ms"] > 0 and record["pytorch_ms"] > 0
+    assert record["max_relative_difference"] < openvino_ir.ROUTE_TOLERANCE
+    kept_torch = record["pytorch_ms"] < record["onnx_ms"] * (1 - openvino_ir.ROUTE_MIN_GAIN)
+    assert ("ran in" in record["why"]) == kept_torch and ("not 5% faster" in record["why"]) != kept_torch
+
+    other = torch.nn.Sequential(*net[:4], torch.nn.Linear(8, 3)).eval()  # another head: other outputs
+    model, record = openvino_ir._pick_route(ov.convert_model(str(path)), lambda: other, x)
+    assert rounds == [2] and "onnx_ms" not in record and "differ from the ONNX route's" in record["why"]

@@ -165,7 +165,7 @@ def test_no_recovery_from_a_ptq_start_that_cannot_beat_a_float_candidate_within_
 
 
 def test_the_finalists_timed_again_are_the_near_fastest_within_budget_and_the_reference():
-    """Within budget and within 15 % of the fastest by the search's single timing, at most 4, plus the FP32 reference;
+    """Within budget and within 35 % of the fastest by the search's single timing, at most 5, plus the FP32 reference;
     nothing to time again when fewer than two candidates other than the reference are that close."""
     from qdeploy.optimize.steps.final_timing import finalists
 
@@ -173,15 +173,49 @@ def test_the_finalists_timed_again_are_the_near_fastest_within_budget_and_the_re
     a = _cand("openvino-int8-percentile", within_budget=True, rank_key=6.947)
     b = _cand("openvino-int8-nncf", within_budget=True, rank_key=7.039)
     c = _cand("openvino-int8-nncf-bf16", within_budget=True, rank_key=6.906)
-    far = _cand("openvino-fp32", within_budget=True, rank_key=10.8)
+    far = _cand("openvino-fp32", within_budget=True, rank_key=9.5)
     out = _cand("int8-mse", within_budget=False, rank_key=5.0)
     assert [x.variant for x in finalists([ref, a, b, c, far, out])] == [
         "openvino-int8-nncf-bf16", "openvino-int8-percentile", "openvino-int8-nncf", "fp32"]
     assert finalists([ref, a, far, out]) == []  # one near the fastest: nothing to order
-    many = [_cand(f"v{i}", within_budget=True, rank_key=7.0 + 0.1 * i) for i in range(6)]
-    assert len(finalists([ref, *many])) == 5  # four and the reference
+    many = [_cand(f"v{i}", within_budget=True, rank_key=7.0 + 0.1 * i) for i in range(7)]
+    assert len(finalists([ref, *many])) == 6  # five and the reference
     shares = [_cand("s1", within_budget=True, rank_key=-0.9), _cand("s2", within_budget=True, rank_key=-0.91)]
     assert finalists([ref, *shares]) == []  # INT8 shares, not times
+
+
+def test_the_finalists_hold_one_of_each_build_before_a_second_calibration_of_one():
+    """ResNet-50 at 224, batch 1, 4 threads on the Xeon: the search's single timings (ms) put NNCF's IR 21 % behind
+    OpenVINO on the Q/DQ ONNX, which interleaved rounds then timed 10 % slower than it. Siblings that differ only by
+    their calibration ranges are one build (one graph, one speed): the cap keeps a place for each other build first."""
+    from qdeploy.optimize.candidates import EngineCandidate, Fp32Reference, PtqCandidate
+    from qdeploy.optimize.steps.final_timing import build_of, finalists
+
+    def cand(cls, spec, p50):
+        return cls(spec, status="ok", within_budget=True, rank_key=p50)
+
+    ort = {"engine": "onnxruntime", "precision": "int8", "placement": "onnxruntime"}
+    on_qdq = {"engine": "openvino", "precision": "int8", "placement": "onnxruntime"}
+    nncf = {"engine": "openvino", "precision": "int8", "placement": "openvino"}
+    cands = [cand(Fp32Reference, {"name": "fp32", "precision": "fp32"}, 22.289),
+             *[cand(EngineCandidate, {**on_qdq, "method": m, "name": f"openvino-int8-{m}-bf16",
+                                      "float_precision": "bf16"}, 5.086 + 0.01 * i)
+               for i, m in enumerate(("entropy", "percentile", "mse"))],
+             *[cand(EngineCandidate, {**on_qdq, "method": m, "name": f"openvino-int8-{m}"}, 5.468 + 0.01 * i)
+               for i, m in enumerate(("entropy", "percentile"))],
+             cand(PtqCandidate, {**ort, "method": "entropy", "name": "int8-entropy"}, 6.458),
+             cand(EngineCandidate, {**nncf, "method": "mean-minmax", "name": "openvino-int8-mean-minmax-nncf"}, 6.625),
+             cand(EngineCandidate, {**nncf, "method": "mean-minmax", "name": "openvino-int8-mean-minmax-nncf-bf16",
+                                    "float_precision": "bf16"}, 6.788),
+             cand(EngineCandidate, {"engine": "openvino", "precision": "bf16", "name": "openvino-bf16"}, 10.828)]
+    assert build_of(cands[1]) == build_of(cands[2]) != build_of(cands[4])
+    assert [c.variant for c in finalists(cands)] == [
+        "openvino-int8-entropy-bf16", "openvino-int8-entropy", "int8-entropy", "openvino-int8-mean-minmax-nncf",
+        "openvino-int8-mean-minmax-nncf-bf16", "fp32"]
+    # the same builds, all as fast: the cap still takes one of each before a second calibration of the first
+    for c in cands[1:-1]:
+        c.rank_key = 5.0
+    assert {build_of(c) for c in finalists(cands) if not c.reference} == {build_of(c) for c in cands[1:-1]}
 
 
 def test_one_budget_kind_and_min_agreement_as_its_floor():
