@@ -60,6 +60,10 @@ VARIANTS = ("ort-fp32", "ort-int8-s8s8", "ort-int8-u8s8", "ov-fp32", "ov-bf16", 
 # layer types of OpenVINO's runtime model whose runtimePrecision says whether INT8 / BF16 kernels ran
 COMPUTE_LAYERS = ("Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul")
 WARMUP_CALLS, WARMUP_S, MIN_CALLS = 5, 0.2, 3
+# many short rounds rather than a few long ones: the Xeon's speed moves by tens of percent over seconds (one round of 5
+# x 0.3 s each saw every variant 35 % faster at once), and one build timed against itself in 5 such rounds came out
+# 0.91-1.07x of itself; short rounds spread each variant over more of those states, for the same seconds in all
+ROUNDS, ROUND_MIN_TIME = 15, 0.1
 
 
 class Skipped(Exception):
@@ -565,7 +569,7 @@ def _result(status: str, reason: str | None = None, build_s: float | None = None
 
 def measure_ceiling(onnx_path: Path, calib: np.ndarray, evals: np.ndarray, batch: int, threads: int, transformer: bool,
                     work: Path, ignored_scope_names: list[str] = (), variants: list[str] | None = None,
-                    repeats: int = 5, min_time: float = 0.3, log=print,
+                    repeats: int = ROUNDS, min_time: float = ROUND_MIN_TIME, log=print,
                     extra: dict[str, Callable[[np.ndarray], Built]] | None = None, keep_argmax: bool = False,
                     reuse: Path | None = None) -> dict:
     """Build every variant (a failure is that variant's result), run each over ``evals`` (at ``batch`` where the ONNX's
@@ -697,8 +701,9 @@ def parse(argv):
     ap.add_argument("--transformer", action="store_true", help="NNCF's model_type TRANSFORMER for ov-int8-*")
     ap.add_argument("--ignored-scope", nargs="*", default=[], help="ONNX node names NNCF leaves float (ov-int8-*)")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, help="only these (default: all)")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--min-time", type=float, default=0.3, help="seconds: a round's shortest timing (default 0.3)")
+    ap.add_argument("--repeats", type=int, default=ROUNDS)
+    ap.add_argument("--min-time", type=float, default=ROUND_MIN_TIME,
+                    help=f"seconds: a round's shortest timing (default {ROUND_MIN_TIME})")
     ap.add_argument("--work", type=Path, help="where the quantized ONNX files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, required=True)
     return ap.parse_args(argv)

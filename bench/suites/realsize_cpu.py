@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "train"))
 from cpu_goals import summarize  # noqa: E402
-from realsize_ceiling import agreement, measure_ceiling, ort_built, ov_built  # noqa: E402
+from realsize_ceiling import ROUND_MIN_TIME, ROUNDS, agreement, measure_ceiling, ort_built, ov_built  # noqa: E402
 from train_realsize import MODELS  # noqa: E402
 
 NORM = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
@@ -256,9 +256,9 @@ def chosen_maker(chosen: dict, threads: int, out: Path):
     return make
 
 
-def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, chosen, out, keep_argmax,
+def _ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats, min_time, chosen, out, keep_argmax,
              reuse) -> dict:
-    return measure_ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats=repeats,
+    return measure_ceiling(onnx_path, calib, evals, batch, threads, transformer, work, repeats=repeats, min_time=min_time,
                            extra={"qdeploy": chosen_maker(chosen, threads, out)}, keep_argmax=keep_argmax, reuse=reuse)
 
 
@@ -465,7 +465,9 @@ def main() -> None:
                     help="optimize.confidence of every row (0.5: the point estimate; qdeploy's default 0.9)")
     ap.add_argument("--harness-eval", type=int, default=1000,
                     help="test images the ceiling harness scores (a seeded random sample of the eval images)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=ROUNDS, help=f"the harness's timing rounds (default {ROUNDS})")
+    ap.add_argument("--min-time", type=float, default=ROUND_MIN_TIME,
+                    help=f"seconds: a harness round's shortest timing per variant (default {ROUND_MIN_TIME})")
     ap.add_argument("--out", type=Path, default=Path("runs/realsize"))
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--budget", type=float, default=None, help="start no row after this many seconds")
@@ -506,8 +508,8 @@ def main() -> None:
             else:
                 evals, labels = harness_sample(*arrays(cfg["data"]["eval"], cfg, labels=True), a.harness_eval)
             ceiling = ceiling_in_child(onnx_path, calib, evals, batch, threads, name in TRANSFORMERS,
-                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, s["chosen"], out,
-                                       name in SEGMENTERS, a.out / "ceiling-models")
+                                       a.out / "ceiling" / f"{name}-b{batch}-t{threads}", a.repeats, a.min_time,
+                                       s["chosen"], out, name in SEGMENTERS, a.out / "ceiling-models")
             r = row_of(name, batch, threads, s, ceiling, labels, wall, cfg)
             out_rows.append(r)
             print_row(r)
