@@ -2,6 +2,7 @@
 bench/train/train_realsize.py at 224 px) are configured as the CPU suite trains them. What needs a GPU runs on the
 device machine (bench/device/realsize_gpu.sh); here, the rows' configs."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -36,3 +37,60 @@ def test_the_real_size_classifiers_are_rows_at_224_with_the_trained_weights(suit
         assert cfg["optimize"] == {"target": "torch-cuda", "budget": {"max_drop": 0.3}}
         assert suite.MODELS[name][3] == 224  # bench_images' size
     parse_config(suite.config("resnet50", tmp_path, 0.3))  # a valid qdeploy config
+
+
+def _gpu_reference_row(model, batch, fresh, refs, **qdeploy):
+    """One row as gpu_reference.py's write_rows writes it (the fields the schema reads)."""
+    return {"model": model, "weights": f".realsize-weights/{model}.pt", "batch_size": batch, "gpu": "NVIDIA H200",
+            "date": "2026-11-28", "references": refs, "references_not_measured": [],
+            "qdeploy": {"variant": "fp16-compile-cudagraph-cl", "fresh_process_p50_ms": fresh, "budget_met": True,
+                        "confirm_drop": 0.1, "optimize_time_s": 181.0, "ratio_fresh_vs_fresh": 0.99, **qdeploy}}
+
+
+def _optimize_json(ao_p50s: dict, within: bool) -> dict:
+    base = {"variant": "fp16-compile-cudagraph-cl", "precision": "fp16", "status": "ok", "within_budget": True,
+            "brief_p50_ms": {"1": 0.9, "32": 6.0}}
+    ao = {"variant": "fp16-compile-cudagraph-cl-ao-float8-dynamic", "precision": "fp16", "status": "ok",
+          "within_budget": within, "search_metric": 0.56, "budget": "drop 0.10 points vs allowed 0.30", "brief_p50_ms": ao_p50s}
+    return {"candidates": [base, ao], "decisions": ["torchao float8-dynamic on fp16-compile-cudagraph-cl's Linear layers: "
+                                                    "1.000/7.000 ms vs 0.900/6.000 ms without: not faster here"]}
+
+
+def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
+    """bench/suites/realsize_gpu.py writes the issue's schema: a row per model and batch (qdeploy's fresh-process p50
+    beside every reference), the torchao candidates against their FP16 base at the same batch, and the sentence saying
+    why no FP8/INT8 candidate pays, only when none does; a row measured again replaces the earlier one."""
+    spec = importlib.util.spec_from_file_location("realsize_gpu", ROOT / "bench/suites/realsize_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    refs = {"eager FP32": 9.0, "torch.compile + CUDA graph FP16 channels_last": 1.0, "eager FP16": 5.0}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([_gpu_reference_row("deit_small", 1, 1.02, refs),
+                                _gpu_reference_row("deit_small", 32, 6.1, {k: v * 6 for k, v in refs.items()})]))
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    (opt / "deit_small.optimize.json").write_text(json.dumps(_optimize_json({"1": 1.0, "32": 7.0}, within=True)))
+    out = tmp_path / "realsize_gpu.json"
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["gpu"] == "NVIDIA H200" and [(r["model"], r["batch"]) for r in doc["rows"]] == [("deit_small", 1),
+                                                                                            ("deit_small", 32)]
+    r1 = doc["rows"][0]
+    assert {"model", "input_size", "batch", "chosen", "fresh_process_p50_ms", "references", "budget_met",
+            "optimize_wall_s"} <= set(r1)
+    assert r1["input_size"] == [224, 224] and r1["best_reference"] == "torch.compile + CUDA graph FP16 channels_last"
+    assert r1["ratio_to_best_reference"] == 1.02 and r1["optimize_wall_s"] == 181.0
+    low = {(x["batch"], x["variant"]): x for x in doc["low_precision"]}
+    assert low[(32, "fp16-compile-cudagraph-cl-ao-float8-dynamic")]["fp16_p50_ms"] == 6.0
+    assert "7.0000 ms vs 6.0000 ms" in doc["low_precision_why"] and "batch 32" in doc["low_precision_why"]
+    # measured again: FP8 now faster at batch 32 and within budget, so no "why"; the batch-1 row stays as it was
+    rows.write_text(json.dumps([_gpu_reference_row("deit_small", 32, 5.9, {k: v * 6 for k, v in refs.items()})]))
+    (opt / "deit_small.optimize.json").write_text(json.dumps(_optimize_json({"1": 1.0, "32": 4.5}, within=True)))
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 2 and doc["rows"][1]["fresh_process_p50_ms"] == 5.9 and "low_precision_why" not in doc
+    # faster but outside the budget does not pay
+    (opt / "deit_small.optimize.json").write_text(json.dumps(_optimize_json({"1": 1.0, "32": 4.5}, within=False)))
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    assert "not within budget" in json.loads(out.read_text())["low_precision_why"]
+    assert mod.main(["--rows", str(tmp_path / "missing.json"), "--json", str(out)]) == 2

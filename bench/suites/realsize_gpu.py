@@ -1,0 +1,142 @@
+"""The real-size GPU results in the schema of docs/results/realsize_gpu.json, from what the device calls wrote.
+
+    python bench/suites/realsize_gpu.py --rows PART.json ... --optimize DIR ... --json docs/results/realsize_gpu.json
+
+``--rows``: bench/suites/gpu_reference.py's rows (bench/device/realsize_gpu.sh's ``realsize_gpu_<tag>.json``: one per
+model and batch size, the hand-written references' p50s and qdeploy's program timed in a fresh process). ``--optimize``:
+folders holding each model's optimize.json as ``<model>.optimize.json`` (realsize_gpu.sh copies them there), read for
+the torchao candidates: each one's brief p50 per batch size beside the p50 of the compiled FP16/BF16 candidate it
+quantized, at the same batch size and from the same timer.
+
+Writes ``{"gpu", "rows": [{"model", "input_size", "batch", "chosen", "fresh_process_p50_ms", "references", "budget_met",
+"optimize_wall_s", ...}], "low_precision": [{"model", "batch", "variant", "p50_ms", "fp16_p50_ms", "within_budget"}],
+"low_precision_why"}``. ``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
+any batch size within budget, and says what was measured (or why nothing was: each model's optimize notes on torchao).
+Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+INPUT_SIZE = {"deeplabv3_camvid": [360, 480], "yolo_bccd640": [640, 640]}  # the classifiers: 224
+LOW_PRECISION_BATCH = 32  # the issue's goal: FP8/INT8 faster than FP16 on transformer rows at batch >= 32
+
+
+def suite_row(r: dict) -> dict:
+    """One gpu_reference.py row in the issue's schema (its other fields kept under ``details``)."""
+    q = r["qdeploy"]
+    refs = r["references"]
+    best = min(refs, key=refs.get)
+    fresh = q.get("fresh_process_p50_ms")
+    return {"model": r["model"], "input_size": INPUT_SIZE.get(r["model"], [224, 224]), "batch": r["batch_size"],
+            "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs, "best_reference": best,
+            "ratio_to_best_reference": None if fresh is None else round(fresh / refs[best], 4),
+            "ratio_fresh_vs_fresh": q.get("ratio_fresh_vs_fresh"), "budget_met": q.get("budget_met"),
+            "confirm_drop_points": q.get("confirm_drop"), "optimize_wall_s": q.get("optimize_time_s"),
+            "references_not_measured": r.get("references_not_measured") or [], "date": r.get("date"),
+            "details": {k: q.get(k) for k in ("artifact", "format", "reloaded_in_benchmark_p50_ms", "noisy",
+                                              "fresh_alternating", "outputs_vs_eager_fp32",
+                                              "first_call_s_after_reload")}}
+
+
+def low_precision_rows(model: str, summary: dict) -> tuple[list[dict], list[str]]:
+    """(each torchao candidate's p50 per batch size beside its base's, optimize's notes on torchao) of one search."""
+    cands = {c["variant"]: c for c in summary.get("candidates", [])}
+    rows = []
+    for name, c in cands.items():
+        if "-ao-" not in name:
+            continue
+        base = cands.get(name.split("-ao-")[0]) or {}
+        mine, theirs = c.get("brief_p50_ms") or {}, base.get("brief_p50_ms") or {}
+        for b, p50 in mine.items():
+            if b in theirs and p50 is not None:
+                rows.append({"model": model, "batch": int(b), "variant": name, "base": base.get("variant"),
+                             "base_precision": base.get("precision"), "p50_ms": p50, "fp16_p50_ms": theirs[b],
+                             "speedup_vs_base": round(theirs[b] / p50, 4),
+                             # a candidate only timed briefly (not among the finalists) was never evaluated
+                             "evaluated": c.get("search_metric") is not None,
+                             "within_budget": bool(c.get("within_budget")) and c.get("status") == "ok",
+                             "budget": c.get("budget") or None})
+    notes = [d for d in summary.get("decisions", []) if "torchao" in d]
+    return rows, notes
+
+
+def why_none(low: list[dict], notes: dict[str, list[str]]) -> str | None:
+    """The sentence the schema asks for where no FP8/INT8 candidate pays: what was measured, or why nothing was."""
+    if any(r["within_budget"] and r["p50_ms"] < r["fp16_p50_ms"] for r in low):
+        return None
+    if low:
+        big = [r for r in low if r["batch"] >= LOW_PRECISION_BATCH] or low
+        best = max(big, key=lambda r: r["speedup_vs_base"])
+        return (f"no FP8/INT8 candidate was faster than its FP16/BF16 base within budget: the best, {best['variant']} "
+                f"on {best['model']} at batch {best['batch']}, ran {best['p50_ms']:.4f} ms vs {best['fp16_p50_ms']:.4f} "
+                f"ms ({best['speedup_vs_base']:.2f}x)"
+                + ("" if best["within_budget"] else ", and it is not within budget" if best["evaluated"]
+                   else ", timed only (not among the finalists optimize evaluated)")
+                + f"; {len(low)} measurements in all")
+    said = "; ".join(f"{m}: {' / '.join(n)}" for m, n in notes.items() if n)
+    return "no FP8/INT8 candidate was timed" + (f" ({said})" if said else " (optimize's notes name none)")
+
+
+def merge(old: dict, new: dict) -> dict:
+    """``new``'s rows and low-precision measurements replace ``old``'s of the same (model, batch[, variant])."""
+    rows = {(r["model"], r["batch"]): r for r in old.get("rows", [])}
+    rows.update({(r["model"], r["batch"]): r for r in new["rows"]})
+    low = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision", [])}
+    low.update({(r["model"], r["batch"], r["variant"]): r for r in new["low_precision"]})
+    doc = {"gpu": new["gpu"] or old.get("gpu"), "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
+           "low_precision": sorted(low.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))}
+    why = why_none(doc["low_precision"], new.get("_notes", {}))
+    if why:
+        doc["low_precision_why"] = why
+    return doc
+
+
+def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> dict:
+    rows = [r for f in rows_files for r in json.loads(f.read_text())]
+    if not rows:
+        raise SystemExit(f"no rows in {', '.join(map(str, rows_files))}")
+    gpus = sorted({r.get("gpu") for r in rows if r.get("gpu")})
+    if len(gpus) > 1:
+        raise SystemExit(f"rows from more than one GPU ({', '.join(gpus)}): one file per card")
+    low, notes = [], {}
+    for model in sorted({r["model"] for r in rows}):
+        for d in optimize_dirs:
+            p = d / f"{model}.optimize.json"
+            if p.is_file():
+                got, notes[model] = low_precision_rows(model, json.loads(p.read_text()))
+                low += got
+                break
+    return {"gpu": gpus[0] if gpus else None, "rows": [suite_row(r) for r in rows], "low_precision": low,
+            "_notes": notes}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=Path, nargs="+", required=True)
+    ap.add_argument("--optimize", type=Path, nargs="*", default=[])
+    ap.add_argument("--json", type=Path, required=True)
+    a = ap.parse_args(argv)
+    for p in a.rows:
+        if not p.is_file():
+            print(f"error: --rows {p}: no such file", file=sys.stderr)
+            return 2
+    old = json.loads(a.json.read_text()) if a.json.is_file() else {}
+    doc = merge(old, collect(a.rows, a.optimize))
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(doc, indent=1) + "\n")
+    for r in doc["rows"]:
+        ratio = r["ratio_to_best_reference"]
+        print(f"{r['model']:>20} b{r['batch']:<4} {r['chosen']:<40} fresh {r['fresh_process_p50_ms']} ms, "
+              f"best reference {r['best_reference']} {r['references'][r['best_reference']]} ms"
+              + (f" = {ratio:.3f}x" if ratio is not None else "") + f", budget met {r['budget_met']}")
+    if doc.get("low_precision_why"):
+        print("low precision: " + doc["low_precision_why"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
