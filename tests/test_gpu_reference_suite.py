@@ -39,6 +39,45 @@ def test_the_real_size_classifiers_are_rows_at_224_with_the_trained_weights(suit
     parse_config(suite.config("resnet50", tmp_path, 0.3))  # a valid qdeploy config
 
 
+
+def test_the_segmenter_and_the_detector_are_rows_as_the_cpu_suite_configures_them(suite, tmp_path):
+    """DeepLabV3 on CamVid at 360x480 and the YOLO-style detector at 640: realsize_cpu.py's model and data sections,
+    the torch-cuda target with a 1.0-point budget (mIoU, mAP), the staged data folders of realsize_gpu.sh."""
+    from qdeploy.config import parse_config
+
+    for name, task, hw in (("deeplabv3_camvid", "segmentation", (360, 480)), ("yolo_bccd640", "detection", (640, 640))):
+        cfg = suite.config(name, tmp_path, None)
+        assert cfg["model"]["task"] == task and suite.input_hw(name) == hw
+        assert cfg["optimize"] == {"target": "torch-cuda", "budget": {"max_drop": 1.0}}
+        assert cfg["variants"] == [{"engine": "torch"}] and cfg["bench"]["batch_sizes"] == list(suite.BATCHES)
+        parse_config(cfg)
+    seg = suite.config("deeplabv3_camvid", tmp_path, None)
+    assert seg["model"]["weights"] == str(tmp_path / "seg" / "deeplabv3_fp16.pt") and seg["model"]["output"] == "out"
+    assert seg["data"]["eval"]["root"] == str(tmp_path / "seg" / "camvid")
+    assert suite.config("yolo_bccd640", tmp_path, None)["data"]["eval"]["root"] == str(tmp_path / "bccd")
+    assert suite.config("deeplabv3_camvid", tmp_path, 0.5)["optimize"]["budget"]["max_drop"] == 0.5
+
+
+@pytest.mark.slow
+def test_the_detector_and_the_segmenter_are_built_as_a_user_runs_them(suite, tmp_path):
+    """The hand-written references' model: the committed detector's raw head output; DeepLabV3 (../shared's CamVid
+    weights, staged in FP16 as realsize_gpu.sh finds them) returning its "out" map, as qdeploy's program does."""
+    import torch
+
+    from conftest import shared_path
+
+    det = suite.build_model("yolo_bccd640", tmp_path)
+    with torch.inference_mode():
+        assert det(torch.zeros(1, 3, 640, 640)).shape[0] == 1
+    weights = shared_path("models", "camvid-deeplabv3", "deeplabv3_mobilenet_v3_large_camvid.pt")
+    (tmp_path / "seg").mkdir()
+    state = torch.load(weights, weights_only=True)
+    torch.save({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, tmp_path / "seg" / "deeplabv3_fp16.pt")
+    seg = suite.build_model("deeplabv3_camvid", tmp_path)
+    with torch.inference_mode():
+        assert tuple(seg(torch.zeros(1, 3, 360, 480)).shape) == (1, 11, 360, 480)
+    assert suite.bench_images("deeplabv3_camvid").shape[1:] == (3, 360, 480)
+
 def _gpu_reference_row(model, batch, fresh, refs, **qdeploy):
     """One row as gpu_reference.py's write_rows writes it (the fields the schema reads)."""
     return {"model": model, "weights": f".realsize-weights/{model}.pt", "batch_size": batch, "gpu": "NVIDIA H200",

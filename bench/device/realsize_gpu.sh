@@ -8,6 +8,11 @@
 #   run(command="MODELS='resnet50 deit_small' SECONDS_PER_MODEL=65 bash bench/device/realsize_train.sh", carry=[".devreal/train", ".devreal/eval"])
 #   run(command="MODELS=resnet50 BATCHES=1,8,32,128 TAG=r50 bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval"])
 #
+# The segmenter and the detector (bench/suites/realsize_cpu.py's rows, budget 1.0 mIoU / mAP points): DeepLabV3 reads
+# .realsize-weights/seg/ (a call of `bash bench/device/realsize_unpack.sh seg` carrying .devreal/seg first), the
+# detector BCCD from .devreal/det/bccd.tgz (carry it) and its committed weights:
+#   run(command="MODELS='deeplabv3_camvid yolo_bccd640' BATCHES=1,8,32 TAG=segdet bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval", ".devreal/det"])
+#
 # Env: MODELS, BATCHES (default 1,8,32,128), TAG, GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
 # --fresh-repeats 3). Writes $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with
 # its time) and $OUT/<model>.optimize.json.
@@ -17,13 +22,24 @@ T0=$(date +%s)
 MODELS=${MODELS:-resnet50} BATCHES=${BATCHES:-1,8,32,128} TAG=${TAG:-1}
 OUT=${OUT:-/tmp/realsize-gpu-out}; mkdir -p "$OUT"
 for m in $MODELS; do
-  [ -f ".realsize-weights/$m.pt" ] || { echo "no .realsize-weights/$m.pt on this machine: run"\
-    "bench/device/realsize_train.sh first (same warm machine)"; exit 3; }
+  case $m in
+    deeplabv3_camvid) [ -f .realsize-weights/seg/deeplabv3_fp16.pt ] || { echo "no .realsize-weights/seg on this"\
+      "machine: run 'bash bench/device/realsize_unpack.sh seg' first (same warm machine), carrying .devreal/seg"; exit 3; } ;;
+    yolo_bccd640) [ -f .devreal/det/bccd.tgz ] || { echo "carry .devreal/det (bash bench/device/stage_realsize.sh)"; exit 3; } ;;
+    *) [ -f ".realsize-weights/$m.pt" ] || { echo "no .realsize-weights/$m.pt on this machine: run"\
+      "bench/device/realsize_train.sh first (same warm machine)"; exit 3; } ;;
+  esac
 done
 . bench/device/stage.sh; unpack_zoo_site
 rm -rf /tmp/realeval /tmp/rsdd && mkdir -p /tmp/realeval /tmp/rsdd && tar -C /tmp/realeval -xzf .devreal/eval/cifar_test.tgz || exit 3
 ln -s /tmp/realeval/test /tmp/rsdd/cifar-test  # gpu_reference.py reads DATA/cifar-test and DATA/<model>.pt
-for m in $MODELS; do ln -s "$PWD/.realsize-weights/$m.pt" /tmp/rsdd/; done
+for m in $MODELS; do
+  case $m in
+    deeplabv3_camvid) ln -s "$PWD/.realsize-weights/seg" /tmp/rsdd/seg ;;  # DATA/seg: deeplabv3_fp16.pt, camvid/
+    yolo_bccd640) tar -C /tmp/realeval -xzf .devreal/det/bccd.tgz && ln -s /tmp/realeval/bccd /tmp/rsdd/bccd ;;
+    *) ln -s "$PWD/.realsize-weights/$m.pt" /tmp/rsdd/ ;;
+  esac
+done
 export PYTHONPATH=/tmp/zsite:$PWD/src PYTHONUNBUFFERED=1 QDEPLOY_CACHE=/tmp/qdeploy-cache COLUMNS=200 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c "import qdeploy.cli" || exit 2

@@ -6,7 +6,9 @@ Per model (``effnet`` = cifar10-dev/efficientnet_b0_48, ``convnext`` = cifar10-m
 cifar10-modern/deit_tiny_p4_32; issue 35's held-out architectures, trained by bench/train/train_heldout.py: ``tv_vit``,
 ``tv_convnext_femto``, ``hf_vit``, ``tv_effnet_b0`` (64x64), ``tv_swin``; DIR holds cifar-test/ (the CIFAR-10 test set,
 image folders) and the .pt weights; the real-size classifiers of bench/train/train_realsize.py at 224 px,
-``resnet50`` ... ``deit_small``, with ``--batches 1,8,32,128``):
+``resnet50`` ... ``deit_small``, with ``--batches 1,8,32,128``; and the real-size suite's segmenter and detector,
+``deeplabv3_camvid`` (360x480; DIR/seg/ holds deeplabv3_fp16.pt and camvid/) and ``yolo_bccd640`` (640; DIR/bccd/, the
+committed weights), configured as bench/suites/realsize_cpu.py configures them, budget 1.0 mIoU / mAP points):
 1. ``qdeploy optimize`` with ``target: torch-cuda``, ``max_drop: 0.3``, bench batch sizes 1 and 32 and every other
    setting at its default, in its own process (the whole test set: 5,000 search / 5,000 confirm images). Its confirm
    step already loads the saved program in a fresh process with ``load_model.py``; that process's import check and
@@ -62,9 +64,36 @@ from train_realsize import MODELS as REALSIZE  # noqa: E402
 for _name, (_source, _kwargs, _) in REALSIZE.items():
     MODELS[_name] = (_source, _kwargs, f"{_name}.pt", 224, ".realsize-weights")
 BATCHES = (1, 32)  # --batches replaces it (the real-size rows: 1, 8, 32, 128)
+# the real-size suite's segmenter and detector, configured as bench/suites/realsize_cpu.py configures them (its model and
+# data sections; the target, budget and batch sizes this suite's). DATA holds seg/ (bench/device/realsize_unpack.sh seg:
+# deeplabv3_fp16.pt and camvid/) and bccd/ (BCCD, Pascal VOC); the detector's weights are committed
+import realsize_cpu  # noqa: E402
+
+TASK_ROWS = {**{n: v[2] for n, v in realsize_cpu.SEGMENTERS.items()},
+             **{n: v[2] for n, v in realsize_cpu.DETECTORS.items()}}  # name -> [H, W]
+TASK_BUDGET = 1.0  # mIoU / mAP points (the issue's budget; classification: --max-drop, 0.3)
 
 
-def config(name: str, data: Path, max_drop: float) -> dict:
+def input_hw(name: str) -> tuple[int, int]:
+    if name in TASK_ROWS:
+        return tuple(TASK_ROWS[name])
+    return MODELS[name][3], MODELS[name][3]
+
+
+def task_config(name: str, data: Path, max_drop: Optional[float]) -> dict:
+    """A segmenter's or detector's optimize config: realsize_cpu.config's model and data, the GPU target."""
+    a = argparse.Namespace(camvid=data / "seg" / "camvid", deeplabv3_weights=data / "seg" / "deeplabv3_fp16.pt",
+                           bccd=data / "bccd", confidence=0.9, time_limit=None)
+    cfg = realsize_cpu.config(name, a, 1, 1)
+    return {"model": cfg["model"], "data": cfg["data"], "variants": [{"engine": "torch"}],
+            "bench": {"batch_sizes": list(BATCHES)},
+            "optimize": {"target": "torch-cuda", "budget": {"max_drop": TASK_BUDGET if max_drop is None else max_drop}}}
+
+
+def config(name: str, data: Path, max_drop: Optional[float]) -> dict:
+    if name in TASK_ROWS:
+        return task_config(name, data, max_drop)
+    max_drop = 0.3 if max_drop is None else max_drop
     source, kwargs, weights, size, _ = MODELS[name]
     pre = {"input_size": [size, size], **NORM, **({"resize": [size, size]} if size != 32 else {})}
     return {"model": {"source": source, "kwargs": kwargs, "weights": str(data / weights), "task": "classification",
@@ -75,7 +104,38 @@ def config(name: str, data: Path, max_drop: float) -> dict:
             "optimize": {"target": "torch-cuda", "budget": {"max_drop": max_drop}}}
 
 
+class OutputOf(torch.nn.Module):
+    """The model with one entry of its dict output, as a user deploys torchvision's segmenters (``model(x)["out"]``)."""
+
+    def __init__(self, model: torch.nn.Module, key: str):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x):
+        return self.model(x)[self.key]
+
+
+def build_task_model(name: str, data: Path) -> torch.nn.Module:
+    if name in realsize_cpu.SEGMENTERS:
+        import torchvision
+
+        source, kwargs, _ = realsize_cpu.SEGMENTERS[name]
+        model = torchvision.models.get_model(source.split(":", 1)[1], **kwargs)
+        model.load_state_dict(torch.load(data / "seg" / "deeplabv3_fp16.pt", weights_only=True))
+        return OutputOf(model, "out").eval()
+    source, kwargs, _, weights = realsize_cpu.DETECTORS[name]
+    path, factory = source.rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = getattr(mod, factory)(**kwargs)
+    model.load_state_dict(torch.load(weights, weights_only=True))
+    return model.eval()
+
+
 def build_model(name: str, data: Path) -> torch.nn.Module:
+    if name in TASK_ROWS:
+        return build_task_model(name, data)
     source, kwargs, weights, _, _ = MODELS[name]
     lib, arch = source.rsplit(":", 1)
     if lib.endswith(".py"):
@@ -128,8 +188,9 @@ def cuda_graph(model, loader):
 
 
 def bench_images(name: str) -> np.ndarray:
-    size = MODELS[name][3]
-    return np.random.default_rng(0).standard_normal((256, 3, size, size), dtype=np.float32)
+    h, w = input_hw(name)
+    n = 256 if h * w <= 224 * 224 else max(BATCHES)  # 640x640: 4.7 MB an image
+    return np.random.default_rng(0).standard_normal((n, 3, h, w), dtype=np.float32)
 
 
 def references(name: str, data: Path, loader, only: Optional[str] = None) -> dict:
@@ -187,6 +248,14 @@ def fresh_alternating(args, out: Path, recipe: str, repeats: int) -> dict:
     return got
 
 
+def weights_of(name: str) -> str:
+    if name in realsize_cpu.SEGMENTERS:
+        return "seg/deeplabv3_fp16.pt (../shared's CamVid DeepLabV3)"
+    if name in realsize_cpu.DETECTORS:
+        return str(realsize_cpu.DETECTORS[name][3].relative_to(HERE.parents[1]))
+    return MODELS[name][4] + "/" + MODELS[name][2]
+
+
 def gpu_facts() -> dict:
     d = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
     for lib in ("torchvision", "timm", "transformers"):
@@ -205,11 +274,12 @@ def gpu_facts() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("model", choices=sorted([*MODELS, *TASK_ROWS]))
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="optimize's --out goes to OUT/<model>")
     ap.add_argument("--json", type=Path, default=None, help="merge the rows into this file")
-    ap.add_argument("--max-drop", type=float, default=0.3)
+    ap.add_argument("--max-drop", type=float, default=None,
+                    help="budget points (default 0.3 top-1; 1.0 mIoU / mAP for the segmenter and the detector)")
     ap.add_argument("--skip-optimize", action="store_true", help="reuse OUT/<model> from an earlier run")
     ap.add_argument("--skip-max-autotune", action="store_true", help="leave out the max-autotune reference (minutes of "
                     "kernel search); the rows name it in references_not_measured")
@@ -298,7 +368,7 @@ def main() -> None:
             # the ratio is the fresh-process figure's (what a user's process gets from load_model.py), the program reloaded
             # here is kept beside it
             p50 = fresh_p50 if fresh_p50 is not None else in_process
-            rows.append({"model": args.model, "weights": MODELS[args.model][4] + "/" + MODELS[args.model][2],
+            rows.append({"model": args.model, "weights": weights_of(args.model),
                          "batch_size": b, "gpu": facts["gpu"], "date": date, "torch": facts["torch"],
                          "versions": {k: facts.get(k) for k in ("torchvision", "timm", "transformers")},
                          "nvidia_smi": facts.get("nvidia_smi"), "references": refs_p50,
