@@ -1,6 +1,6 @@
-"""The real-size GPU results in the schema of docs/results/realsize_gpu.json, from what the device calls wrote.
+"""The real-size GPU results in the schema of the issue's realsize_gpu.json, from what the device calls wrote.
 
-    python bench/suites/realsize_gpu.py --rows PART.json ... --optimize DIR ... --json docs/results/realsize_gpu.json
+    python bench/suites/realsize_gpu.py --rows PART.json ... --optimize DIR ... --json RESULTS.json
 
 ``--rows``: bench/suites/gpu_reference.py's rows (bench/device/realsize_gpu.sh's ``realsize_gpu_<tag>.json``: one per
 model and batch size, the hand-written references' p50s and qdeploy's program timed in a fresh process). ``--optimize``:
