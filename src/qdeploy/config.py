@@ -313,7 +313,7 @@ class DatasetSpec(_Strict):
                                                            "confirm this way)")
     batch_size: int = Field(32, gt=0)
     on_error: Literal["error", "skip"] = Field("error", description="an unreadable image: stop with its name (error) or leave it out and list it (skip)")
-    workers: Optional[int] = Field(None, ge=0, description="decoding worker processes (default: min(4, CPUs))")
+    workers: Optional[int] = Field(None, ge=0, description="decoding worker threads (default: min(4, CPUs))")
 
     @property
     def key(self) -> Optional[str]:

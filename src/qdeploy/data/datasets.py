@@ -291,7 +291,7 @@ class SubsetDataset(Dataset):
         return self.dataset[self.indices[i]]
 
     def __getattr__(self, name: str):
-        # Guard: during unpickling (spawned DataLoader workers) 'dataset' is not set yet and a
+        # Guard: during unpickling (a copy sent to another process) 'dataset' is not set yet and a
         # plain delegation would recurse forever.
         if name.startswith("__") or name in ("dataset", "indices"):
             raise AttributeError(name)

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Optional
 
 import numpy as np
 from rich.console import Console
 from rich.errors import LiveError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from qdeploy.config import DatasetSpec, Preprocess, Task
 from qdeploy.data.datasets import build_dataset
@@ -23,22 +24,15 @@ from qdeploy.tasks import get_task
 from qdeploy.utils.inputs import unreadable_image_message
 from qdeploy.utils.log import is_quiet
 
-# Below this many samples, starting worker processes costs more than decoding in-process.
+# Below this many samples, starting the decoding threads costs more than decoding in one.
 MIN_SAMPLES_FOR_WORKERS = 64
-# Workers only run PIL and numpy (no CUDA, no OpenMP), so fork is safe on Linux even after the
-# parent initialised CUDA or torch threads; it starts in milliseconds where spawn/forkserver
-# (Python 3.14's default) re-import torch in every worker, and it does not require the caller's
-# script to have an ``if __name__ == "__main__"`` guard. Elsewhere the platform default (spawn)
-# is used: everything handed to the workers is picklable.
-MP_CONTEXT: Optional[str] = "fork" if sys.platform.startswith("linux") else None
+# batches decoded ahead of the one being consumed, per worker (as DataLoader's default prefetch_factor)
+PREFETCH_PER_WORKER = 2
 
 
 class _Failure:
-    """A user error raised while decoding a sample, carried back as data.
-
-    DataLoader re-raises worker exceptions with the worker's traceback folded into the message;
-    returning the error as a value keeps the original one-line message and exception class.
-    """
+    """A user error raised while decoding a sample, carried back as data: the batch's other samples still decode
+    (``on_error: skip`` lists it), and the original one-line message and exception class are raised again."""
 
     def __init__(self, exc: QDeployError, path: str = "?"):
         self.exc_type, self.message, self.path = type(exc), str(exc), path
@@ -96,7 +90,7 @@ def _start_progress(desc: str, total: int) -> Optional[tuple[Progress, int]]:
 class Batches:
     """Re-iterable ``(images uint8 (N,C,H,W), labels int64)`` batches of a dataset, in order.
 
-    The first pass decodes with ``workers`` processes (and shows a progress bar); if the decoded
+    The first pass decodes with ``workers`` threads (and shows a progress bar); if the decoded
     data fits in ``cache_limit_mb`` it is kept, and later passes replay it without decoding.
     Do not modify yielded arrays in place: they may be the cached ones.
     """
@@ -134,14 +128,36 @@ class Batches:
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return iter(self._cache) if self._cache is not None else self._decode()
 
+    def _decoded(self) -> Iterator[tuple]:
+        """``(batch, failures)`` of each batch in order, its samples decoded by ``workers`` threads.
+
+        Threads, not processes: decoding is PIL's and numpy's C code, which releases the GIL, and a forked worker
+        inherits the parent's native thread pools in whatever state they are. After an optimize in the same process
+        (OpenVINO, NNCF and ONNX Runtime loaded and run), DataLoader's forked workers took the parent down with
+        SIGSEGV (tests/test_data.py after tests/test_agreement_floor.py); spawn or forkserver workers would re-import
+        the caller's script, which then needs an ``if __name__ == "__main__"`` guard."""
+        guarded = _Guarded(self.dataset)
+        n = len(self.dataset)
+        spans = [range(s, min(s + self.batch_size, n)) for s in range(0, n, self.batch_size)]
+        if self.workers <= 0:
+            for span in spans:
+                yield _collate([guarded[i] for i in span])
+            return
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="qdeploy-decode")
+        try:
+            ahead: deque = deque()
+            for span in spans:
+                ahead.append([pool.submit(guarded.__getitem__, i) for i in span])
+                if len(ahead) > PREFETCH_PER_WORKER * self.workers:
+                    yield _collate([f.result() for f in ahead.popleft()])
+            while ahead:
+                yield _collate([f.result() for f in ahead.popleft()])
+        finally:  # also on error or early exit: what is queued is dropped, what runs is waited for
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _decode(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        loader = DataLoader(_Guarded(self.dataset), batch_size=self.batch_size, shuffle=False,
-                            num_workers=self.workers, collate_fn=_collate,
-                            multiprocessing_context=MP_CONTEXT if self.workers > 0 else None)
         cache = [] if self.cacheable else None
-        # iter() starts (forks) the workers: do it before the progress bar starts its refresh
-        # thread, so no child is forked while that thread holds a lock.
-        it = iter(loader)
+        it = self._decoded()
         bar = _start_progress(self.desc or "decoding images", self.num_samples) if self.progress and not is_quiet() else None
         skipped = []
         try:
@@ -163,7 +179,7 @@ class Batches:
         finally:
             if bar is not None:
                 bar[0].stop()
-            del it  # shuts the worker processes down now, also on error or early exit
+            it.close()  # stops the decoding threads now, also on error or early exit
 
     def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``n`` samples (fewer if the dataset is smaller), decoded in this process."""

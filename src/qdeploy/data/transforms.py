@@ -2,7 +2,7 @@
 
 Geometry follows torchvision's PIL path exactly (``Resize`` then ``CenterCrop``) so that accuracy
 measured here matches the numbers a model was published with. Decoding yields ``uint8`` arrays:
-they are 4x smaller than float32 (cheap to cache and to pass between worker processes) and
+they are 4x smaller than float32 (cheap to cache) and
 normalisation is one vectorised step per batch (:func:`normalize`).
 """
 from __future__ import annotations
