@@ -116,21 +116,19 @@ class OutputOf(torch.nn.Module):
 
 
 def build_task_model(name: str, data: Path) -> torch.nn.Module:
-    if name in realsize_cpu.SEGMENTERS:
-        import torchvision
+    """The segmenter or detector from realsize_cpu.py's source (qdeploy's factory lookup: torchvision name or file:factory)
+    with its weights: DeepLabV3 returning its "out" map as a user runs it, the detector its raw head output."""
+    from qdeploy.models.loader import resolve_factory
 
+    if name in realsize_cpu.SEGMENTERS:
         source, kwargs, _ = realsize_cpu.SEGMENTERS[name]
-        model = torchvision.models.get_model(source.split(":", 1)[1], **kwargs)
-        model.load_state_dict(torch.load(data / "seg" / "deeplabv3_fp16.pt", weights_only=True))
-        return OutputOf(model, "out").eval()
-    source, kwargs, _, weights = realsize_cpu.DETECTORS[name]
-    path, factory = source.rsplit(":", 1)
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model = getattr(mod, factory)(**kwargs)
+        weights, output = data / "seg" / "deeplabv3_fp16.pt", "out"
+    else:
+        source, kwargs, _, weights = realsize_cpu.DETECTORS[name]
+        output = None
+    model = resolve_factory(source)(**kwargs)
     model.load_state_dict(torch.load(weights, weights_only=True))
-    return model.eval()
+    return (OutputOf(model, output) if output else model).eval()
 
 
 def build_model(name: str, data: Path) -> torch.nn.Module:

@@ -81,21 +81,23 @@ def why_none(low: list[dict], notes: dict[str, list[str]]) -> str | None:
     return "no FP8/INT8 candidate was timed" + (f" ({said})" if said else " (optimize's notes name none)")
 
 
-def merge(old: dict, new: dict) -> dict:
-    """``new``'s rows and low-precision measurements replace ``old``'s of the same (model, batch[, variant])."""
+def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
+    """``new``'s rows and low-precision measurements replace ``old``'s of the same (model, batch[, variant]);
+    ``notes``: each model's optimize notes on torchao, for the sentence where nothing pays."""
     rows = {(r["model"], r["batch"]): r for r in old.get("rows", [])}
     rows.update({(r["model"], r["batch"]): r for r in new["rows"]})
     low = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision", [])}
     low.update({(r["model"], r["batch"], r["variant"]): r for r in new["low_precision"]})
     doc = {"gpu": new["gpu"] or old.get("gpu"), "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
            "low_precision": sorted(low.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))}
-    why = why_none(doc["low_precision"], new.get("_notes", {}))
+    why = why_none(doc["low_precision"], notes)
     if why:
         doc["low_precision_why"] = why
     return doc
 
 
-def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> dict:
+def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, dict[str, list[str]]]:
+    """(the rows and low-precision measurements of these files, each model's optimize notes on torchao)"""
     rows = [r for f in rows_files for r in json.loads(f.read_text())]
     if not rows:
         raise SystemExit(f"no rows in {', '.join(map(str, rows_files))}")
@@ -110,8 +112,7 @@ def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> dict:
                 got, notes[model] = low_precision_rows(model, json.loads(p.read_text()))
                 low += got
                 break
-    return {"gpu": gpus[0] if gpus else None, "rows": [suite_row(r) for r in rows], "low_precision": low,
-            "_notes": notes}
+    return {"gpu": gpus[0] if gpus else None, "rows": [suite_row(r) for r in rows], "low_precision": low}, notes
 
 
 def main(argv=None) -> int:
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
             print(f"error: --rows {p}: no such file", file=sys.stderr)
             return 2
     old = json.loads(a.json.read_text()) if a.json.is_file() else {}
-    doc = merge(old, collect(a.rows, a.optimize))
+    doc = merge(old, *collect(a.rows, a.optimize))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(doc, indent=1) + "\n")
     for r in doc["rows"]:
