@@ -218,6 +218,31 @@ def test_the_finalists_hold_one_of_each_build_before_a_second_calibration_of_one
     assert {build_of(c) for c in finalists(cands) if not c.reference} == {build_of(c) for c in cands[1:-1]}
 
 
+def test_a_candidate_far_slower_than_one_settled_within_budget_is_not_evaluated():
+    """Timed before it is evaluated: beyond FINALIST_BAND of the fastest candidate within budget for good, it can be
+    neither the answer nor a finalist, so its evaluation is skipped. An INT8 candidate whose agreement a later sibling
+    could still push below the siblings rule's gap is not within budget for good, so it rules nothing out."""
+    from qdeploy.optimize.decide import FINALIST_BAND, ruled_out_by_speed, settled_within
+
+    ref = _cand("fp32", reference=True, within_budget=True, rank_key=36.0)
+    bf16 = _cand("openvino-bf16", within_budget=True, rank_key=13.7)
+    bf16.spec["precision"] = "bf16"
+    nncf = _cand("openvino-int8-nncf", within_budget=True, rank_key=11.4, agreement=0.966, agreement_se=0.006)
+    missed = _cand("int8-max", within_budget=False, rank_key=5.0, agreement=0.7)
+    assert ruled_out_by_speed(24.8, [ref, bf16, nncf, missed]).startswith("2.18x the latency of openvino-int8-nncf")
+    assert ruled_out_by_speed(11.4 * (1 + FINALIST_BAND) - 1e-6, [ref, bf16, nncf, missed]) is None  # a finalist
+    assert ruled_out_by_speed(24.8, [missed]) is None  # nothing within budget yet: evaluated
+    assert ruled_out_by_speed(None, [ref, nncf]) is None
+    # on the 90 % bound (z 1.28): 0.966 - 1.28 * 0.006 is still above 1 - SIBLING_GAP: settled
+    assert settled_within(nncf, z=1.28) and settled_within(bf16) and not settled_within(missed)
+    # a low floor (budget.min_agreement 0.5) lets an INT8 candidate in at 0.85: two siblings at 0.99 would put it out
+    shaky = _cand("openvino-int8-mm", within_budget=True, rank_key=4.0, agreement=0.85, agreement_se=0.01)
+    assert not settled_within(shaky)
+    assert ruled_out_by_speed(11.4, [ref, shaky, nncf]) is None  # ruled by nncf's 11.4 ms, not shaky's 4.0
+    shares = _cand("s", within_budget=True, rank_key=-0.9)  # INT8 shares, not times: nothing is ruled out
+    assert ruled_out_by_speed(0.5, [shares]) is None
+
+
 def test_one_budget_kind_and_min_agreement_as_its_floor():
     with pytest.raises(ValueError, match="give one of max_drop, relative"):
         BudgetSpec(max_drop=0.3, relative=0.01)
@@ -897,8 +922,17 @@ def test_cpu_target_weighs_both_engines_and_never_answers_with_an_int8_slower_th
     rows = {x["variant"]: x for x in s["candidates"]}
     assert {"fp32", "openvino-fp32", "int8-mean-minmax", "openvino-int8-mean-minmax"} <= set(rows)
     assert rows["openvino-fp32"]["kind"] == "engine" and rows["openvino-fp32"]["engine"] == "openvino"
-    assert all(x["status"] == "ok" and x["latency_p50_ms"] > 0 for x in rows.values()
+    # every one timed; evaluated unless that timing put it beyond the band of the fastest within budget so far
+    assert all(x["status"] in ("ok", "timed only") and x["latency_p50_ms"] > 0 for x in rows.values()
                if x["variant"] in ("fp32", "openvino-fp32", "int8-mean-minmax", "openvino-int8-mean-minmax"))
+    assert rows["fp32"]["status"] == "ok"
+    from qdeploy.optimize.decide import FINALIST_BAND
+
+    fastest_within = min((x.get("search_p50_ms") or x["latency_p50_ms"]) for x in rows.values() if x["within_budget"])
+    for x in rows.values():
+        if x["status"] == "timed only":
+            assert x["search_metric"] is None and not x["within_budget"] and "so not evaluated" in x["budget"]
+            assert x["latency_p50_ms"] > fastest_within * (1 + FINALIST_BAND)
     assert s["threads"] == 1 and "1 thread(s); flags" in (tmp_path / "out" / "optimize.html").read_text()
     fp32 = min(x["rank_key"] for x in rows.values() if x["precision"] == "fp32" and x["rank_key"])
     chosen = rows[s["chosen"]["variant"]]
@@ -930,6 +964,29 @@ def test_cpu_target_weighs_both_engines_and_never_answers_with_an_int8_slower_th
             assert len(f["round_p50s_ms"]) == 5 and rows[v]["latency_p50_ms"] == f["p50_ms"]
             assert abs(f["p50_ms"] - sorted(f["round_p50s_ms"])[2]) < 1e-3 and rows[v]["retimed_p50s_ms"]
         assert any(d.startswith("final timing: ") for d in s["decisions"])
+
+
+@pytest.mark.slow
+def test_candidates_timed_too_slow_are_timed_but_not_evaluated(tmp_path, monkeypatch):
+    """With the band at -100 % every candidate but the reference is beyond it (a state the real band never reaches:
+    there a candidate is ruled out only by a faster one within budget; used here to take every candidate down that
+    path): each is built, loaded and timed, none evaluated; the other engine's INT8 is still built from the timed-only
+    PTQ's Q/DQ ONNX, and no "every INT8 candidate failed" warning (they ran)."""
+    from qdeploy.optimize import decide
+
+    monkeypatch.setattr(decide, "FINALIST_BAND", -1.0)
+    cfg = _opt_config(tmp_path, target="cpu", methods=["mean-minmax"], budget={"max_drop": 100.0}, threads=1)
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    rows = {x["variant"]: x for x in s["candidates"]}
+    timed_only = [x for x in rows.values() if x["status"] == "timed only"]
+    assert {"int8-mean-minmax", "openvino-fp32", "openvino-int8-mean-minmax"} <= {x["variant"] for x in timed_only}
+    assert all(x["latency_p50_ms"] > 0 and x["search_metric"] is None and x["agreement"] is None
+               and not x["within_budget"] and "so not evaluated" in x["budget"] for x in timed_only)
+    assert rows["fp32"]["status"] == "ok" and rows["fp32"]["search_metric"] is not None
+    assert s["evaluations"]["ruled_out_by_speed"] == len(timed_only) and s["evaluations"]["full"] >= 1
+    assert s["chosen"]["variant"] == "fp32"
+    assert not s["int8_all_failed"] and not any(w["code"] == "every-int8-variant-failed" for w in s["warnings"])
+    assert f"{len(timed_only)} timed only (too slow to be the answer" in (tmp_path / "out" / "optimize.html").read_text()
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 import numpy as np
 import torch
@@ -152,6 +152,7 @@ class VariantRecord:
     memory_mb: dict = field(default_factory=dict)
     traceback: Optional[str] = None
     extra_artifacts: list = field(default_factory=list)  # written to --out whatever the status (a TensorRT variant's ONNX)
+    eval_skipped: Optional[str] = None  # why it was timed but not evaluated (run_variant's ``evaluate_if``)
 
     @property
     def label(self) -> str:
@@ -264,8 +265,11 @@ def build_variant(ctx: RunContext, variant: Variant) -> VariantRecord:
     return record
 
 
-def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecord] = None) -> VariantRecord:
-    """Load the built artifact in its engine, evaluate and benchmark it. Builds first when not built yet."""
+def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecord] = None,
+                evaluate_if: Optional[Callable[[VariantRecord], Optional[str]]] = None) -> VariantRecord:
+    """Load the built artifact in its engine, evaluate and benchmark it. Builds first when not built yet.
+    ``evaluate_if``: benchmark first, then evaluate unless it returns why not (kept in ``eval_skipped``): a search
+    skips the evaluation of a candidate its timing already rules out."""
     if record is None:
         record = build_variant(ctx, variant)
     if record.status != "ok" or record.artifact is None:
@@ -282,17 +286,18 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
             with _stage(record, "load"):
                 engine.load()
                 record.device = engine.device
-            if record.ok and "eval" in ctx.stages:
+            time_first = evaluate_if is not None and "bench" in ctx.stages
+            if time_first:
+                _bench_stage(ctx, engine, record)
+                record.eval_skipped = evaluate_if(record) if record.ok else None
+            if record.ok and "eval" in ctx.stages and record.eval_skipped is None:
                 with _stage(record, "eval"):
                     kill_point("eval")
                     record.metrics, record.predictions = evaluate(
                         engine, ctx.eval_batches, cfg.model.preprocess, ctx.task, cfg.data.eval.ignore_index,
                         ctx.eval_batches.class_names, desc=f"eval {variant.label}")
-            if record.ok and "bench" in ctx.stages:
-                with _stage(record, "bench"):
-                    kill_point("bench")
-                    record.bench = benchmark(engine, ctx.bench_inputs(), cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
-                                             repeats=cfg.bench.repeats)
+            if not time_first:
+                _bench_stage(ctx, engine, record)
             if record.ok:
                 record.details.update(engine.describe())
         if record.ok:
@@ -303,6 +308,15 @@ def run_variant(ctx: RunContext, variant: Variant, record: Optional[VariantRecor
     finally:
         engine.close()
     return record
+
+
+def _bench_stage(ctx: RunContext, engine, record: VariantRecord) -> None:
+    if record.ok and "bench" in ctx.stages:
+        cfg = ctx.cfg
+        with _stage(record, "bench"):
+            kill_point("bench")
+            record.bench = benchmark(engine, ctx.bench_inputs(), cfg.bench.batch_sizes, cfg.bench.warmup, cfg.bench.iterations,
+                                     repeats=cfg.bench.repeats)
 
 
 def release_build_memory() -> None:

@@ -137,6 +137,9 @@ def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
 
 
 # ---------------------------------------------------------------------------- candidates
+TIMED_ONLY = "timed only"  # a candidate's status when its timing ruled it out before its evaluation
+
+
 @dataclass(eq=False)
 class Candidate:
     """One candidate: its spec (how it is built) and, once measured, its numbers on the search split."""
@@ -144,9 +147,13 @@ class Candidate:
     kind: ClassVar[str] = "candidate"
     stage: ClassVar[str] = "ptq"          # which step of the search proposed it
     reference: ClassVar[bool] = False
+    # timed before it is evaluated, and not evaluated where its timing rules it out (decide.ruled_out_by_speed): the
+    # kinds whose accuracy no later step needs once a faster candidate is within budget. Not the reference (what the
+    # budget is measured against), nor a fallback or QAT trial (the loop that made it reads its accuracy)
+    evaluated_only_if_fast: ClassVar[bool] = False
 
     spec: dict
-    status: str = "planned"               # planned | ok | failed | skipped | ranked on the subset only
+    status: str = "planned"               # planned | ok | failed | skipped | ranked on the subset only | timed only
     reason: Optional[str] = None
     failed_stage: Optional[str] = None    # the pipeline stage that failed (export, calibrate, build, eval, bench)
     search_metric: Optional[float] = None
@@ -210,6 +217,9 @@ class Candidate:
         """Take the numbers of a finished ``run_variant`` record (the same for every kind). Ranked by the p50 at
         ``batch_size``, or by the geometric mean of the p50s at ``rank_batches`` (every batch size counts by ratio)."""
         self.status, self.reason, self.failed_stage = record.status, record.reason, record.failed_stage
+        ran = self.ok
+        if ran and record.eval_skipped:  # timed, and ruled out by that timing: no accuracy, never within budget
+            self.status, self.reason = TIMED_ONLY, record.eval_skipped
         self.search_metric = record.metrics.get(key) if record.metrics else None
         onnx_art = onnx_of(record.artifact)
         structure = (onnx_art.info.get("structure") if onnx_art is not None else None) or {}
@@ -222,15 +232,15 @@ class Candidate:
             self.int8_share = self.int8_ops_share
             self.int8_share_basis = "compute ops (its layers could not be paired with the FP32 ONNX's to weigh them by MACs)"
         self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
-                               if measured and self.ok else None)
+                               if measured and ran else None)
         rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
-        if measured and self.ok:
+        if measured and ran:
             self.noisy = any(bool(v.get("noisy")) for v in (record.bench.get("latency_ms") or {}).values())
-        if measured and self.ok and rank_batches:
+        if measured and ran and rank_batches:
             lat = {"latency_ms": record.bench.get("latency_ms", {})}
             self.latency_p50_by_batch = {str(b): T.p50(lat, str(b)) for b in rank_batches}
             rank = geomean(self.latency_p50_by_batch.values())
-        self.rank_key = rank if self.ok else None
+        self.rank_key = rank if ran else None  # a timed-only candidate keeps its speed (choose: FP32 may be the answer)
         self.float_layers = list(structure.get("compute_ops_float") or [])
         self.time_s = round(seconds, 2)
         self.predictions = record.predictions
@@ -299,6 +309,7 @@ class FloatCandidate(Candidate):
 
     kind: ClassVar[str] = "float"
     stage: ClassVar[str] = "float"
+    evaluated_only_if_fast: ClassVar[bool] = True
 
     @classmethod
     def planned(cls, target: Target, precision: str, cuda_graphs: bool = False) -> "FloatCandidate":
@@ -316,6 +327,7 @@ class PtqCandidate(Candidate):
 
     kind: ClassVar[str] = "int8-ptq"
     stage: ClassVar[str] = "ptq"
+    evaluated_only_if_fast: ClassVar[bool] = True
 
     @classmethod
     def planned(cls, target: Target, method: str, quantized_conv_outputs: bool = False,
@@ -350,7 +362,9 @@ def engine_floats(engine: str) -> tuple[str, ...]:
     if engine == "openvino":
         from qdeploy.engines.openvino_engine import precision_problem
 
-        return ("fp32",) + tuple(p for p in ("fp16", "bf16") if precision_problem(p) is None)
+        # BF16 before FP16: at least as fast wherever both are native (AMX-BF16 from Sapphire Rapids on, AMX-FP16 only
+        # from Granite Rapids), so the search times FP16 against it and skips FP16's evaluation where it is far slower
+        return ("fp32",) + tuple(p for p in ("bf16", "fp16") if precision_problem(p) is None)
     return ("fp32",)
 
 
@@ -371,6 +385,7 @@ class EngineCandidate(Candidate):
 
     kind: ClassVar[str] = "engine"
     stage: ClassVar[str] = "engine"
+    evaluated_only_if_fast: ClassVar[bool] = True
 
     @property
     def engine(self) -> str:
@@ -720,5 +735,5 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
-           "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "Target",
+           "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "TIMED_ONLY", "Target",
            "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rejudge", "rescore", "sibling_agreements", "target_for"]

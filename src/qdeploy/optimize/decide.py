@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from qdeploy.config import BudgetSpec
-from qdeploy.evaluate.verdict_rules import RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
+from qdeploy.evaluate.verdict_rules import EPS, RULE_MIN_AGREEMENT, SIBLING_GAP, SIBLINGS_NEEDED, agreement_rule
 from qdeploy.tasks import get_task
 
 
@@ -168,6 +168,46 @@ def fastest_within(candidates: list, tie: float = LATENCY_TIE):
         best = max(near, key=lambda c: (c.margin or 0.0, -c.rank_key))
     return best
 
+
+# How far one timing each, minutes apart, has ordered two candidates wrongly on the Xeon, rounded up: ResNet-50 at 224,
+# batch 1, 4 threads, the search timed NNCF's INT8 IR 21 % slower than OpenVINO on the ONNX Runtime-placement Q/DQ
+# ONNX (6.625 vs 5.468 ms), and the harness's interleaved rounds timed it 10 % faster (5.04 vs 5.63 ms): 31 % apart
+# (docs/results/realsize_cpu_xeon.json); one variant's round medians there span up to 2x. Within it of the fastest
+# within budget, a candidate is a finalist of the final timing (steps/final_timing.py); beyond it, it cannot be the
+# answer, so its evaluation is skipped (:func:`ruled_out_by_speed`)
+FINALIST_BAND = 0.35
+
+
+def settled_within(c, z: float = 0.0) -> bool:
+    """Whether ``c`` is within budget for good: no candidate measured later can change that. Only the siblings rule
+    looks at other candidates (an INT8 candidate more than SIBLING_GAP below its INT8 siblings' median agreement, on the
+    bound), and no median exceeds 1, so an INT8 candidate whose agreement bound is at least 1 - SIBLING_GAP is settled
+    (with the default agreement floor, 0.9, every INT8 candidate within budget is); a float one always is."""
+    if not c.within_budget:
+        return False
+    if c.precision != "int8":
+        return True
+    if c.agreement is None:
+        return False
+    bound = c.agreement - (z * c.agreement_se if c.agreement_se is not None and z > 0 else 0.0)
+    return bound >= 1 - SIBLING_GAP - EPS
+
+
+def ruled_out_by_speed(rank_key: Optional[float], candidates: list, z: float = 0.0) -> Optional[str]:
+    """Why a candidate whose latency key came out ``rank_key`` need not be evaluated (None: it may be the answer): it is
+    more than FINALIST_BAND slower than the fastest candidate settled within budget so far (:func:`settled_within`), so
+    whatever its accuracy it is neither the answer nor a finalist timed again; a later, faster answer only widens the
+    gap. Evaluating such candidates was the search's largest cost at the deployed size (DeiT-S at 224, batch 1,
+    4 threads on the Xeon: 25-43 s each for OpenVINO FP16 and the ONNX Runtime INT8 files, at 1.5-3x the latency of
+    OpenVINO's INT8 and BF16 already within budget)."""
+    within = [c for c in candidates if (c.rank_key or 0) > 0 and settled_within(c, z)]
+    if rank_key is None or not within:
+        return None
+    best = min(within, key=lambda c: c.rank_key)
+    if rank_key <= best.rank_key * (1 + FINALIST_BAND):
+        return None
+    return (f"{rank_key / best.rank_key:.2f}x the latency of {best.variant} ({best.rank_key:.3f} ms), within budget "
+            f"already: beyond the {100 * FINALIST_BAND:g} % band the answer is chosen in, so not evaluated")
 
 def latency_ties(chosen, candidates: list, tie: float = LATENCY_TIE) -> list:
     """The other candidates within budget whose latency key is within ``tie`` of ``chosen``'s (either side)."""

@@ -32,9 +32,10 @@ from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.compare import reference_chance
 from qdeploy.optimize.candidates import Candidate, Target, onnx_of, rejudge, rescore, sibling_agreements
-from qdeploy.optimize.decide import resolution_warning
+from qdeploy.optimize.decide import resolution_warning, ruled_out_by_speed
 from qdeploy.optimize.sensitivity import layer_sensitivity
 from qdeploy.pipeline import build_variant, run_variant
+from qdeploy.report import tables as T
 from qdeploy.evaluate.verdict_rules import near_chance_warning
 from qdeploy.sysinfo import cpu_model, dist_version
 from qdeploy.tasks import get_task
@@ -132,7 +133,7 @@ class SearchSession:
     decisions: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
     evaluations: dict = dataclasses.field(default_factory=lambda: {"full": 0, "subset": 0, "sensitivity": 0, "cached": 0,
-                                                                   "timed_only": 0})
+                                                                   "timed_only": 0, "ruled_out_by_speed": 0})
     stages: dict = dataclasses.field(default_factory=lambda: {"ptq": None, "fallback": None, "qat": None})
     timed_out: bool = False
     reference: Optional[Candidate] = None
@@ -195,15 +196,16 @@ class SearchSession:
         one = normalize(self.ctx.eval_batches.first(1)[0], self.ctx.cfg.model.preprocess)
         self.macs.update({d["name"]: d["macs"] or 0 for d in layer_sensitivity(self.fp32_onnx, one)})
 
-    def measure(self, cand: Candidate) -> Candidate:
-        """Evaluate (and time) one candidate on the whole search split, or replay it from the store."""
+    def measure(self, cand: Candidate, evaluate_anyway: bool = False) -> Candidate:
+        """Evaluate (and time) one candidate on the whole search split, or replay it from the store. A kind that may
+        skip its evaluation is timed first (:meth:`speed_gate`) unless ``evaluate_anyway``."""
         t0 = time.perf_counter()
         cached = self.store.get(cand.spec, "full")
         if cached is not None:
             self.evaluations["cached"] += 1
             cand.load(*cached)
         else:
-            self._run(cand, t0)
+            self._run(cand, t0, evaluate_anyway)
         if cand.reference and self.reference is None:
             self.reference = cand
             if get_task(self.ctx.cfg.model.task).per_sample_standard_error and self.ctx.cfg.data.eval.labels:
@@ -219,14 +221,14 @@ class SearchSession:
             self.rescore_siblings(cand)
         return cand
 
-    def _run(self, cand: Candidate, t0: float) -> None:
+    def _run(self, cand: Candidate, t0: float, evaluate_anyway: bool = False) -> None:
         """Run the candidate (timed only, where a search timed otherwise scored it) and store its numbers."""
         scored = (self.untimed.get(untimed_spec(cand.spec), "scores")
                   if self.untimed and "bench" in self.ctx.stages else None)
         variant = self.variant_of(cand.spec, len(self.candidates))
         if scored is None:
-            r = self.run_in(self.ctx, variant)
-            self.evaluations["full"] += 1
+            r = self.run_in(self.ctx, variant, None if evaluate_anyway else self.speed_gate(cand))
+            self.evaluations["full" if r.eval_skipped is None else "ruled_out_by_speed"] += 1
         else:  # scored under another batch size or thread count: timed only
             r = run_variant(dataclasses.replace(self.ctx, stages={"bench"}), variant)
             r.metrics, r.predictions = scored[0]["metrics"], scored[1]
@@ -235,17 +237,32 @@ class SearchSession:
                      self.fp32_onnx, self.rank_batches)
         if cand.reference and (not cand.ok or (cand.search_metric is None and not self.o.budget.agreement_only)):
             raise ConfigError(f"the FP32 reference could not be evaluated on the search split: {cand.reason}")
-        self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
+        if r.eval_skipped is None:  # a candidate ruled out by this search's answers so far is run again by the next
+            self.store.put(cand.spec, "full", cand.measured_json(), cand.predictions)
         if self.untimed and cand.ok and scored is None and r.metrics:
             self.untimed.put(untimed_spec(cand.spec), "scores", {"metrics": r.metrics}, r.predictions)
         cand.scores_replayed = scored is not None
 
-    def run_in(self, ctx, variant):
+    def run_in(self, ctx, variant, evaluate_if=None):
         """run_variant in ``ctx``; a variant whose model a step made outside the builder (``prebuilt``: its name → how
         to replace the artifact the builder makes for its settings) runs that model."""
         if self.prebuilt.get(variant.label) is None:
-            return run_variant(ctx, variant)
-        return run_variant(ctx, variant, self._built(ctx, variant))
+            return run_variant(ctx, variant, evaluate_if=evaluate_if)
+        return run_variant(ctx, variant, self._built(ctx, variant), evaluate_if=evaluate_if)
+
+    def speed_gate(self, cand: Candidate):
+        """For a kind that may skip its evaluation (``Candidate.evaluated_only_if_fast``) on a target whose latency is
+        measured at one batch size: the check run_variant makes after timing it (decide.ruled_out_by_speed against the
+        candidates within budget so far). None: evaluated whatever its speed."""
+        if not (cand.evaluated_only_if_fast and self.target.measured and not self.rank_batches
+                and "bench" in self.ctx.stages):
+            return None
+
+        def gate(record) -> Optional[str]:
+            p50 = T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(self.batch_size))
+            return ruled_out_by_speed(p50, self.candidates, self.z)
+
+        return gate
 
     def _built(self, ctx, variant):
         record = build_variant(ctx, variant)

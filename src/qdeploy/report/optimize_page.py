@@ -117,7 +117,9 @@ def optimize_tables(summary: Mapping) -> list[T.Table]:
         head.add(["timed on", f"{env.get('cpu') or '?'}, {summary['threads']} thread(s)"
                   + (f"; flags {' '.join(flags)}" if flags else "; flags: none of avx2/avx512/vnni/amx"), "–"])
     ev = T.section(summary, "evaluations")
-    head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}", "–"])
+    head.add(["evaluations (full / subset)", f"{ev.get('full', 0)} / {ev.get('subset', 0)}"
+              + (f"; {ev['ruled_out_by_speed']} timed only (too slow to be the answer: not evaluated)"
+                 if ev.get("ruled_out_by_speed") else ""), "–"])
     torch_target = str(summary.get("target") or "").startswith("torch-")
     cands = T.Table("candidates", "Candidates (search split)",
                     ["Variant", "Found by", "Status", "Metric", "Agreement", "Budget, or why it failed", "p50 ms",

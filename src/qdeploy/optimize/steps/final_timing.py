@@ -25,16 +25,12 @@ import time
 from qdeploy.benchmark.latency import fill_batch, timed_run
 from qdeploy.engines import create_engine
 from qdeploy.errors import QDeployError
+from qdeploy.optimize.decide import FINALIST_BAND
 from qdeploy.optimize.steps.base import Step, register_step
 from qdeploy.pipeline import release_build_memory
 from qdeploy.utils.hashing import sha256_json
 
-# How far one timing each, minutes apart, has ordered two candidates wrongly on the Xeon, rounded up: ResNet-50 at 224,
-# batch 1, 4 threads, the search timed NNCF's INT8 IR 21 % slower than OpenVINO on the ONNX Runtime-placement Q/DQ
-# ONNX (6.625 vs 5.468 ms), and the harness's interleaved rounds timed it 10 % faster (5.04 vs 5.63 ms): 31 % apart
-# (docs/results/realsize_cpu_xeon.json); one variant's round medians there span up to 2x. At most MAX_FINALISTS, so
-# that the step costs seconds a round
-FINALIST_BAND = 0.35
+# at most MAX_FINALISTS (the band: decide.FINALIST_BAND), so that the step costs seconds a round
 MAX_FINALISTS = 5
 MIN_CALLS_PER_ROUND = 10  # a round's median of fewer calls is mostly their own scatter
 REWARM_CALLS = 2

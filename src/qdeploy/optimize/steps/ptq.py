@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from qdeploy.evaluate.metrics import agreement
-from qdeploy.optimize.candidates import PtqCandidate
+from qdeploy.optimize.candidates import TIMED_ONLY, PtqCandidate
 from qdeploy.optimize.decide import budget_check
 from qdeploy.optimize.session import untimed_spec
 from qdeploy.optimize.steps.base import Step, register_step
@@ -69,7 +69,10 @@ class PtqStep(Step):
                 cand.score(budget_check(o.budget, None, None, None), None, None)
                 s.candidates.append(cand)
                 continue
-            if rank > 0 and (rank > 1 or any(c.within_budget for c in s.int8() if isinstance(c, PtqCandidate))):
+            # the runner-up only where the best missed the budget by its accuracy: every method is the same graph, so
+            # one timed too slow to be evaluated (TIMED_ONLY) rules out the others too
+            if rank > 0 and (rank > 1 or any(c.within_budget or c.status == TIMED_ONLY
+                                             for c in s.int8() if isinstance(c, PtqCandidate))):
                 cand.subset_only(result["agreement"])
                 s.candidates.append(cand)
                 continue
