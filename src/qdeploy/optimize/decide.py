@@ -209,6 +209,7 @@ def ruled_out_by_speed(rank_key: Optional[float], candidates: list, z: float = 0
     return (f"{rank_key / best.rank_key:.2f}x the latency of {best.variant} ({best.rank_key:.3f} ms), within budget "
             f"already: beyond the {100 * FINALIST_BAND:g} % band the answer is chosen in, so not evaluated")
 
+
 def latency_ties(chosen, candidates: list, tie: float = LATENCY_TIE) -> list:
     """The other candidates within budget whose latency key is within ``tie`` of ``chosen``'s (either side)."""
     if chosen is None or chosen.rank_key is None or chosen.rank_key <= 0:
