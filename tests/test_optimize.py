@@ -550,12 +550,9 @@ def test_a_search_for_another_thread_count_or_batch_replays_the_scores_and_times
     assert second["evaluations"]["timed_only"] >= len(replayed) >= 1
     assert second["evaluations"]["full"] <= 2 + len(new_paths)
     assert second["evaluations"]["subset"] == 0
-    for c in second["candidates"]:  # a path the first search did not take (timings under load) has nothing to replay
-        if c["status"] == "ok" and not c.get("subset_only") and a.get(c["variant"], {}).get("status") == "ok":
-            assert c["scores_replayed"] and c["latency_p50_ms"] > 0
-    for c in second["candidates"]:
-        if c["status"] == "ok" and c["variant"] in a:
-            assert c["search_metric"] == a[c["variant"]]["search_metric"] and c["agreement"] == a[c["variant"]]["agreement"]
+    for c in replayed:  # a path the first search did not take (timings under load) has nothing to replay
+        assert c["scores_replayed"] and c["latency_p50_ms"] > 0
+        assert c["search_metric"] == a[c["variant"]]["search_metric"] and c["agreement"] == a[c["variant"]]["agreement"]
     assert any("[scores replayed from a search timed at another batch size or thread count" in d for d in second["decisions"])
 
 
