@@ -358,7 +358,9 @@ def test_optimize_measures_both_nncf_schemes_on_a_layer_norm_model_without_atten
     second = "openvino-int8-mean-minmax-nncf-cnn-float-add"
     assert schemes == {"openvino-int8-mean-minmax-nncf", second} | (
         {"openvino-int8-mean-minmax-nncf-bf16", f"{second}-bf16"} if bf16 else set())
-    assert results["convnext_block"][second]["status"] == "ok"
+    # built and run (timed; evaluated unless that timing put it far behind a candidate within budget)
+    assert results["convnext_block"][second]["status"] in ("ok", "timed only")
+    assert results["convnext_block"][second]["latency_p50_ms"] > 0
     assert not any(v.startswith("openvino-int8-mean-minmax-nncf-cnn") for v in results["plain_cnn"])
 
 
