@@ -140,6 +140,12 @@ def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
 TIMED_ONLY = "timed only"  # a candidate's status when its timing ruled it out before its evaluation
 
 
+def record_p50(record, batch_size: int) -> Optional[float]:
+    """A run_variant record's p50 (ms) at ``batch_size``: what a candidate is ranked by, and what decides whether it
+    is evaluated at all (session.SearchSession.speed_gate)."""
+    return T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
+
+
 @dataclass(eq=False)
 class Candidate:
     """One candidate: its spec (how it is built) and, once measured, its numbers on the search split."""
@@ -202,6 +208,11 @@ class Candidate:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def timed(self) -> bool:
+        """Ran on the target: evaluated (ok), or timed and ruled out by that timing (TIMED_ONLY)."""
+        return self.status in ("ok", TIMED_ONLY)
+
     def describe(self) -> str:
         return self.variant
 
@@ -231,8 +242,7 @@ class Candidate:
         if self.int8_share is None:  # layers not pairable: the share of compute ops instead, and the report says so
             self.int8_share = self.int8_ops_share
             self.int8_share_basis = "compute ops (its layers could not be paired with the FP32 ONNX's to weigh them by MACs)"
-        self.latency_p50_ms = (T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(batch_size))
-                               if measured and ran else None)
+        self.latency_p50_ms = record_p50(record, batch_size) if measured and ran else None
         rank = self.latency_p50_ms if measured else -(self.int8_share or 0.0)
         if measured and ran:
             self.noisy = any(bool(v.get("noisy")) for v in (record.bench.get("latency_ms") or {}).values())
@@ -736,4 +746,4 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
            "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "TIMED_ONLY", "Target",
-           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "rejudge", "rescore", "sibling_agreements", "target_for"]
+           "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "record_p50", "rejudge", "rescore", "sibling_agreements", "target_for"]

@@ -31,11 +31,10 @@ from qdeploy.data import ArrayBatches, normalize, take
 from qdeploy.engines.base import resolve_variant
 from qdeploy.errors import ConfigError, QDeployError
 from qdeploy.evaluate.compare import reference_chance
-from qdeploy.optimize.candidates import Candidate, Target, onnx_of, rejudge, rescore, sibling_agreements
+from qdeploy.optimize.candidates import Candidate, Target, onnx_of, record_p50, rejudge, rescore, sibling_agreements
 from qdeploy.optimize.decide import resolution_warning, ruled_out_by_speed
 from qdeploy.optimize.sensitivity import layer_sensitivity
 from qdeploy.pipeline import build_variant, run_variant
-from qdeploy.report import tables as T
 from qdeploy.evaluate.verdict_rules import near_chance_warning
 from qdeploy.sysinfo import cpu_model, dist_version
 from qdeploy.tasks import get_task
@@ -259,8 +258,7 @@ class SearchSession:
             return None
 
         def gate(record) -> Optional[str]:
-            p50 = T.p50({"latency_ms": record.bench.get("latency_ms", {})}, str(self.batch_size))
-            return ruled_out_by_speed(p50, self.candidates, self.z)
+            return ruled_out_by_speed(record_p50(record, self.batch_size), self.candidates, self.z)
 
         return gate
 

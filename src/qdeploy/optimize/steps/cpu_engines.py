@@ -131,7 +131,7 @@ class CpuEnginesStep(Step):
         """The faster placement's twin with the op types its profile measured slower in INT8 left float (None: no such
         op type, or the same Q/DQ ONNX)."""
         s = self.s
-        ort = [c for c in placements if c.status in ("ok", TIMED_ONLY) and c.latency_p50_ms is not None]
+        ort = [c for c in placements if c.timed and c.latency_p50_ms is not None]
         base = min(ort, key=lambda c: c.latency_p50_ms, default=None)
         profiled = self.profile(base) if base is not None and s.fp32_onnx is not None else None
         slower = [k for k in (profiled or {}).get("slower", []) if k in FLOAT_WHEN_SLOWER]
@@ -182,7 +182,7 @@ class CpuEnginesStep(Step):
         s = self.s
         if not s.target.measured or s.fp32_onnx is None or s.target.engine.get("device", "cpu") != "cpu":
             return
-        ort_int8 = [c for c in s.int8() if c.status in ("ok", TIMED_ONLY) and c.spec.get("engine") == "onnxruntime"
+        ort_int8 = [c for c in s.int8() if c.timed and c.spec.get("engine") == "onnxruntime"
                     and c.latency_p50_ms is not None]
         if chosen is not None and chosen.ok and chosen.precision == "int8" and chosen.spec.get("engine") == "openvino":
             cand = chosen  # profiled by OpenVINO's per-layer counters, its INT8 graph against its FP32 graph
