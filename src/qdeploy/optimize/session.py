@@ -277,15 +277,15 @@ class SearchSession:
             raise QDeployError(record.reason or f"{spec.get('name')}: no artifact")
         return record
 
-    def measure_all(self, planned: list[Candidate]) -> bool:
-        """Measure each candidate in turn (once per variant); False when the time limit stopped it (the rest are named
-        as not tried)."""
+    def measure_all(self, planned: list[Candidate], evaluate_anyway: tuple = ()) -> bool:
+        """Measure each candidate in turn (once per variant), those named in ``evaluate_anyway`` evaluated whatever
+        their speed; False when the time limit stopped it (the rest are named as not tried)."""
         for i, cand in enumerate(planned):
             if self.out_of_time():
                 self.stop_for_time(planned[i:])
                 return False
             if not any(c.variant == cand.variant for c in self.candidates):
-                self.measure(cand)
+                self.measure(cand, evaluate_anyway=cand.variant in evaluate_anyway)
         return True
 
     def rescore_siblings(self, newcomer: Candidate) -> None:

@@ -77,7 +77,11 @@ class EnginePlacementsStep(Step):
                 if "bf16" in engine_floats(engine):
                     planned.append(EngineCandidate.planned_own_placement(s.target, engine, float_precision="bf16",
                                                                          nncf_scheme=scheme))
-        s.measure_all(planned)
+        # optimize.accuracy_control always: NNCF's loop starts from the own placement's accuracy, so that one is
+        # evaluated even where its timing rules it out as an answer
+        start = (EngineCandidate.planned_own_placement(s.target, "openvino").variant,) \
+            if s.o.accuracy_control == "always" else ()
+        s.measure_all(planned, evaluate_anyway=start)
 
     def nncf_schemes(self) -> tuple:
         """NNCF's schemes to measure (lint/placement.NncfScheme), the first the one Int8Config's nncf_model_type auto
