@@ -138,6 +138,9 @@ def plan(o: OptimizeConfig, target: Target) -> list["Candidate"]:
 
 # ---------------------------------------------------------------------------- candidates
 TIMED_ONLY = "timed only"  # a candidate's status when its timing ruled it out before its evaluation
+# a range method not built: another method's graph (the same one: only the scales differ) was timed first and ruled
+# out on every engine that runs it, so no method of that placement can be the answer
+SAME_GRAPH_RULED_OUT = "not built (same graph timed)"
 
 
 def record_p50(record, batch_size: int) -> Optional[float]:
@@ -159,7 +162,7 @@ class Candidate:
     evaluated_only_if_fast: ClassVar[bool] = False
 
     spec: dict
-    status: str = "planned"               # planned | ok | failed | skipped | ranked on the subset only | timed only
+    status: str = "planned"  # planned | ok | failed | skipped | ranked on the subset only | timed only | not built (…)
     reason: Optional[str] = None
     failed_stage: Optional[str] = None    # the pipeline stage that failed (export, calibrate, build, eval, bench)
     search_metric: Optional[float] = None
@@ -357,6 +360,12 @@ class PtqCandidate(Candidate):
         same speed: only the best method needs the full evaluation)."""
         self.status, self.subset_agreement = "ranked on the subset only", agreement
         self.verdict_text = "not evaluated on the whole search split"
+
+    def same_graph_ruled_out(self, timed: "Candidate", why: str) -> None:
+        """Not built: ``timed``, another range method of this placement (the same graph), was timed and ruled out on
+        every engine that runs its Q/DQ ONNX; ``why`` says by what."""
+        self.status, self.reason = SAME_GRAPH_RULED_OUT, f"the same graph as {timed.variant} (only the scales differ): {why}"
+        self.verdict_text = f"not built: {self.reason}"
 
     def describe(self) -> str:
         return (f"INT8 PTQ, {self.method} ranges, {self.spec.get('placement')} placement"
@@ -745,5 +754,5 @@ def int8_macs_share(record, structure: dict, macs: Optional[dict], fp32_onnx: Op
 
 
 __all__ = ["CANDIDATE_KINDS", "Candidate", "CompiledCandidate", "CudaGraphCandidate", "EagerCandidate",
-           "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "TARGETS", "TIMED_ONLY", "Target",
+           "EngineCandidate", "FallbackCandidate", "FloatCandidate", "Fp32Reference", "PtqCandidate", "QatCandidate", "SAME_GRAPH_RULED_OUT", "TARGETS", "TIMED_ONLY", "Target",
            "TorchCandidate", "TorchFp32Reference", "TorchaoCandidate", "engine_floats", "exclude_patterns", "geomean", "program_settings", "onnx_of", "plan", "record_p50", "rejudge", "rescore", "sibling_agreements", "target_for"]

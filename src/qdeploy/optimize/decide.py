@@ -193,6 +193,13 @@ def settled_within(c, z: float = 0.0) -> bool:
     return bound >= 1 - SIBLING_GAP - EPS
 
 
+def fastest_settled(candidates: list, z: float = 0.0):
+    """The fastest timed candidate settled within budget (:func:`settled_within`), or None: what
+    :func:`ruled_out_by_speed` measures a newcomer against."""
+    return min((c for c in candidates if (c.rank_key or 0) > 0 and settled_within(c, z)),
+               key=lambda c: c.rank_key, default=None)
+
+
 def ruled_out_by_speed(rank_key: Optional[float], candidates: list, z: float = 0.0) -> Optional[str]:
     """Why a candidate whose latency key came out ``rank_key`` need not be evaluated (None: it may be the answer): it is
     more than FINALIST_BAND slower than the fastest candidate settled within budget so far (:func:`settled_within`), so
@@ -200,10 +207,9 @@ def ruled_out_by_speed(rank_key: Optional[float], candidates: list, z: float = 0
     gap. Evaluating such candidates was the search's largest cost at the deployed size (DeiT-S at 224, batch 1,
     4 threads on the Xeon: 25-43 s each for OpenVINO FP16 and the ONNX Runtime INT8 files, at 1.5-3x the latency of
     OpenVINO's INT8 and BF16 already within budget)."""
-    within = [c for c in candidates if (c.rank_key or 0) > 0 and settled_within(c, z)]
-    if rank_key is None or not within:
+    best = fastest_settled(candidates, z)
+    if rank_key is None or best is None:
         return None
-    best = min(within, key=lambda c: c.rank_key)
     if rank_key <= best.rank_key * (1 + FINALIST_BAND):
         return None
     return (f"{rank_key / best.rank_key:.2f}x the latency of {best.variant} ({best.rank_key:.3f} ms), within budget "

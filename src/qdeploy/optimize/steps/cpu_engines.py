@@ -21,7 +21,7 @@ import numpy as np
 
 from qdeploy.data import normalize
 from qdeploy.errors import QDeployError
-from qdeploy.optimize.candidates import TIMED_ONLY, Candidate, EngineCandidate, PtqCandidate, engine_floats
+from qdeploy.optimize.candidates import TIMED_ONLY, Candidate, EngineCandidate, PtqCandidate, Target, engine_floats
 from qdeploy.optimize.decide import best_effort, fastest_within
 from qdeploy.optimize.steps.base import Step, register_step
 
@@ -45,6 +45,22 @@ def own_placement_problem(engine: str) -> Optional[str]:
     except (NotApplicable, QDeployError) as e:
         return str(e)
     return None
+
+
+def twins(target: Target, best: Optional[Candidate], planned: list[Candidate] = ()) -> list[Candidate]:
+    """The other engines' INT8 from the same Q/DQ ONNX files as ``best`` and ``planned`` (their own placements:
+    :class:`EnginePlacementsStep`)."""
+    out: list[Candidate] = []
+    for engine in target.also:
+        sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)
+                                                          and not c.spec.get("exclude_ops")]
+        out += [EngineCandidate.planned_twin(target, engine, c) for c in sources]
+        # the same Q/DQ ONNX with its float layers in BF16, as for the own placement: faster than its f32-hinted twin on
+        # some models and batch sizes, slower on others (docs/results/cpu/cpu_goals_xeon.json), so one candidate,
+        # measured like the rest
+        if best is not None and "bf16" in engine_floats(engine):
+            out.append(EngineCandidate.planned_twin(target, engine, best, float_precision="bf16"))
+    return out
 
 
 @register_step
@@ -107,7 +123,8 @@ class CpuEnginesStep(Step):
         measured = [c for c in s.int8() if c.ok and isinstance(c, PtqCandidate) and c.latency_p50_ms is not None]
         # a placement timed too slow under ONNX Runtime to be evaluated still gives its Q/DQ ONNX to the other engines,
         # which may run it faster (ResNet-50 at 224, 4 threads: 7.2 ms in ONNX Runtime, 4.6 ms in OpenVINO)
-        timed_only = [c for c in s.int8() if c.status == TIMED_ONLY and isinstance(c, PtqCandidate)]
+        timed_only = sorted((c for c in s.int8() if c.status == TIMED_ONLY and isinstance(c, PtqCandidate)),
+                            key=lambda c: -(c.subset_agreement if c.subset_agreement is not None else -1.0))
         best = fastest_within(measured) or best_effort(measured) or next(iter(timed_only), None)
         planned = self.quantized_conv_outputs(best)
         if not s.measure_all(planned):
@@ -156,19 +173,7 @@ class CpuEnginesStep(Step):
         return cand
 
     def twins(self, best: Optional[Candidate], planned: list[Candidate]) -> list[Candidate]:
-        """The other engines' INT8 from the same Q/DQ ONNX files (their own placements: :class:`EnginePlacementsStep`)."""
-        s = self.s
-        twins: list[Candidate] = []
-        for engine in s.target.also:
-            sources = ([best] if best is not None else []) + [c for c in planned if isinstance(c, PtqCandidate)
-                                                              and not c.spec.get("exclude_ops")]
-            twins += [EngineCandidate.planned_twin(s.target, engine, c) for c in sources]
-            # the same Q/DQ ONNX with its float layers in BF16, as for the own placement below: faster than its
-            # f32-hinted twin on some models and batch sizes, slower on others (docs/results/cpu/cpu_goals_xeon.json), so
-            # one candidate, measured like the rest
-            if best is not None and "bf16" in engine_floats(engine):
-                twins.append(EngineCandidate.planned_twin(s.target, engine, best, float_precision="bf16"))
-        return twins
+        return twins(self.s.target, best, planned)
 
     def same_onnx(self, a: Candidate, b: Candidate) -> bool:
         """Whether two INT8 candidates' specs build byte-identical Q/DQ ONNX files (then they are one candidate)."""
