@@ -998,6 +998,7 @@ def test_candidates_timed_too_slow_are_timed_but_not_evaluated(tmp_path, monkeyp
     assert "the same graph as int8-mean-minmax" in rows["int8-max"]["budget"] and "openvino-int8-mean-minmax:" in \
         rows["int8-max"]["reason"] and rows["int8-max"]["latency_p50_ms"] is None
     assert s["evaluations"]["subset"] == 0 and any("not built (the same graph" in d for d in s["decisions"])
+    assert s["stages"]["ptq"]["not_built_same_graph"] == ["int8-max"]
     assert {best, "openvino-fp32", f"openvino-{best}"} <= {x["variant"] for x in timed_only}
     assert all(x["latency_p50_ms"] > 0 and x["search_metric"] is None and x["agreement"] is None
                and not x["within_budget"] and "so not evaluated" in x["budget"] for x in timed_only)

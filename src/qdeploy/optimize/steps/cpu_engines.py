@@ -134,7 +134,7 @@ class CpuEnginesStep(Step):
             planned.append(profiled)
             if not s.measure_all(planned[-1:]):
                 return
-        s.measure_all(self.twins(best, planned))
+        s.measure_all(twins(s.target, best, planned))
 
     def quantized_conv_outputs(self, best: Optional[Candidate]) -> list[Candidate]:
         s = self.s
@@ -171,9 +171,6 @@ class CpuEnginesStep(Step):
         s.note(f"{base.variant}: {', '.join(slower)} measured slower in INT8 than in FP32 (ONNX Runtime profiler); "
                "trying them float")
         return cand
-
-    def twins(self, best: Optional[Candidate], planned: list[Candidate]) -> list[Candidate]:
-        return twins(self.s.target, best, planned)
 
     def same_onnx(self, a: Candidate, b: Candidate) -> bool:
         """Whether two INT8 candidates' specs build byte-identical Q/DQ ONNX files (then they are one candidate)."""

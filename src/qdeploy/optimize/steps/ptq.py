@@ -17,7 +17,7 @@ import numpy as np
 
 from qdeploy.evaluate.metrics import agreement
 from qdeploy.report import tables as T
-from qdeploy.optimize.candidates import TIMED_ONLY, PtqCandidate
+from qdeploy.optimize.candidates import SAME_GRAPH_RULED_OUT, TIMED_ONLY, PtqCandidate
 from qdeploy.optimize.decide import budget_check, fastest_settled
 from qdeploy.optimize.session import untimed_spec
 from qdeploy.optimize.steps.base import Step, register_step
@@ -39,12 +39,14 @@ class PtqStep(Step):
         elif ptq and not s.timed_out and not self.ruled_out_before_ranking(ptq):
             self.rank_methods(ptq)
         s.stages["ptq"] = {"within_budget": [c.variant for c in s.int8()
-                                             if c.ok and c.within_budget and isinstance(c, PtqCandidate)]}
+                                             if c.ok and c.within_budget and isinstance(c, PtqCandidate)],
+                           "not_built_same_graph": [c.variant for c in ptq if c.status == SAME_GRAPH_RULED_OUT]}
 
     def ruled_out_before_ranking(self, ptq: list[PtqCandidate]) -> bool:
         """Time the first method (and its Q/DQ ONNX on the target's other engines) before ranking; True when each was
-        ruled out by its timing or could not run, so the other methods are not built (listed, with why). False: the
-        ranking goes on (what was measured here stays measured)."""
+        ruled out by its timing or could not run, so the other methods are not built (listed, with why), and the
+        placements the cpu-engines step derives (float op types, quantized conv outputs) start from this method's
+        ranges. False: the ranking goes on (what was measured here stays measured)."""
         from qdeploy.optimize.steps.cpu_engines import twins
 
         s = self.s
