@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from qdeploy.evaluate.metrics import agreement
-from qdeploy.report import tables as T
 from qdeploy.optimize.candidates import SAME_GRAPH_RULED_OUT, TIMED_ONLY, PtqCandidate
 from qdeploy.optimize.decide import budget_check, fastest_settled
 from qdeploy.optimize.session import untimed_spec
 from qdeploy.optimize.steps.base import Step, register_step
 from qdeploy.pipeline import run_variant
+from qdeploy.report import tables as T
 
 
 @register_step
@@ -62,8 +62,7 @@ class PtqStep(Step):
         if any(c.ok for c in others):
             return False
         why = ("timed before ranking the range methods, it was ruled out on every engine that runs it ("
-               + "; ".join(f"{c.variant}: {c.reason if c.status == TIMED_ONLY else T.status_text(c.to_json())}"
-                           for c in [probe, *others]) + ")")
+               + "; ".join(f"{c.variant}: {T.status_text(c.to_json())}" for c in [probe, *others]) + ")")
         for cand in ptq[1:]:
             cand.same_graph_ruled_out(probe, why)
             s.candidates.append(cand)
