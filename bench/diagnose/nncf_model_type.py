@@ -115,14 +115,14 @@ def measure(name: str, net: nn.Module, calib: np.ndarray, ev: np.ndarray, yev: n
     return row
 
 
-def speed(threads: int) -> dict:
+def speed(threads: int, name: str = "convnext_tiny", batch: int = 1) -> dict:
     import nncf
     import openvino as ov
     import timm
 
     torch.manual_seed(0)
-    net = timm.create_model("convnext_tiny", pretrained=False, num_classes=10).eval()
-    x = np.random.default_rng(0).standard_normal((32, 3, 224, 224)).astype(np.float32)
+    net = timm.create_model(name, pretrained=False, num_classes=10).eval()
+    x = np.random.default_rng(0).standard_normal((max(32, batch), 3, 224, 224)).astype(np.float32)
     model = ov.convert_model(net, example_input=torch.from_numpy(x[:1]))
     data = nncf.Dataset([x[i:i + 1] for i in range(len(x))])
     default = nncf.quantize(model, data, subset_size=len(x))
@@ -142,7 +142,7 @@ def speed(threads: int) -> dict:
                 "int8-transformer-bf16": compiled(transformer, "bf16"),
                 "int8-default-add-float-f32": compiled(add_float, "f32"),
                 "int8-default-add-float-bf16": compiled(add_float, "bf16")}
-    b = x[:1]
+    b = x[:batch]
     for c in variants.values():
         for _ in range(5):
             c(b)
@@ -158,8 +158,34 @@ def speed(threads: int) -> dict:
             rounds[k].append(float(np.median(ts)) * 1e3)
     out = {k: {"p50_ms": round(float(np.median(v)), 3), "round_medians_ms": [round(t, 3) for t in v]}
            for k, v in rounds.items()}
-    print(json.dumps({"convnext_tiny_speed": out}), flush=True)
-    return {"model": "timm convnext_tiny, random weights, 224 px, batch 1", "threads": threads, "variants": out}
+    print(json.dumps({f"{name}_b{batch}_speed": out}), flush=True)
+    return {"model": f"timm {name}, random weights, 224 px, batch {batch}", "threads": threads, "variants": out}
+
+
+SHARED_ATTENTION = (  # ../shared/models/cifar10-modern's trained attention models (README there: name, kwargs, size)
+    ("deit_tiny_p4_32.pt", "vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4}, 32),
+    ("swin_mini_32.pt", "swin_tiny_patch4_window7_224", {"img_size": 32, "patch_size": 2, "window_size": 4,
+                                                         "embed_dim": 48, "depths": [2, 2, 4, 2],
+                                                         "num_heads": [2, 4, 8, 16]}, 32))
+
+
+def attention_rows(cifar: Path, shared: Path) -> list[dict]:
+    """The three schemes on ../shared's trained attention models (a ViT and a Swin): whether NNCF's default scheme,
+    which also quantizes the attention MatMuls' inputs and the residual Adds, holds there."""
+    import timm
+
+    rows = []
+    x, y = images(cifar, "test", 130, 32, 0)
+    for file, name, kwargs, _ in SHARED_ATTENTION:
+        path = shared / "cifar10-modern" / file
+        if not path.is_file():
+            print(f"skipped {file}: {path} is absent")
+            continue
+        net = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+        net.load_state_dict({k: v.float() for k, v in torch.load(path, weights_only=True).items()})
+        rows.append({**measure(f"timm {name} {kwargs} (../shared {file})", net.eval(), x[:300], x[300:], y[300:]),
+                     "weights": str(path)})
+    return rows
 
 
 def main() -> None:
@@ -170,6 +196,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--speed", action="store_true", help="also time ConvNeXt-T at 224 with each scheme")
     ap.add_argument("--only-speed", action="store_true", help="only the timing (keeps the rows of an existing --json)")
+    ap.add_argument("--attention", action="store_true",
+                    help="only ../shared's trained ViT and Swin (accuracy) and DeiT-S at 224 at batch 1 and 16 (speed), "
+                         "added to an existing --json as attention_rows / attention_speed")
     a = ap.parse_args()
     import platform
 
@@ -181,6 +210,16 @@ def main() -> None:
                    if f.startswith(("avx", "amx")))
     print("# cpu", platform.processor() or platform.machine(), "flags:", " ".join(flags))
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if a.attention:
+        doc = json.loads(a.json.read_text()) if a.json and a.json.is_file() else {"rows": []}
+        doc["attention_rows"] = attention_rows(a.cifar, a.shared_models or a.cifar.parents[1] / "models")
+        doc["attention_speed"] = [speed(os.cpu_count() or 1, "deit_small_patch16_224", b) for b in (1, 16)]
+        doc["attention_command"] = ("python bench/diagnose/nncf_model_type.py --cifar ../shared/data/cifar10 --attention "
+                                    "--json docs/results/nncf_model_type.json")
+        doc["attention_cpu_flags"] = flags
+        if a.json:
+            a.json.write_text(json.dumps(doc, indent=1))
+        return
     if a.only_speed:
         doc = json.loads(a.json.read_text()) if a.json and a.json.is_file() else {"rows": []}
         doc.update(cpu_flags=flags, speed=speed(os.cpu_count() or 1))

@@ -430,8 +430,8 @@ class Int8Config(_Strict):
         "auto", description="placement openvino (NNCF): the scheme NNCF quantizes with: transformer (NNCF's "
                             "ModelType.TRANSFORMER: Add, normalization and attention outputs stay float) or cnn (NNCF's "
                             "default); auto takes transformer where the graph has attention or LayerNorm, else cnn "
-                            "(lint/placement.NNCF_TRANSFORMER_WHY); on a LayerNorm model without attention optimize "
-                            "measures transformer and cnn with exclude_ops [Add]")
+                            "(lint/placement.NNCF_TRANSFORMER_WHY); optimize measures transformer and, beside it, cnn on "
+                            "an attention model and cnn with exclude_ops [Add] on a LayerNorm model without attention")
     residual_quantizers: bool = Field(
         True, description="placement tensorrt: quantize the skip input of residual Adds (TensorRT's recommendation: the Add "
                           "then runs in INT8, fused into the conv); false leaves every residual Add float, as "
