@@ -20,6 +20,8 @@
 #   transformers (the hf/* models; the image's 5.17 is older than .venv's) + regex (transformers' floor >= 2025.10.22);
 #     a package .venv does not hold is left out (the device then runs the image's)
 #   pycocotools (a qdeploy requirement: detection's mAP; the real-size suite's detector row)
+#   torchao (optimize.torchao on torch-cuda: the real-size GPU suite's FP8/INT8 rows; an abi3 wheel; 0.18 ran with the
+#     image's torch 2.11 before, docs/gpu.md "torchao")
 # Not carried: onnx2torch (QAT of ONNX/Keras sources only), tensorrt/polygraphy (no TensorRT in the sweep).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,7 +33,7 @@ ver() { $V -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1])
 mkdir -p "$WHL" "$(dirname "$OUT")"
 pkgs=()
 for d in pydantic pydantic_core annotated-types typing-inspection typing_extensions nvidia-modelopt omegaconf pulp \
-         openvino openvino-telemetry nncf tabulate transformers regex pycocotools; do
+         openvino openvino-telemetry nncf tabulate transformers regex pycocotools torchao; do
   # a package this .venv lacks is not carried: the device runs the image's (transformers 5.17 there)
   v=$(ver "$d" 2>/dev/null) || { echo "not in .venv, not carried: $d (the image's is used)" >&2; continue; }
   pkgs+=("$d==$v")

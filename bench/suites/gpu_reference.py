@@ -285,6 +285,10 @@ def main() -> None:
                     "program-vs-best-recipe comparison (0: leave it out)")
     ap.add_argument("--batches", default=None, help="batch sizes timed, comma-separated (default 1,32); bench.batch_sizes "
                     "of optimize too")
+    ap.add_argument("--torchao", default="", help="optimize.torchao, comma-separated (qdeploy's torchao schemes are "
+                    "opt-in): float8-dynamic, int8-dynamic, int8-weight-only; the issue's low-precision rows")
+    ap.add_argument("--time-limit", type=float, default=None, help="optimize.time_limit in seconds (the issue's Swin-T "
+                    "check: --time-limit 150); default none")
     ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
                     "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
     args = ap.parse_args()
@@ -309,7 +313,12 @@ def main() -> None:
     if not args.skip_optimize:
         cfg_path = args.out / f"{args.model}.json"
         args.out.mkdir(parents=True, exist_ok=True)
-        cfg_path.write_text(json.dumps(config(args.model, args.data, args.max_drop)))
+        cfg = config(args.model, args.data, args.max_drop)
+        if args.torchao:
+            cfg["optimize"]["torchao"] = args.torchao.split(",")
+        if args.time_limit is not None:
+            cfg["optimize"]["time_limit"] = args.time_limit
+        cfg_path.write_text(json.dumps(cfg))
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "qdeploy", "optimize", str(cfg_path), "--out", str(out)],
                            env={**os.environ, "COLUMNS": "200"})
