@@ -10,7 +10,10 @@ OpenVINO model is quantized by NNCF 3.x (300 calibration images) with model_type
 with every Add float, and each INT8 IR is scored against the FP32 IR on 1,000 other test images (top-1, agreement of
 the argmax). Prints the CPU's flags. ``--speed`` also times timm's ConvNeXt-T at 224 (random weights, batch 1, every
 core, 32 noise images calibrating): OpenVINO FP32, BF16 and NNCF's INT8 IR with each of the three schemes
-(float layers f32 and BF16), 5 interleaved rounds of 15 calls, median of the round medians.
+(float layers f32 and BF16), 5 interleaved rounds of 15 calls, median of the round medians. ``--attention`` measures
+the same three schemes on ../shared's trained ViT and Swin (accuracy) and times timm's DeiT-S at 224 at batch 1 and 16
+(random weights), added to --json as ``attention_rows`` / ``attention_speed``: optimize's second scheme on an attention
+model (lint/placement.nncf_schemes).
 """
 from __future__ import annotations
 
@@ -162,11 +165,11 @@ def speed(threads: int, name: str = "convnext_tiny", batch: int = 1) -> dict:
     return {"model": f"timm {name}, random weights, 224 px, batch {batch}", "threads": threads, "variants": out}
 
 
-SHARED_ATTENTION = (  # ../shared/models/cifar10-modern's trained attention models (README there: name, kwargs, size)
-    ("deit_tiny_p4_32.pt", "vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4}, 32),
+SHARED_ATTENTION = (  # ../shared/models/cifar10-modern's trained attention models at 32 px (README there: name, kwargs)
+    ("deit_tiny_p4_32.pt", "vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4}),
     ("swin_mini_32.pt", "swin_tiny_patch4_window7_224", {"img_size": 32, "patch_size": 2, "window_size": 4,
                                                          "embed_dim": 48, "depths": [2, 2, 4, 2],
-                                                         "num_heads": [2, 4, 8, 16]}, 32))
+                                                         "num_heads": [2, 4, 8, 16]}))
 
 
 def attention_rows(cifar: Path, shared: Path) -> list[dict]:
@@ -176,7 +179,7 @@ def attention_rows(cifar: Path, shared: Path) -> list[dict]:
 
     rows = []
     x, y = images(cifar, "test", 130, 32, 0)
-    for file, name, kwargs, _ in SHARED_ATTENTION:
+    for file, name, kwargs in SHARED_ATTENTION:
         path = shared / "cifar10-modern" / file
         if not path.is_file():
             print(f"skipped {file}: {path} is absent")
