@@ -207,8 +207,10 @@ def test_every_precision_within_budget_is_compiled_in_its_faster_layout():
              C(precision="bf16", tf32=False, channels_last=True, brief_rank=None),  # failed to time: not compiled
              C(precision="bf16", tf32=False, channels_last=False, brief_rank=11.5),
              C(precision="fp32", tf32=False, channels_last=False, brief_rank=6.0)]
-    assert compile_pairs(brief) == [("fp32", True, True), ("fp32", False, False), ("fp16", False, True),
-                                    ("bf16", False, False)]
+    # strict FP32 is left out where TF32 is kept (torch_runtimes.TF32_DOMINATES_WHY), compiled where it is not
+    assert compile_pairs(brief) == [("fp32", True, True), ("fp16", False, True), ("bf16", False, False)]
+    assert compile_pairs([c for c in brief if not c.tf32]) == [("fp32", False, False), ("fp16", False, True),
+                                                               ("bf16", False, False)]
 
 
 def test_layouts_a_brief_timing_cannot_separate_are_both_compiled_after_the_others():
