@@ -18,7 +18,7 @@ from qdeploy.evaluate.metrics import agreement
 from qdeploy.optimize.candidates import Candidate, program_settings
 from qdeploy.optimize.decide import budget_check, fastest_within
 from qdeploy.optimize.prepare import SearchPlan
-from qdeploy.pipeline import copy_artifacts, open_run, run_variant
+from qdeploy.pipeline import copy_artifacts, open_run
 from qdeploy.report.optimize_page import write_optimize_report
 from qdeploy.evaluate.verdict_rules import SIBLING_GAP, SIBLINGS_NEEDED
 from qdeploy.sysinfo import environment

@@ -26,8 +26,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import numpy as np
-
 from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
@@ -36,7 +34,6 @@ from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraph
                                          TorchaoCandidate, TorchCandidate)
 from qdeploy.optimize.decide import LATENCY_TIE
 from qdeploy.optimize.steps.base import Step, register_step
-from qdeploy.tasks import get_task
 
 BRIEF_WARMUP = 10
 BRIEF_ITERATIONS = 40
