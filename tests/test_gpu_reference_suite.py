@@ -104,7 +104,9 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     spec.loader.exec_module(mod)
     refs = {"eager FP32": 9.0, "torch.compile + CUDA graph FP16 channels_last": 1.0, "eager FP16": 5.0}
     rows = tmp_path / "rows.json"
-    rows.write_text(json.dumps([_gpu_reference_row("deit_small", 1, 1.02, refs),
+    alternating = {"recipe": "torch.compile + CUDA graph FP16 channels_last", "program_p50_ms": [1.0, 1.1, 0.9],
+                   "hand_p50_ms": [1.0]}
+    rows.write_text(json.dumps([_gpu_reference_row("deit_small", 1, 1.02, refs, fresh_alternating=alternating),
                                 _gpu_reference_row("deit_small", 32, 6.1, {k: v * 6 for k, v in refs.items()})]))
     opt = tmp_path / "opt"
     opt.mkdir()
@@ -119,6 +121,9 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
             "optimize_wall_s"} <= set(r1)
     assert r1["input_size"] == [224, 224] and r1["best_reference"] == "torch.compile + CUDA graph FP16 channels_last"
     assert r1["ratio_to_best_reference"] == 1.02 and r1["optimize_wall_s"] == 181.0
+    # the spread of each side's fresh processes: (max - min) / median; one process has none
+    assert r1["fresh_spread"] == {"program": 0.2, "hand": None, "processes_per_side": 3}
+    assert doc["rows"][1]["fresh_spread"] == {"program": None, "hand": None, "processes_per_side": 0}
     low = {(x["batch"], x["variant"]): x for x in doc["low_precision"]}
     assert low[(32, "fp16-compile-cudagraph-cl-ao-float8-dynamic")]["fp16_p50_ms"] == 6.0
     assert "7.0000 ms vs 6.0000 ms" in doc["low_precision_why"] and "batch 32" in doc["low_precision_why"]

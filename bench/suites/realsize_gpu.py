@@ -9,8 +9,9 @@ the torchao candidates: each one's brief p50 per batch size beside the p50 of th
 quantized, at the same batch size and from the same timer.
 
 Writes ``{"gpu", "rows": [{"model", "input_size", "batch", "chosen", "fresh_process_p50_ms", "references", "budget_met",
-"optimize_wall_s", ...}], "low_precision": [{"model", "batch", "variant", "p50_ms", "fp16_p50_ms", "within_budget"}],
-"low_precision_why"}``. ``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
+"optimize_wall_s", "fresh_spread", ...}], "low_precision": [{"model", "batch", "variant", "p50_ms", "fp16_p50_ms",
+"within_budget"}], "low_precision_why"}``. ``fresh_spread``: each side's fresh processes, (max - min) / median.
+``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
 any batch size within budget, and says what was measured (or why nothing was: each model's optimize notes on torchao).
 Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,16 +27,28 @@ INPUT_SIZE = {"deeplabv3_camvid": [360, 480], "yolo_bccd640": [640, 640]}  # the
 LOW_PRECISION_BATCH = 32  # the issue's goal: FP8/INT8 faster than FP16 on transformer rows at batch >= 32
 
 
+def spread(p50s: list) -> float | None:
+    """(max - min) / median of one side's fresh-process p50s: how far apart its processes ran (None below two)."""
+    if not p50s or len(p50s) < 2:
+        return None
+    return round((max(p50s) - min(p50s)) / statistics.median(p50s), 4)
+
+
 def suite_row(r: dict) -> dict:
     """One gpu_reference.py row in the issue's schema (its other fields kept under ``details``)."""
     q = r["qdeploy"]
+    alt = q.get("fresh_alternating") or {}
     refs = r["references"]
     best = min(refs, key=refs.get)
     fresh = q.get("fresh_process_p50_ms")
     return {"model": r["model"], "input_size": INPUT_SIZE.get(r["model"], [224, 224]), "batch": r["batch_size"],
             "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs, "best_reference": best,
             "ratio_to_best_reference": None if fresh is None else round(fresh / refs[best], 4),
-            "ratio_fresh_vs_fresh": q.get("ratio_fresh_vs_fresh"), "budget_met": q.get("budget_met"),
+            "ratio_fresh_vs_fresh": q.get("ratio_fresh_vs_fresh"),
+            # the issue's "spread stated": each side's fresh processes, (max - min) / median, and how many there were
+            "fresh_spread": {"program": spread(alt.get("program_p50_ms")), "hand": spread(alt.get("hand_p50_ms")),
+                             "processes_per_side": len(alt.get("program_p50_ms") or [])},
+            "budget_met": q.get("budget_met"),
             "confirm_drop_points": q.get("confirm_drop"), "optimize_wall_s": q.get("optimize_time_s"),
             "references_not_measured": r.get("references_not_measured") or [], "date": r.get("date"),
             "details": {k: q.get(k) for k in ("artifact", "format", "reloaded_in_benchmark_p50_ms", "noisy",
