@@ -14,8 +14,9 @@
 #   run(command="MODELS='deeplabv3_camvid yolo_bccd640' BATCHES=1,8,32 TAG=segdet bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval", ".devreal/det"])
 #
 # Env: MODELS, BATCHES (default 1,8,32,128), TAG, GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
-# --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo). Writes $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with
-# its time) and $OUT/<model>.optimize.json.
+# --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo, --time-limit 150). Writes
+# $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with its time) and
+# $OUT/<model>.optimize.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)

@@ -29,7 +29,7 @@ LOW_PRECISION_BATCH = 32  # the issue's goal: FP8/INT8 faster than FP16 on trans
 
 def spread(p50s: list) -> float | None:
     """(max - min) / median of one side's fresh-process p50s: how far apart its processes ran (None below two)."""
-    if not p50s or len(p50s) < 2:
+    if len(p50s or []) < 2:
         return None
     return round((max(p50s) - min(p50s)) / statistics.median(p50s), 4)
 
