@@ -164,3 +164,36 @@ def test_every_exported_conv_maps_back_to_its_module(arch, tmp_path):
     convs = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
     assert convs and all(isinstance(modules.get(module_of_node(n)), torch.nn.Conv2d) for n in convs), \
         [(n, module_of_node(n)) for n in convs if module_of_node(n) not in modules][:3]
+
+
+@pytest.mark.slow  # four CPU compiles, ~10 s
+def test_compiled_torch_engines_in_one_process_each_really_compile(res_setup):
+    """Every compiled candidate of a search wraps the same module class, so their torch.compile entries share one code
+    object's cache: past torch._dynamo's recompile limit (8 entries: dtype x layout x batch shape, reached by a DeiT's
+    12th), Dynamo silently ran the next candidates eagerly and the search timed eager code as compiled (FP8 3.5x slower
+    than FP16, INT8 failing in CUDA-graph capture). Here the limit is 2 and each engine needs two entries."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    _, builder, x = res_setup
+    b = builder()
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2):  # (monkeypatch's undo would delete the config key)
+        for spec in ({"channels_last": False}, {"channels_last": True}, {"channels_last": False}):
+            v = _variant(engine="torch", device="cpu", options={"compile": True, **spec})
+            engine = create_engine(v, b.build(v.artifact_request()))
+            engine.load()
+            before = counters["stats"]["unique_graphs"]
+            engine.infer(x[:2])
+            engine.prepare_timed(x[:3])()
+            assert counters["stats"]["unique_graphs"] >= before + 2, f"{v.label} ran eagerly: {dict(counters['stats'])}"
+            engine.close()
+    # a program that still needs more entries than the limit fails, with Dynamo's reason, instead of running eagerly
+    with torch._dynamo.config.patch(recompile_limit=1):
+        v = _variant(engine="torch", device="cpu", options={"compile": True})
+        engine = create_engine(v, b.build(v.artifact_request()))
+        engine.load()
+        engine.infer(x[:2])
+        with pytest.raises(Exception, match="recompile_limit|cache_size_limit|cache limit"):
+            engine.prepare_timed(x[:3])
+        engine.close()

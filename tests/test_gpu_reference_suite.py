@@ -137,4 +137,17 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     (opt / "deit_small.optimize.json").write_text(json.dumps(_optimize_json({"1": 1.0, "32": 4.5}, within=False)))
     assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
     assert "not within budget" in json.loads(out.read_text())["low_precision_why"]
+    # a search whose log shows Dynamo's recompile limit: its torchao timings were eager, set aside with that reason
+    (opt / "deit_small.log").write_text("W1129 [0/8] torch._dynamo hit config.recompile_limit (8)\n")
+    out.unlink()
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["low_precision"] == [] and doc["rows"][0]["search_hit_recompile_limit"] is True
+    assert {x["batch"] for x in doc["low_precision_void"]} == {1, 32} and "eagerly" in doc["low_precision_void"][0]["void"]
+    assert doc["low_precision_why"].startswith("no valid FP8/INT8 measurement: the 2 torchao timings (deit_small)")
+    # measured again without the limit: the valid measurement replaces the void one
+    (opt / "deit_small.log").write_text("no warning\n")
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["low_precision"]) == 2 and "low_precision_void" not in doc
     assert mod.main(["--rows", str(tmp_path / "missing.json"), "--json", str(out)]) == 2

@@ -71,6 +71,10 @@ def test_torch_cpu_saves_the_chosen_program_and_confirms_it_from_out_in_a_fresh_
     kinds = {c["kind"] for c in on_disk["candidates"]}
     assert kinds <= {"torch-fp32", "torch-eager"} and "torch-fp32" in kinds
     assert {c["variant"] for c in on_disk["candidates"]} == {"fp32", "fp32-cl-eager"}
+    # the torch targets' default time limit bounds the search; saving and the confirm run are said to follow it
+    assert 0 < on_disk["stages"]["search_s"] < on_disk["time_s"]
+    assert any(d.startswith("search: ") and "time_limit 300 s" in d and "outside the limit" in d
+               for d in on_disk["decisions"])
     program = on_disk["program"]
     assert program["error"] is None and program["manifest"]["format"] == "exported"
     assert program["fresh_process"]["environment"]["imported_sources"] == []
@@ -245,3 +249,20 @@ def test_compiles_with_cuda_graphs_come_first_and_the_time_limit_cuts_the_least_
     assert order[-1] == ("fp32", True, False, "max-autotune-no-cudagraphs", False)
     assert compile_order(pairs, ["default"], cudagraph=False) == [("fp16", False, True, "default", False),
                                                                    ("fp32", True, False, "default", False)]
+
+
+def test_a_program_is_compiled_alone_only_where_its_cuda_graph_could_not_be_captured():
+    """GRAPH_DOMINATES_WHY: the graph replays the program's kernels without the launches, so compile-only is compiled
+    only for the programs whose graph twin failed (or was not compiled), per precision, layout and mode."""
+    from qdeploy.optimize.steps.torch_runtimes import graph_twin_ran
+
+    t = TARGETS["torch-cuda"]
+    ran = CompiledCandidate.planned(t, "fp16", True, False, "default", True)
+    ran.brief_rank = 0.5
+    failed = CompiledCandidate.planned(t, "bf16", True, False, "default", True)  # capture failed: no brief rank
+    compiled = [ran, failed]
+    alone = lambda p, cl, mode="default": CompiledCandidate.planned(t, p, cl, False, mode, False)  # noqa: E731
+    assert graph_twin_ran(alone("fp16", True), compiled)
+    assert not graph_twin_ran(alone("fp16", False), compiled)  # the other layout: another program
+    assert not graph_twin_ran(alone("fp16", True, "max-autotune-no-cudagraphs"), compiled)  # another mode
+    assert not graph_twin_ran(alone("bf16", True), compiled)  # its graph could not be captured

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage the real-size suite's data for the device machine (git-ignored .devreal/; never commit it: ../shared's data must
 # never enter the repository). Three carried folders, since one call carries at most 64 MiB with the repository:
-#   .devreal/train/cifar_train.tgz   PER_CLASS_TRAIN (1600 of 2000: the tar and the repository fit one call) CIFAR-10 training images a class: bench/train/train_realsize.py
+#   .devreal/train/cifar_train.tgz   PER_CLASS_TRAIN (1500 of 2000: the tar and the repository fit one call) CIFAR-10 training images a class: bench/train/train_realsize.py
 #                                    trains the classifiers on the GPU from them (call bench/device/realsize_train.sh)
 #   .devreal/eval/cifar_test.tgz     PER_CLASS_TEST (200) test images a class (train_realsize.py's top-1; the Xeon rows'
 #                                    search + confirm splits) and cifar_calib.tgz: CALIB (32) further test images a class,
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 S=${SHARED:-../shared}/data/cifar10
-PER_CLASS_TRAIN=${PER_CLASS_TRAIN:-1600} PER_CLASS_TEST=${PER_CLASS_TEST:-200} CALIB=${CALIB:-32}
+PER_CLASS_TRAIN=${PER_CLASS_TRAIN:-1500} PER_CLASS_TEST=${PER_CLASS_TEST:-200} CALIB=${CALIB:-32}
 [ -d "$S/train" ] || { echo "no $S/train (../shared holds the real data)"; exit 3; }
 T=$(mktemp -d)
 pick() {  # pick SPLIT DEST FIRST COUNT: images FIRST+1 .. FIRST+COUNT of each class (sorted), into $T/DEST/<class>/

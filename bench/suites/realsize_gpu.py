@@ -14,6 +14,9 @@ Writes ``{"gpu", "rows": [{"model", "input_size", "batch", "chosen", "fresh_proc
 ``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
 any batch size within budget, and says what was measured (or why nothing was: each model's optimize notes on torchao).
 Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one.
+A search whose log (``<model>.log`` beside its optimize.json) shows torch._dynamo hitting its recompile limit ran the
+candidates compiled after that point eagerly (fixed in the torch engine since): its torchao timings go to
+``low_precision_void`` with that reason, not into ``low_precision``, and its rows say ``search_hit_recompile_limit``.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import sys
 from pathlib import Path
 
 INPUT_SIZE = {"deeplabv3_camvid": [360, 480], "yolo_bccd640": [640, 640]}  # the classifiers: 224
+RECOMPILE_LIMIT_HIT = "torch._dynamo hit config.recompile_limit"  # Dynamo's warning before its eager fallback
 LOW_PRECISION_BATCH = 32  # the issue's goal: FP8/INT8 faster than FP16 on transformer rows at batch >= 32
 
 
@@ -78,7 +82,7 @@ def low_precision_rows(model: str, summary: dict) -> tuple[list[dict], list[str]
     return rows, notes
 
 
-def why_none(low: list[dict], notes: dict[str, list[str]]) -> str | None:
+def why_none(low: list[dict], notes: dict[str, list[str]], void: list[dict] = ()) -> str | None:
     """The sentence the schema asks for where no FP8/INT8 candidate pays: what was measured, or why nothing was."""
     if any(r["within_budget"] and r["p50_ms"] < r["fp16_p50_ms"] for r in low):
         return None
@@ -91,6 +95,10 @@ def why_none(low: list[dict], notes: dict[str, list[str]]) -> str | None:
                 + ("" if best["within_budget"] else ", and it is not within budget" if best["evaluated"]
                    else ", timed only (not among the finalists optimize evaluated)")
                 + f"; {len(low)} measurements in all")
+    if void:
+        return (f"no valid FP8/INT8 measurement: the {len(void)} torchao timings ("
+                + ", ".join(sorted({r["model"] for r in void})) + ") ran eagerly, after the search had hit "
+                "torch._dynamo's recompile limit (low_precision_void)")
     said = "; ".join(f"{m}: {' / '.join(n)}" for m, n in notes.items() if n)
     return "no FP8/INT8 candidate was timed" + (f" ({said})" if said else " (optimize's notes name none)")
 
@@ -102,9 +110,15 @@ def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     rows.update({(r["model"], r["batch"]): r for r in new["rows"]})
     low = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision", [])}
     low.update({(r["model"], r["batch"], r["variant"]): r for r in new["low_precision"]})
+    void = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision_void", [])}
+    void.update({(r["model"], r["batch"], r["variant"]): r for r in new.get("low_precision_void", [])})
+    for key in low:  # a measurement taken again, validly, replaces a void one
+        void.pop(key, None)
     doc = {"gpu": new["gpu"] or old.get("gpu"), "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
            "low_precision": sorted(low.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))}
-    why = why_none(doc["low_precision"], notes)
+    if void:
+        doc["low_precision_void"] = sorted(void.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))
+    why = why_none(doc["low_precision"], notes, doc.get("low_precision_void", []))
     if why:
         doc["low_precision_why"] = why
     return doc
@@ -118,15 +132,24 @@ def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, di
     gpus = sorted({r.get("gpu") for r in rows if r.get("gpu")})
     if len(gpus) > 1:
         raise SystemExit(f"rows from more than one GPU ({', '.join(gpus)}): one file per card")
-    low, notes = [], {}
+    low, void, notes, limit_hit = [], [], {}, set()
     for model in sorted({r["model"] for r in rows}):
         for d in optimize_dirs:
             p = d / f"{model}.optimize.json"
             if p.is_file():
                 got, notes[model] = low_precision_rows(model, json.loads(p.read_text()))
-                low += got
+                log = d / f"{model}.log"
+                if log.is_file() and RECOMPILE_LIMIT_HIT in log.read_text(errors="replace"):
+                    limit_hit.add(model)
+                    void += [{**r, "void": "the search hit torch._dynamo's recompile limit before this candidate: it "
+                                           "ran eagerly, not compiled"} for r in got]
+                else:
+                    low += got
                 break
-    return {"gpu": gpus[0] if gpus else None, "rows": [suite_row(r) for r in rows], "low_precision": low}, notes
+    suite = [suite_row(r) for r in rows]
+    for r in suite:
+        r["search_hit_recompile_limit"] = r["model"] in limit_hit
+    return {"gpu": gpus[0] if gpus else None, "rows": suite, "low_precision": low, "low_precision_void": void}, notes
 
 
 def main(argv=None) -> int:

@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override optimize.budget.min_agreement: the share of FP32's predictions kept, in (0, 1]; a floor "
                         "beside max_drop/relative (the config's or --max-drop), else the budget alone")
     p.add_argument("--time-limit", default=None, metavar="SECONDS",
-                   help="override optimize.time_limit: seconds for the whole search (the best candidate so far is kept)")
+                   help="override optimize.time_limit: seconds for the search (the best candidate so far is kept); "
+                        "saving the chosen artifact and its confirm run come after it")
     p = _sub(sub, "build", "build every variant's artifact without measuring",
              "Writes each variant's artifact (ONNX, Q/DQ ONNX, TensorRT engine + sidecar) and build.json; TensorRT "
              "variants also record their trtexec command lines.",

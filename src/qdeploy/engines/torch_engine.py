@@ -34,6 +34,19 @@ class TorchOptions(BaseModel):
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
 
 
+def _dynamo_fails_at_recompile_limit():
+    """torch._dynamo's switch (named fail_on_cache_limit_hit before torch 2.6) that turns its silent eager fallback at
+    the recompile limit into an exception, as a context."""
+    import contextlib
+
+    import torch._dynamo
+
+    for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(torch._dynamo.config, flag):
+            return torch._dynamo.config.patch(**{flag: True})
+    return contextlib.nullcontext()
+
+
 def resolve_torch_device(requested: str, precision: str) -> str:
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
@@ -100,8 +113,15 @@ class TorchEngine(Engine):
             if opts.cuda_graphs and mode in _COMPILE_GRAPH_MODES:
                 mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
             self.compile_mode = mode
+            # A fresh Dynamo cache for each compiled program: every model qdeploy loads is wrapped in the same module
+            # class (models.loader.SelectOutput), so the programs of one process share one code object's cache, and
+            # past its recompile limit (8 entries of dtype x layout x batch shape) Dynamo runs further programs eagerly,
+            # silently: a search then times eager code as compiled. Earlier programs stay correct (a reset one
+            # compiles again on its next call; captured CUDA graphs replay without Dynamo).
+            torch.compiler.reset()
             model = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
         self.model = model
+        self._compiled_shapes: set[tuple] = set()
         self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
         # a compiled or graph-captured model pads a last, smaller batch to the batch size it has seen: a new shape would
         # compile again (torch.compile specialises on shapes) or capture another graph
@@ -114,14 +134,27 @@ class TorchEngine(Engine):
             x = x.pin_memory().to(self.device, non_blocking=True)
         return x.to(dtype=self.dtype).contiguous(memory_format=self.memory_format)
 
+    def _compile_for(self, x: torch.Tensor) -> None:
+        """The first call of a compiled model on ``x``'s shape (where torch.compile compiles), with Dynamo told to raise
+        rather than fall back to eager when its recompile limit is hit: a candidate that cannot be compiled fails with
+        that reason instead of being timed as compiled."""
+        key = tuple(x.shape)
+        if not self.compile_mode or key in self._compiled_shapes:
+            return
+        with _dynamo_fails_at_recompile_limit(), torch.inference_mode():
+            self.model(x)
+        self._compiled_shapes.add(key)
+
     def _graph_for(self, x: torch.Tensor):
         """Capture (once per input shape) a CUDA graph of the forward pass: the saved program's loader does the same."""
         key = tuple(x.shape)
         if key not in self._graphs:
+            self._compile_for(x)
             self._graphs[key] = capture_cuda_graph(self.model, x)
         return self._graphs[key]
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._compile_for(x)
         if self.options.cuda_graphs:
             graph, static_in, static_out = self._graph_for(x)
             static_in.copy_(x)
@@ -143,6 +176,7 @@ class TorchEngine(Engine):
         if self.options.cuda_graphs:
             graph = self._graph_for(x)[0]  # static input already holds x's values after capture
             return graph.replay
+        self._compile_for(x)
         model = self.model
 
         def step():

@@ -159,6 +159,10 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
             _announce(s, plan)
             steps = _search(s)
             chosen, budget_met_search = _decide(s, steps)
+            s.stages["search_s"] = round(time.perf_counter() - t_start, 1)
+            if s.o.time_limit is not None:
+                s.note(f"search: {s.stages['search_s']:.0f} s of optimize.time_limit {s.o.time_limit:g} s; saving the "
+                       "chosen artifact and its confirm run follow, outside the limit")
             return confirm(s, plan, chosen, budget_met_search, out_dir, cache_dir)
         finally:
             if s.aoti_probe is not None:  # no background compile outlives the search

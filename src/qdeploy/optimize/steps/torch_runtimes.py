@@ -12,7 +12,8 @@ minutes per candidate, so:
 3. **Compilation** of every precision kept in step 1 (strict FP32 not where TF32 is kept: ``TF32_DOMINATES_WHY``), each
    in its faster layout by step 2, both layouts where step 2
    cannot separate them (``compile_pairs``: brief eager timings do not rank precisions, compiled ones do), in each
-   mode of ``optimize.compile_modes``, with CUDA graphs first, then without (``compile_order``); each compile's time
+   mode of ``optimize.compile_modes``, with CUDA graphs first, then without (``compile_order``) where the graph could
+   not be captured (``GRAPH_DOMINATES_WHY``); each compile's time
    is recorded and counted against ``time_limit``: a compile that would not fit in the time left (estimated from the
    ones before) is skipped, and the log and optimize.json's ``stages`` name every one skipped.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
@@ -44,6 +45,13 @@ TF32_DOMINATES_WHY = (
     "is the same, so the strict program cannot run faster than the TF32 one beyond noise, and its compile costs as much "
     "as any other (ResNet-50 at 224 on an H200: strict 2.159 / 10.757 ms against TF32 0.602 / 2.679 ms at batch 1 / 32, "
     "compiled with CUDA graphs in 13.4 s; docs/results/realsize/gpu_resnet50_2026-11-29/)")
+
+GRAPH_DOMINATES_WHY = (
+    "a compiled program is not compiled again without CUDA graphs where its graph was captured: the graph replays the "
+    "very kernels the program launches, at the same fixed batch size, without the launches between them, so the program "
+    "alone cannot run faster beyond noise (ResNet-50 at 224 on an H200: 0.457 / 1.455 ms with the graph, 2.050 / 2.147 "
+    "ms without, at batch 1 / 32; docs/results/realsize/gpu_resnet50_2026-11-29/), and each such compile costs time "
+    "that the 5-minute search needs. Where capture fails, the program alone is compiled")
 
 
 @register_step
@@ -99,10 +107,13 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
                + (f"; and the other layout where brief timing cannot separate the two (within "
                   f"{LATENCY_TIE:.0%}): " + ", ".join(name[primary:]) if pairs[primary:] else ""))
         compiled: list[TorchCandidate] = []
-        estimate, skipped = None, []
+        estimate, skipped, dominated = None, [], []
         for precision, tf32, channels_last, mode, cuda_graphs in compile_order(
                 pairs, s.o.compile_modes, "cudagraph" in s.target.runtimes):
             cand = CompiledCandidate.planned(s.target, precision, channels_last, tf32, mode, cuda_graphs)
+            if not cuda_graphs and graph_twin_ran(cand, compiled):  # GRAPH_DOMINATES_WHY
+                dominated.append(cand.variant)
+                continue
             left = s.time_left()
             if left is not None and estimate is not None and left < RESERVE * estimate:
                 skipped.append(cand.variant)
@@ -111,6 +122,11 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             compiled.append(cand)
             if cand.compile_s is not None:
                 estimate = max(estimate or 0.0, cand.compile_s)
+        if dominated:
+            s.note("not compiled without CUDA graphs, the same program replayed as a graph ran (the graph replays its "
+                   "kernels without the launches; GRAPH_DOMINATES_WHY in optimize/steps/torch_runtimes.py): "
+                   + ", ".join(dominated))
+            s.stages["torch_compile_alone_dominated"] = dominated
         if skipped:
             s.note(f"not compiled ({len(skipped)} of {len(skipped) + len(compiled)}, the least promising; "
                    f"optimize.time_limit left less than {RESERVE:g}x the longest compile so far, {estimate:.0f} s): "
@@ -135,6 +151,14 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             s.candidates.append(cand)
     if s.out_of_time():
         s.timed_out = True
+
+
+def graph_twin_ran(cand: TorchCandidate, compiled: list[TorchCandidate]) -> bool:
+    """Whether the same compiled program (precision, TF32, layout, mode) already ran replayed as a CUDA graph: then
+    ``cand``, that program without the graph, is not compiled (GRAPH_DOMINATES_WHY)."""
+    key = (cand.precision, cand.tf32, cand.channels_last, cand.compile_mode)
+    return any(c.cuda_graphs and c.brief_rank is not None and (c.precision, c.tf32, c.channels_last, c.compile_mode) == key
+               for c in compiled)
 
 
 def compile_order(pairs: list[tuple], modes: list[str], cudagraph: bool) -> list[tuple]:
@@ -258,4 +282,4 @@ def brief_only(cands) -> list:
     return [c for c in cands if isinstance(c, TorchCandidate) and c.status == "timed briefly only"]
 
 
-__all__ = ["TorchRuntimesStep", "brief_only", "compile_order", "compile_pairs", "evaluate_torch"]
+__all__ = ["TorchRuntimesStep", "brief_only", "compile_order", "compile_pairs", "evaluate_torch", "graph_twin_ran"]
