@@ -197,3 +197,34 @@ def test_compiled_torch_engines_in_one_process_each_really_compile(res_setup):
         with pytest.raises(Exception, match="recompile_limit|cache_size_limit|cache limit"):
             engine.prepare_timed(x[:3])
         engine.close()
+
+
+@pytest.mark.slow  # a CPU compile
+def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_the_process_its_own(res_setup):
+    """torchao's configs set Inductor's settings process-wide by default, and they stayed for every later compile of a
+    search (another program than the one timed); qdeploy applies them while the torchao program compiles only."""
+    pytest.importorskip("torchao", reason="torchao is a dependency; this environment lacks it")
+    import torch._inductor.config as inductor
+
+    from qdeploy.facts.torchao import INDUCTOR_CONFIG, inductor_config
+
+    assert inductor_config("int8-weight-only") == INDUCTOR_CONFIG and inductor_config(None) == {}
+    before = {k: getattr(inductor, k) for k in INDUCTOR_CONFIG}
+    assert before != INDUCTOR_CONFIG  # Inductor's defaults differ, so a leak would show
+    _, builder, x = res_setup
+    v = _variant(engine="torch", device="cpu", options={"compile": True, "torchao": "int8-weight-only"})
+    engine = create_engine(v, builder().build(v.artifact_request()))
+    seen = {}
+    engine.load()
+    real = engine.model
+
+    def spy(inp):  # the compiled model's first call is where Inductor compiles: record the settings it sees
+        if not seen:
+            seen.update({k: getattr(inductor, k) for k in INDUCTOR_CONFIG})
+        return real(inp)
+
+    engine.model = spy
+    out = engine.infer(x)
+    engine.close()
+    assert seen == INDUCTOR_CONFIG and out.shape == (6, 3) and np.isfinite(out).all()
+    assert {k: getattr(inductor, k) for k in INDUCTOR_CONFIG} == before

@@ -155,9 +155,13 @@ def test_a_torchao_program_says_it_needs_torchao_and_reloads_with_close_outputs(
     images = _images(16)
     np.save(tmp_path / "images.npy", images)
     folder = tmp_path / "out"
-    manifest = save_program(model, ProgramSettings("cpu", "fp32", torchao="int8-weight-only", batch_sizes=(8,),
-                                                   input_shape=(3, 8, 8)), folder)
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", compile="default", torchao="int8-weight-only",
+                                                   batch_sizes=(8,), input_shape=(3, 8, 8)), folder)
     assert manifest["requires"] == ["torch", "numpy", "torchao"] and manifest["torchao"] == "int8-weight-only"
+    # compiled (its cache and the fresh process's compile) under torchao's Inductor settings, recorded with it
+    from qdeploy.facts.torchao import INDUCTOR_CONFIG
+
+    assert manifest["inductor_config"] == INDUCTOR_CONFIG and manifest["format"] == "exported"
     assert type(model[1].weight) is torch.nn.Parameter  # the user's model is not quantized in place
     res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [8], tmp_path / "r.json")
     with torch.no_grad():

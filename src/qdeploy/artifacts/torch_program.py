@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from qdeploy.artifacts.torch_program_loader import constants_to_device
-from qdeploy.facts.torchao import apply_torchao
+from qdeploy.facts.torchao import apply_torchao, inductor_config
 from qdeploy.utils.log import log
 
 LOADER_SOURCE = Path(__file__).with_name("torch_program_loader.py")
@@ -165,7 +165,10 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     for key, ep in programs.items():
         name = PROGRAM if key == "dynamic" else f"model-b{key}.pt2"
         if use_aoti:
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(folder / name))
+            from torch._inductor import config as inductor
+
+            with inductor.patch(inductor_config(settings.torchao)):
+                torch._inductor.aoti_compile_and_package(ep, package_path=str(folder / name))
         else:
             with warnings.catch_warnings():
                 # torch.export.save groups storages that share memory and warns when none of a group is "complete"
@@ -177,7 +180,9 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
                 "dynamic_batch": "dynamic" in programs, **asdict(settings),
                 "input_shape": list(settings.input_shape), "batch_sizes": sorted(set(settings.batch_sizes)),
                 "torch": torch.__version__, "export_s": round(export_s, 2),
-                "requires": ["torch", "numpy"] + (["torchao"] if settings.torchao else [])}
+                "requires": ["torch", "numpy"] + (["torchao"] if settings.torchao else []),
+                # the Inductor settings it was compiled under, which the loader compiles under too (facts/torchao.py)
+                "inductor_config": inductor_config(settings.torchao)}
     if settings.compile is not None and not use_aoti:
         manifest.update(_compile_cache(folder, programs, settings))
     manifest["package_s"] = round(time.perf_counter() - t1, 2)
@@ -191,6 +196,7 @@ def _compile_cache(folder: Path, programs: dict, settings: ProgramSettings) -> d
     torch.compile's portable cache. Compiling the loaded program, not the original module: that is what hits the cache
     in a fresh process."""
     import torch._dynamo
+    import torch._inductor.config
 
     torch._dynamo.reset()
     t0 = time.perf_counter()
@@ -199,7 +205,7 @@ def _compile_cache(folder: Path, programs: dict, settings: ProgramSettings) -> d
         # as the loader compiles it (constants on the device), so that a fresh process hits this cache
         compiled = torch.compile(constants_to_device(ep.module(), settings.device), mode=mode, dynamic=False)
         sizes = settings.batch_sizes if key == "dynamic" else (int(key),)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch._inductor.config.patch(inductor_config(settings.torchao)):
             for b in sorted(set(sizes)):
                 compiled(_example(settings, b))
     if settings.device == "cuda":

@@ -52,6 +52,7 @@ class Program:
         self.cuda_graphs = bool(manifest.get("cuda_graphs")) and device == "cuda"
         self._graphs: dict = {}
         self._modules: dict = {}
+        self._compiled: set = set()
         self.load_s = 0.0
         t0 = time.perf_counter()
         _set_math_flags(manifest, device)
@@ -81,7 +82,18 @@ class Program:
         return self._modules[str(batch)]
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._module_for(x.shape[0])(x)
+        module = self._module_for(x.shape[0])
+        settings = self.manifest.get("inductor_config") or {}
+        if settings and self.manifest.get("compile") and tuple(x.shape) not in self._compiled:
+            # the first call on a shape compiles: under the Inductor settings the program was measured with, and only
+            # then (they are not this process's to change)
+            from torch._inductor import config as inductor
+
+            with inductor.patch(settings):
+                out = module(x)
+            self._compiled.add(tuple(x.shape))
+        else:
+            out = module(x)
         return out[0] if isinstance(out, (list, tuple)) else out
 
     def _graph(self, x: torch.Tensor):

@@ -12,7 +12,7 @@ from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.artifacts.torch_program_loader import capture_cuda_graph
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
-from qdeploy.facts.torchao import apply_torchao, torchao_problem
+from qdeploy.facts.torchao import apply_torchao, inductor_config, torchao_problem
 from qdeploy.utils.malloc import tune_glibc_malloc
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -136,12 +136,15 @@ class TorchEngine(Engine):
 
     def _compile_for(self, x: torch.Tensor) -> None:
         """The first call of a compiled model on ``x``'s shape (where torch.compile compiles), with Dynamo told to raise
-        rather than fall back to eager when its recompile limit is hit: a candidate that cannot be compiled fails with
-        that reason instead of being timed as compiled."""
+        rather than fall back to eager when its recompile limit is hit (a candidate that cannot be compiled fails with
+        that reason instead of being timed as compiled), under a torchao program's Inductor settings (facts/torchao.py)."""
         key = tuple(x.shape)
         if not self.compile_mode or key in self._compiled_shapes:
             return
-        with _dynamo_fails_at_recompile_limit(), torch.inference_mode():
+        from torch._inductor import config as inductor
+
+        with _dynamo_fails_at_recompile_limit(), inductor.patch(inductor_config(self.options.torchao)), \
+                torch.inference_mode():
             self.model(x)
         self._compiled_shapes.add(key)
 

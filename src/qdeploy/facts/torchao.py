@@ -54,9 +54,24 @@ def torchao_problem(scheme: str, device: str) -> Optional[str]:
     return None
 
 
+# torchao's Inductor settings for its quantized matmuls (torchao.quantization.utils.recommended_inductor_config_setter).
+# Its configs set them process-wide by default (set_inductor_config=True), and they stay: every later compile of a search
+# (the finalists, the saved program's cache) would then be another program than the one timed, and a fresh process,
+# which does not set them, another again. Here they belong to the torchao program: applied while it compiles (the torch
+# engine, the saved program and its loader), recorded in its manifest.
+INDUCTOR_CONFIG = {"coordinate_descent_tuning": True, "coordinate_descent_check_all_directions": True,
+                   "force_fuse_int_mm_with_mul": True}
+
+
+def inductor_config(scheme: Optional[str]) -> dict:
+    """The Inductor settings a program quantized with ``scheme`` compiles under ({} without a scheme)."""
+    return dict(INDUCTOR_CONFIG) if scheme else {}
+
+
 def apply_torchao(model, scheme: str):
-    """Quantize ``model``'s Linear layers in place with the scheme's torchao config; returns the model."""
+    """Quantize ``model``'s Linear layers in place with the scheme's torchao config; returns the model. Inductor's
+    settings are left alone (INDUCTOR_CONFIG)."""
     import torchao.quantization as q
 
-    q.quantize_(model, getattr(q, SCHEMES[scheme].config)())
+    q.quantize_(model, getattr(q, SCHEMES[scheme].config)(set_inductor_config=False))
     return model
