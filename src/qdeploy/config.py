@@ -739,9 +739,10 @@ class OptimizeConfig(_Strict):
                                description="max_drop or relative, with min_agreement as a floor (default 0.9); or "
                                            "min_agreement alone (without labels). Default: max_drop 1.0, floor 0.9")
     time_limit: Optional[float] = Field(None, gt=0, description="seconds for the search; the best candidate so far is "
-                                                                "written when it runs out (default: none; 300 for the "
-                                                                "PyTorch targets, compile time included). Saving the "
-                                                                "chosen artifact and its confirm run come after it")
+                                                                "written when it runs out; saving the chosen artifact "
+                                                                "and its confirm run come after it (default: none; for "
+                                                                "the PyTorch targets 300 for the whole optimize, "
+                                                                "compiles, saving and confirm included)")
     search_fraction: float = Field(0.5, gt=0, lt=1, description="share of data.eval that decides (seeded); the rest confirms")
     seed: int = 0
     batch_size: Optional[int] = Field(None, gt=0, description="rank by p50 latency at this batch size (default: the largest "

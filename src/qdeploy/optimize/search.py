@@ -78,7 +78,9 @@ def _open_session(plan: SearchPlan, ctx, cache_root: Path, t_start: float) -> Se
     return SearchSession(o, plan.target, ctx, store, get_task(plan.cfg.model.task).metric, plan.batch_size,
                          z_of(o.confidence), t_start, planned=plan.planned, n_search=plan.n_search,
                          rank_batches=list(search_cfg["bench"]["batch_sizes"]) if plan.target.torch_program else [],
-                         cache_root=cache_root, untimed=untimed)
+                         cache_root=cache_root, untimed=untimed,
+                         limit_covers_saving=o.time_limit is not None and (plan.cfg.optimize is None
+                                                                           or plan.cfg.optimize.time_limit is None))
 
 
 def _announce(s: SearchSession, plan: SearchPlan) -> None:
@@ -162,7 +164,9 @@ def _optimize(config: Union[RunConfig, dict, str, Path], out_dir: Union[str, Pat
             s.stages["search_s"] = round(time.perf_counter() - t_start, 1)
             if s.o.time_limit is not None:
                 s.note(f"search: {s.stages['search_s']:.0f} s of optimize.time_limit {s.o.time_limit:g} s; saving the "
-                       "chosen artifact and its confirm run follow, outside the limit")
+                       "chosen artifact and its confirm run follow, "
+                       + ("within it (the default limit covers them: its compiles left room)" if s.limit_covers_saving
+                          else "outside the limit (one set by the user bounds the search)"))
             return confirm(s, plan, chosen, budget_met_search, out_dir, cache_dir)
         finally:
             if s.aoti_probe is not None:  # no background compile outlives the search

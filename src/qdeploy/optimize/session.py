@@ -146,6 +146,9 @@ class SearchSession:
     int8_op_profile: Optional[dict] = None  # CPU targets: per-op-class time of an INT8 candidate vs FP32
     profiles: dict = dataclasses.field(default_factory=dict)  # candidate variant → its op-class profile (or None)
     prebuilt: dict = dataclasses.field(default_factory=dict)  # variant → replaces the artifact its settings build (run_in)
+    # the time limit is the PyTorch targets' default, which covers the whole optimize (saving and confirm included);
+    # a limit the user sets bounds the search alone
+    limit_covers_saving: bool = False
 
     @property
     def scores(self) -> ResultStore:
