@@ -53,6 +53,8 @@ def compile_fits(left, estimate, limit_covers_saving: bool) -> bool:
     if left is None or estimate is None:
         return True
     return left >= RESERVE * estimate + ((estimate + CONFIRM_RESERVE_S) if limit_covers_saving else 0.0)
+
+
 TF32_DOMINATES_WHY = (
     "strict FP32 is not compiled where FP32 with TF32 math is within budget: TF32 changes only how matmuls and "
     "convolutions compute (tensor cores in place of FP32 FMA units; PyTorch's allow_tf32 flags) and every other kernel "
