@@ -196,10 +196,10 @@ def bench_compiled_alone(loader, hand, images) -> dict:
     the compiled recipes share their model class's code object, and past Dynamo's recompile limit (8 entries: recipe x
     batch size, reached by the third compiled recipe at four batch sizes) a recipe would run eagerly and time as
     compiled."""
-    import torch._dynamo
+    from qdeploy.engines.torch_engine import dynamo_fails_at_recompile_limit
 
     torch.compiler.reset()
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+    with dynamo_fails_at_recompile_limit():
         return loader.bench(hand, images, BATCHES)
 
 

@@ -53,6 +53,8 @@ class Program:
         self._graphs: dict = {}
         self._modules: dict = {}
         self._compiled: set = set()
+        # a compiled program's Inductor settings (facts/torchao.py), applied at each shape's first (compiling) call
+        self._inductor_config = (manifest.get("inductor_config") or {}) if manifest.get("compile") else {}
         self.load_s = 0.0
         t0 = time.perf_counter()
         _set_math_flags(manifest, device)
@@ -83,13 +85,12 @@ class Program:
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         module = self._module_for(x.shape[0])
-        settings = self.manifest.get("inductor_config") or {}
-        if settings and self.manifest.get("compile") and tuple(x.shape) not in self._compiled:
+        if self._inductor_config and tuple(x.shape) not in self._compiled:
             # the first call on a shape compiles: under the Inductor settings the program was measured with, and only
             # then (they are not this process's to change)
             from torch._inductor import config as inductor
 
-            with inductor.patch(settings):
+            with inductor.patch(self._inductor_config):
                 out = module(x)
             self._compiled.add(tuple(x.shape))
         else:

@@ -34,7 +34,7 @@ class TorchOptions(BaseModel):
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
 
 
-def _dynamo_fails_at_recompile_limit():
+def dynamo_fails_at_recompile_limit():
     """torch._dynamo's switch (named fail_on_cache_limit_hit before torch 2.6) that turns its silent eager fallback at
     the recompile limit into an exception, as a context."""
     import contextlib
@@ -143,7 +143,7 @@ class TorchEngine(Engine):
             return
         from torch._inductor import config as inductor
 
-        with _dynamo_fails_at_recompile_limit(), inductor.patch(inductor_config(self.options.torchao)), \
+        with dynamo_fails_at_recompile_limit(), inductor.patch(inductor_config(self.options.torchao)), \
                 torch.inference_mode():
             self.model(x)
         self._compiled_shapes.add(key)
