@@ -129,6 +129,34 @@ def test_a_chosen_program_that_fails_from_out_gives_way_to_the_next_candidate(tm
 
 
 @pytest.mark.slow
+def test_the_fastest_candidate_is_measured_even_when_the_time_limit_is_reached_before_the_finalists(tmp_path,
+                                                                                                     monkeypatch):
+    """The clock is made to run out once brief timing has ranked the candidates (fault injection on qdeploy's own
+    session clock: a real compile that overruns its estimate is what does it on a GPU): the fastest by brief timing is
+    still evaluated and can be chosen, the others are not measured."""
+    from qdeploy.optimize.session import SearchSession
+    from qdeploy.optimize.steps.torch_runtimes import FASTEST_MEASURED_WHY
+
+    real_note, late = SearchSession.note, []
+
+    def note(self, line, warning=False):
+        if line.startswith("measured fully"):
+            late.append(line)
+        real_note(self, line, warning)
+
+    monkeypatch.setattr(SearchSession, "note", note)
+    monkeypatch.setattr(SearchSession, "out_of_time", lambda self: bool(late))
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", compile_modes=[], finalists=2)
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    finalists = late[0].split(": ", 1)[1].split(", ")
+    assert finalists and finalists != ["none"]
+    rows = {c["variant"]: c for c in s["candidates"]}
+    assert rows[finalists[0]]["search_metric"] is not None  # evaluated past the limit
+    assert f"{finalists[0]}: measured past optimize.time_limit ({FASTEST_MEASURED_WHY})" in s["decisions"]
+    assert all(rows[v]["search_metric"] is None for v in finalists[1:])
+
+
+@pytest.mark.slow
 def test_torch_cpu_compiles_its_best_pair_and_reports_compile_time(tmp_path):
     cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1, time_limit=400)
     s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")

@@ -54,13 +54,18 @@ def torchao_problem(scheme: str, device: str) -> Optional[str]:
     return None
 
 
-# torchao's Inductor settings for its quantized matmuls (torchao.quantization.utils.recommended_inductor_config_setter).
-# Its configs set them process-wide by default (set_inductor_config=True), and they stay: every later compile of a search
-# (the finalists, the saved program's cache) would then be another program than the one timed, and a fresh process,
-# which does not set them, another again. Here they belong to the torchao program: applied while it compiles (the torch
-# engine, the saved program and its loader), recorded in its manifest.
-INDUCTOR_CONFIG = {"coordinate_descent_tuning": True, "coordinate_descent_check_all_directions": True,
-                   "force_fuse_int_mm_with_mul": True}
+# torchao's Inductor setting for its quantized matmuls (from torchao.quantization.utils.recommended_inductor_config_setter):
+# fuse INT8 matmuls with the rescale that follows. Its configs set their recommended settings process-wide by default
+# (set_inductor_config=True), and they stay: every later compile of a search (the finalists, the saved program's cache)
+# would then be another program than the one timed, and a fresh process, which does not set them, another again. Here
+# the setting belongs to the torchao program: applied while it compiles (the torch engine, the saved program and its
+# loader), recorded in its manifest. The recommendation's coordinate-descent tuning is left out: it benchmarks kernel
+# configurations for every Triton kernel of the program, not only the quantized matmuls, so it is kernel autotuning of
+# the whole model (max-autotune's kind of setting, opt-in through optimize.compile_modes) and the candidate would differ
+# from its base in more than its Linear layers; it also cost DeiT-S's FP8 program at 224 px 181 s of compile on an H200
+# against 12-24 s for its untuned FP16 base, more than half the default 5-minute search
+# (docs/results/realsize/gpu_deit_torchao_2026-11-29/).
+INDUCTOR_CONFIG = {"force_fuse_int_mm_with_mul": True}
 
 
 def inductor_config(scheme: Optional[str]) -> dict:
