@@ -18,20 +18,24 @@ class TorchaoScheme:
     min_capability: Optional[tuple]      # CUDA compute capability it needs (None: any device torchao supports)
     cuda_only: bool
     why: str
+    # The matmul kernel's shape rule: a Linear layer is quantized only where its in and out features are both multiples
+    # of this (None: any shape); the others stay in the model's precision (a 10-class head, for one).
+    features_multiple_of: Optional[int] = None
 
 
 SCHEMES = {
     "float8-dynamic": TorchaoScheme(
         "float8-dynamic", "Float8DynamicActivationFloat8WeightConfig", (8, 9), True,
         "FP8 (e4m3) weights and per-token dynamically scaled FP8 activations: FP8 tensor cores exist from compute "
-        "capability 8.9 (Ada, Hopper)"),
+        "capability 8.9 (Ada, Hopper)", 16),  # torch._scaled_mm (torchao's _fp8_mm_compat skips the others itself)
     "int8-weight-only": TorchaoScheme(
         "int8-weight-only", "Int8WeightOnlyConfig", None, False,
         "INT8 per-channel weights dequantized in the matmul: halves weight memory traffic, the math stays in the "
         "activation precision"),
     "int8-dynamic": TorchaoScheme(
         "int8-dynamic", "Int8DynamicActivationInt8WeightConfig", None, True,
-        "INT8 weights and dynamically quantized INT8 activations (per token): INT8 tensor-core matmuls"),
+        "INT8 weights and dynamically quantized INT8 activations (per token): INT8 tensor-core matmuls",
+        8),  # torch._int_mm on cuBLAS: K and N nonzero multiples of 8; torchao does not check, the call fails at run
 }
 
 
@@ -73,10 +77,21 @@ def inductor_config(scheme: Optional[str]) -> dict:
     return dict(INDUCTOR_CONFIG) if scheme else {}
 
 
+def quantizable(scheme: str, module) -> bool:
+    """Whether ``scheme`` quantizes ``module``: a Linear layer whose shape its matmul kernel takes, with a plain weight
+    (a weight shared by two layers is quantized once)."""
+    import torch
+
+    m = SCHEMES[scheme].features_multiple_of
+    return (isinstance(module, torch.nn.Linear) and type(module.weight.data) is torch.Tensor
+            and (m is None or (module.in_features % m == 0 and module.out_features % m == 0)))
+
+
 def apply_torchao(model, scheme: str):
-    """Quantize ``model``'s Linear layers in place with the scheme's torchao config; returns the model. Inductor's
-    settings are left alone (INDUCTOR_CONFIG)."""
+    """Quantize ``model``'s Linear layers in place with the scheme's torchao config, those its kernel takes
+    (``quantizable``); returns the model. Inductor's settings are left alone (INDUCTOR_CONFIG)."""
     import torchao.quantization as q
 
-    q.quantize_(model, getattr(q, SCHEMES[scheme].config)(set_inductor_config=False))
+    q.quantize_(model, getattr(q, SCHEMES[scheme].config)(set_inductor_config=False),
+                filter_fn=lambda module, fqn: quantizable(scheme, module))
     return model

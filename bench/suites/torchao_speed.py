@@ -1,0 +1,107 @@
+"""torchao's low-precision schemes against FP16 on the GPU, the program only: the speed a torchao candidate of
+`optimize --target torch-cuda` can reach, without a search around it.
+
+Each (model, scheme, batch): timm's model with random weights (speed does not depend on their values) in FP16,
+its Linear layers quantized as qdeploy quantizes them (``facts/torchao.apply_torchao``: the layers the scheme's kernel
+takes), compiled (torch.compile default, under ``facts/torchao.inductor_config``) and replayed as a CUDA graph captured
+by hand: qdeploy's compile + CUDA graph candidate. p50 of CUDA-event timed replays; the compile time is the first call's.
+One JSON line per row is appended to --json as it is measured, so a run cut short keeps what it measured:
+
+    python bench/suites/torchao_speed.py deit_small_patch16_224 --schemes none,int8-dynamic --batches 32,128 --json F
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from qdeploy.facts.torchao import SCHEMES, apply_torchao, inductor_config, quantizable  # noqa: E402
+
+
+def graph_p50_ms(fn, x, warmup: int = 20, iterations: int = 100) -> float:
+    """p50 of ``iterations`` replays of ``fn(x)`` captured as one CUDA graph (after ``warmup`` plain calls)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(x)
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int) -> dict:
+    import timm
+
+    torch.compiler.reset()
+    model = timm.create_model(model_name, pretrained=False, num_classes=num_classes).cuda().half().eval()
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    quantized = 0
+    if scheme != "none":
+        quantized = sum(quantizable(scheme, m) for m in linear)
+        apply_torchao(model, scheme)
+    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    with torch._inductor.config.patch(inductor_config(None if scheme == "none" else scheme)), torch.no_grad():
+        compiled = torch.compile(model)
+        t0 = time.perf_counter()
+        compiled(x)
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        p50 = graph_p50_ms(compiled, x)
+    return {"model": model_name, "scheme": scheme, "batch": batch, "input_size": size, "num_classes": num_classes,
+            "p50_ms": round(p50, 4), "compile_s": round(compile_s, 1),
+            "linear_layers": len(linear), "quantized_layers": quantized}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+", help="timm model names")
+    ap.add_argument("--schemes", default="none," + ",".join(SCHEMES), help="none (FP16) and facts/torchao schemes")
+    ap.add_argument("--batches", default="32,128")
+    ap.add_argument("--num-classes", type=int, default=10)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("torchao_speed.py: no CUDA GPU here")
+    schemes = args.schemes.split(",")
+    unknown = [s for s in schemes if s != "none" and s not in SCHEMES]
+    if unknown:
+        raise SystemExit(f"--schemes: {unknown} not among none, {', '.join(SCHEMES)}")
+    for name in args.models:
+        for batch in (int(b) for b in args.batches.split(",")):
+            for scheme in schemes:
+                try:
+                    r = row(name, scheme, batch, args.num_classes, args.size)
+                except Exception as e:  # noqa: BLE001 - a scheme that cannot run here is a row with its reason
+                    r = {"model": name, "scheme": scheme, "batch": batch, "error": f"{type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:300] if str(e) else ''}"}
+                r["gpu"] = torch.cuda.get_device_name()
+                r["torch"] = torch.__version__
+                print(json.dumps(r), flush=True)
+                with args.json.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
