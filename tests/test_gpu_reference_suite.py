@@ -150,4 +150,18 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert len(doc["low_precision"]) == 2 and "low_precision_void" not in doc
+    # a torchao candidate that failed has no timing: named with its reason, in the list and in the sentence
+    summary = _optimize_json({"1": 1.0, "32": 7.0}, within=True)
+    summary["candidates"].append({"variant": "fp16-compile-cudagraph-cl-ao-int8-dynamic", "status": "failed",
+                                  "failed_stage": "bench", "reason": "RuntimeError: mat2.size(1) ... got 10"})
+    (opt / "deit_small.optimize.json").write_text(json.dumps(summary))
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [f["variant"] for f in doc["low_precision_failed"]] == ["fp16-compile-cudagraph-cl-ao-int8-dynamic"]
+    assert doc["low_precision_why"].endswith("-ao-int8-dynamic on deit_small failed (bench): RuntimeError: mat2.size(1)"
+                                             " ... got 10")
+    # the model searched again without the failure: the old failure goes
+    (opt / "deit_small.optimize.json").write_text(json.dumps(_optimize_json({"1": 1.0, "32": 7.0}, within=True)))
+    assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
+    assert "low_precision_failed" not in json.loads(out.read_text())
     assert mod.main(["--rows", str(tmp_path / "missing.json"), "--json", str(out)]) == 2

@@ -17,6 +17,8 @@ Rows merge into an existing --json by (model, batch): a row measured again repla
 A search whose log (``<model>.log`` beside its optimize.json) shows torch._dynamo hitting its recompile limit ran the
 candidates compiled after that point eagerly (fixed in the torch engine since): its torchao timings go to
 ``low_precision_void`` with that reason, not into ``low_precision``, and its rows say ``search_hit_recompile_limit``.
+A torchao candidate that failed has no timing: ``low_precision_failed`` names it with its reason (replaced when the
+model's search is merged again), and so does the sentence.
 """
 from __future__ import annotations
 
@@ -82,10 +84,22 @@ def low_precision_rows(model: str, summary: dict) -> tuple[list[dict], list[str]
     return rows, notes
 
 
-def why_none(low: list[dict], notes: dict[str, list[str]], void: list[dict] = ()) -> str | None:
+def failed_low_precision(model: str, summary: dict) -> list[dict]:
+    """The torchao candidates of one search that failed (no timing to compare), each with its reason."""
+    return [{"model": model, "variant": c["variant"], "failed_stage": c.get("failed_stage"),
+             "reason": c.get("reason") or c.get("budget")}
+            for c in summary.get("candidates", []) if "-ao-" in c["variant"] and c.get("status") == "failed"]
+
+
+def why_none(low: list[dict], notes: dict[str, list[str]], void: list[dict] = (), failed: list[dict] = ()) -> str | None:
     """The sentence the schema asks for where no FP8/INT8 candidate pays: what was measured, or why nothing was."""
     if any(r["within_budget"] and r["p50_ms"] < r["fp16_p50_ms"] for r in low):
         return None
+    return _why_none(low, notes, void) + "".join(f"; {f['variant']} on {f['model']} failed ({f['failed_stage']}): "
+                                                 f"{f['reason']}" for f in failed)
+
+
+def _why_none(low: list[dict], notes: dict[str, list[str]], void) -> str:
     if low:
         big = [r for r in low if r["batch"] >= LOW_PRECISION_BATCH] or low
         best = max(big, key=lambda r: r["speedup_vs_base"])
@@ -112,13 +126,19 @@ def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     low.update({(r["model"], r["batch"], r["variant"]): r for r in new["low_precision"]})
     void = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision_void", [])}
     void.update({(r["model"], r["batch"], r["variant"]): r for r in new.get("low_precision_void", [])})
+    failed = {(r["model"], r["variant"]): r for r in old.get("low_precision_failed", [])}
+    measured_again = {r["model"] for r in new["low_precision"]} | {r["model"] for r in new.get("low_precision_failed", [])}
+    failed = {k: r for k, r in failed.items() if k[0] not in measured_again}  # a model searched again: its new failures
+    failed.update({(r["model"], r["variant"]): r for r in new.get("low_precision_failed", [])})
     for key in low:  # a measurement taken again, validly, replaces a void one
         void.pop(key, None)
     doc = {"gpu": new["gpu"] or old.get("gpu"), "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
            "low_precision": sorted(low.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))}
     if void:
         doc["low_precision_void"] = sorted(void.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))
-    why = why_none(doc["low_precision"], notes, doc.get("low_precision_void", []))
+    if failed:
+        doc["low_precision_failed"] = sorted(failed.values(), key=lambda r: (r["model"], r["variant"]))
+    why = why_none(doc["low_precision"], notes, doc.get("low_precision_void", []), doc.get("low_precision_failed", []))
     if why:
         doc["low_precision_why"] = why
     return doc
@@ -132,12 +152,14 @@ def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, di
     gpus = sorted({r.get("gpu") for r in rows if r.get("gpu")})
     if len(gpus) > 1:
         raise SystemExit(f"rows from more than one GPU ({', '.join(gpus)}): one file per card")
-    low, void, notes, limit_hit = [], [], {}, set()
+    low, void, failed, notes, limit_hit = [], [], [], {}, set()
     for model in sorted({r["model"] for r in rows}):
         for d in optimize_dirs:
             p = d / f"{model}.optimize.json"
             if p.is_file():
-                got, notes[model] = low_precision_rows(model, json.loads(p.read_text()))
+                summary = json.loads(p.read_text())
+                got, notes[model] = low_precision_rows(model, summary)
+                failed += failed_low_precision(model, summary)
                 log = d / f"{model}.log"
                 if log.is_file() and RECOMPILE_LIMIT_HIT in log.read_text(errors="replace"):
                     limit_hit.add(model)
@@ -149,7 +171,8 @@ def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, di
     suite = [suite_row(r) for r in rows]
     for r in suite:
         r["search_hit_recompile_limit"] = r["model"] in limit_hit
-    return {"gpu": gpus[0] if gpus else None, "rows": suite, "low_precision": low, "low_precision_void": void}, notes
+    return {"gpu": gpus[0] if gpus else None, "rows": suite, "low_precision": low, "low_precision_void": void,
+            "low_precision_failed": failed}, notes
 
 
 def main(argv=None) -> int:
