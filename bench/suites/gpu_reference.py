@@ -218,6 +218,14 @@ def references(name: str, data: Path, loader, only: Optional[str] = None) -> dic
         recipes[f"torch.compile + hand CUDA graph {label} channels_last"] = (
             lambda dtype=dtype: Hand(cuda_graph(torch.compile(
                 build_model(name, data).cuda().to(dtype).to(memory_format=torch.channels_last)), loader), dtype, True))
+    # torch.compile's default (dynamic=None) compiles the first batch size static and, on the second, again with a
+    # dynamic batch dimension (Dynamo's automatic dynamic shapes): the recipe above times a static program at the first
+    # batch size and a dynamic one after. qdeploy compiles each batch size static (dynamic=False, as Inductor's shape
+    # padding and comprehensive padding need); this recipe is that program written by hand, so the pair separates
+    # how qdeploy compiles from what it compiles.
+    recipes["torch.compile static + hand CUDA graph FP16 channels_last"] = lambda: Hand(cuda_graph(torch.compile(
+        build_model(name, data).cuda().half().to(memory_format=torch.channels_last), dynamic=False), loader),
+        torch.float16, True)
     if only is not None:
         if only not in recipes:
             raise SystemExit(f"--hand-only: {only!r} is not one of {sorted(recipes)}")
