@@ -23,7 +23,7 @@ import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from qdeploy.facts.torchao import SCHEMES, apply_torchao, inductor_config, quantizable  # noqa: E402
+from qdeploy.facts.torchao import SCHEMES, apply_torchao, inductor_config, quantizable, rows_per_image  # noqa: E402,E501
 
 
 def graph_p50_ms(fn, x, warmup: int = 20, iterations: int = 100) -> float:
@@ -56,11 +56,12 @@ def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int) -
     torch.compiler.reset()
     model = timm.create_model(model_name, pretrained=False, num_classes=num_classes).cuda().half().eval()
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
     quantized = 0
     if scheme != "none":
-        quantized = sum(quantizable(scheme, m) for m in linear)
-        apply_torchao(model, scheme)
-    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+        rows = rows_per_image(model, x)
+        quantized = sum(quantizable(scheme, m, rows.get(m)) for m in linear)
+        apply_torchao(model, scheme, example=x)
     with torch._inductor.config.patch(inductor_config(None if scheme == "none" else scheme)), torch.no_grad():
         compiled = torch.compile(model)
         t0 = time.perf_counter()

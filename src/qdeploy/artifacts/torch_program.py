@@ -151,7 +151,8 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
     model = copy.deepcopy(module).to(device=settings.device, dtype=_DTYPES[settings.precision], memory_format=fmt).eval()
     if settings.torchao:
-        apply_torchao(model, settings.torchao)  # its weights are torchao tensor subclasses: loading needs torchao
+        # its weights are torchao tensor subclasses: loading needs torchao
+        apply_torchao(model, settings.torchao, example=_example(settings, 1))
     with torch.inference_mode(False), torch.no_grad():
         programs = _export(model, settings)
     export_s = time.perf_counter() - t0

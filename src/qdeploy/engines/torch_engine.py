@@ -105,8 +105,9 @@ class TorchEngine(Engine):
         self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
         model = copy.deepcopy(self.artifact.module)
         model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
-        if opts.torchao:
-            apply_torchao(model, opts.torchao)
+        # torchao quantizes at the first input (its kernels' rules on rows need one; facts/torchao.quantizable), before
+        # the first compile
+        self._torchao_module = model if opts.torchao else None
         self.compile_mode: Optional[str] = None
         if opts.compile:
             mode = "default" if opts.compile is True else opts.compile
@@ -137,7 +138,11 @@ class TorchEngine(Engine):
     def _compile_for(self, x: torch.Tensor) -> None:
         """The first call of a compiled model on ``x``'s shape (where torch.compile compiles), with Dynamo told to raise
         rather than fall back to eager when its recompile limit is hit (a candidate that cannot be compiled fails with
-        that reason instead of being timed as compiled), under a torchao program's Inductor settings (facts/torchao.py)."""
+        that reason instead of being timed as compiled), under a torchao program's Inductor settings (facts/torchao.py). A
+        torchao program is quantized here, at its first input."""
+        if self._torchao_module is not None:
+            apply_torchao(self._torchao_module, self.options.torchao, example=x)
+            self._torchao_module = None
         key = tuple(x.shape)
         if not self.compile_mode or key in self._compiled_shapes:
             return

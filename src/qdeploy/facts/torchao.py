@@ -18,9 +18,12 @@ class TorchaoScheme:
     min_capability: Optional[tuple]      # CUDA compute capability it needs (None: any device torchao supports)
     cuda_only: bool
     why: str
-    # The matmul kernel's shape rule: a Linear layer is quantized only where its in and out features are both multiples
-    # of this (None: any shape); the others stay in the model's precision (a 10-class head, for one).
+    # The matmul kernel's shape rules. A Linear layer is quantized only where its in and out features are both
+    # multiples of ``features_multiple_of`` (None: any) and, with ``min_rows_per_image``, where one image gives its
+    # matmul at least that many rows (a layer on tokens or pixels; not a head or a pooled projection, whose rows are the
+    # batch size): then it runs at every batch size, batch 1 included. The others stay in the model's precision.
     features_multiple_of: Optional[int] = None
+    min_rows_per_image: Optional[int] = None
 
 
 SCHEMES = {
@@ -35,7 +38,9 @@ SCHEMES = {
     "int8-dynamic": TorchaoScheme(
         "int8-dynamic", "Int8DynamicActivationInt8WeightConfig", None, True,
         "INT8 weights and dynamically quantized INT8 activations (per token): INT8 tensor-core matmuls",
-        8),  # torch._int_mm on cuBLAS: K and N nonzero multiples of 8; torchao does not check, the call fails at run
+        # torch._int_mm on cuBLAS: K and N nonzero multiples of 8, more than 16 rows; torchao checks neither, and the
+        # call fails at run time
+        8, 17),
 }
 
 
@@ -77,21 +82,47 @@ def inductor_config(scheme: Optional[str]) -> dict:
     return dict(INDUCTOR_CONFIG) if scheme else {}
 
 
-def quantizable(scheme: str, module) -> bool:
-    """Whether ``scheme`` quantizes ``module``: a Linear layer whose shape its matmul kernel takes, with a plain weight
-    (a weight shared by two layers is quantized once)."""
+def quantizable(scheme: str, module, rows_per_image: Optional[int] = None) -> bool:
+    """Whether ``scheme`` quantizes ``module``: a Linear layer whose shape its matmul kernel takes (``rows_per_image``:
+    the rows one image gives its matmul, None where it never ran), with a plain weight (a weight shared by two layers is
+    quantized once)."""
     import torch
 
-    m = SCHEMES[scheme].features_multiple_of
+    s = SCHEMES[scheme]
+    m = s.features_multiple_of
     return (isinstance(module, torch.nn.Linear) and type(module.weight.data) is torch.Tensor
-            and (m is None or (module.in_features % m == 0 and module.out_features % m == 0)))
+            and (m is None or (module.in_features % m == 0 and module.out_features % m == 0))
+            and (s.min_rows_per_image is None
+                 or (rows_per_image is not None and rows_per_image >= s.min_rows_per_image)))
 
 
-def apply_torchao(model, scheme: str):
+def rows_per_image(model, example) -> dict:
+    """{Linear module: the rows of its matmul for one image}, from one forward pass of ``example`` (a batch of one)."""
+    import torch
+
+    rows, hooks = {}, []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            hooks.append(module.register_forward_pre_hook(
+                lambda mod, args: rows.__setitem__(mod, max(rows.get(mod, 0), args[0].numel() // mod.in_features))))
+    try:
+        with torch.inference_mode():
+            model(example[:1])
+    finally:
+        for h in hooks:
+            h.remove()
+    return rows
+
+
+def apply_torchao(model, scheme: str, example=None):
     """Quantize ``model``'s Linear layers in place with the scheme's torchao config, those its kernel takes
-    (``quantizable``); returns the model. Inductor's settings are left alone (INDUCTOR_CONFIG)."""
+    (``quantizable``; ``example``: an input batch, for schemes with a rule on rows); returns the model. Inductor's
+    settings are left alone (INDUCTOR_CONFIG)."""
     import torchao.quantization as q
 
+    if SCHEMES[scheme].min_rows_per_image is not None and example is None:
+        raise ValueError(f"torchao {scheme}: quantizing needs an example input (its kernel's rule on rows)")
+    rows = rows_per_image(model, example) if example is not None else {}
     q.quantize_(model, getattr(q, SCHEMES[scheme].config)(set_inductor_config=False),
-                filter_fn=lambda module, fqn: quantizable(scheme, module))
+                filter_fn=lambda module, fqn: quantizable(scheme, module, rows.get(module)))
     return model
