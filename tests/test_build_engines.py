@@ -228,3 +228,36 @@ def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_t
     engine.close()
     assert seen == INDUCTOR_CONFIG and out.shape == (6, 3) and np.isfinite(out).all()
     assert {k: getattr(inductor, k) for k in INDUCTOR_CONFIG} == before
+
+
+@pytest.mark.slow  # a CPU compile
+def test_a_frozen_program_compiles_with_freezing_and_leaves_the_process_its_own(res_setup):
+    """optimize's frozen candidate: Inductor's freezing set while its program compiles, and only then."""
+    import torch._inductor.config as inductor
+
+    from qdeploy.facts.inductor import FREEZING, program_inductor_config
+
+    assert program_inductor_config(None, True) == FREEZING and program_inductor_config(None, False) == {}
+    before = inductor.freezing
+    assert before is False  # Inductor's default: a leak would show
+    _, builder, x = res_setup
+    plain = _variant(engine="torch", device="cpu")
+    want = create_engine(plain, builder().build(plain.artifact_request()))
+    want.load()
+    expected = want.infer(x)
+    want.close()
+    v = _variant(engine="torch", device="cpu", options={"compile": True, "freezing": True})
+    engine = create_engine(v, builder().build(v.artifact_request()))
+    seen = []
+    engine.load()
+    real = engine.model
+
+    def spy(inp):  # the compiled model's first call is where Inductor compiles: record the setting it sees
+        seen.append(inductor.freezing)
+        return real(inp)
+
+    engine.model = spy
+    out = engine.infer(x)
+    engine.close()
+    assert seen[0] is True and inductor.freezing is before
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)  # BatchNorm folded into the conv: close, FP32

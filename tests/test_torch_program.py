@@ -238,3 +238,25 @@ def test_tensor_constants_an_export_lifts_follow_the_program_to_its_device():
     torch.testing.assert_close(constants_to_device(module, "cpu")(x), _MaskFromScalars()(x))
     moved = constants_to_device(ep.module(), "meta")
     assert all(v.device.type == "meta" for sub in moved.modules() for v in vars(sub).values() if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.slow  # a subprocess and a CPU compile
+def test_a_frozen_program_records_freezing_and_reloads_with_the_models_outputs(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    with torch.no_grad():  # BatchNorm statistics that folding has to carry
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    model.eval()
+    images = _images(16)
+    np.save(tmp_path / "images.npy", images)
+    folder = tmp_path / "out"
+    manifest = save_program(model, ProgramSettings("cpu", "fp32", compile="default", freezing=True,
+                                                   batch_sizes=(8,), input_shape=(3, 8, 8)), folder)
+    assert manifest["freezing"] is True and manifest["inductor_config"] == {"freezing": True}
+    res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [8], tmp_path / "r.json")
+    with torch.no_grad():
+        want = model(torch.from_numpy(images)).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
+    assert res["environment"]["imported_sources"] == []

@@ -775,12 +775,15 @@ class OptimizeConfig(_Strict):
         default_factory=lambda: ["default"],
         description="PyTorch targets: torch.compile modes tried (each with and without CUDA graphs on a GPU). "
                     "max-autotune-no-cudagraphs benchmarks kernels while compiling: minutes per model, so opt-in")
+    freezing: bool = Field(True, description="PyTorch targets: the fastest compiled candidate compiled again with "
+                                             "Inductor's freezing (weights folded in as constants: conv-BN folding, "
+                                             "constant folding; facts/inductor.py), one more compile")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "
-                    "where the GPU runs them (FP8: compute capability 8.9+). Opt-in: on the project's H100 (torchao "
-                    "0.18, torch 2.11) compiling DeiT-tiny with float8-dynamic did not finish within 4 minutes, and "
-                    "one compile cannot be interrupted by time_limit")
+                    "where the GPU runs them (FP8: compute capability 8.9+). Opt-in: FP8 ran 0.74-0.83x FP16's speed "
+                    "on DeiT-S at 224, batch 32-128, on an H200 (docs/gpu.md), and one compile cannot be interrupted "
+                    "by time_limit")
     finalists: int = Field(3, ge=1, description="PyTorch targets: candidates measured fully (evaluation + timing) after "
                                                 "every candidate was timed briefly")
     qat: Literal["off", "distill", "supervised", "both"] = Field(

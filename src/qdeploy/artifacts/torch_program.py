@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 
 from qdeploy.artifacts.torch_program_loader import constants_to_device
-from qdeploy.facts.torchao import apply_torchao, inductor_config
+from qdeploy.facts.inductor import program_inductor_config
+from qdeploy.facts.torchao import apply_torchao
 from qdeploy.utils.log import log
 
 LOADER_SOURCE = Path(__file__).with_name("torch_program_loader.py")
@@ -51,6 +52,7 @@ class ProgramSettings:
     compile: Optional[str] = None       # a torch.compile mode, or None: eager
     cuda_graphs: bool = False
     torchao: Optional[str] = None       # a facts.torchao scheme applied to the Linear layers before export
+    freezing: bool = False              # compiled with Inductor's freezing (facts/inductor.py)
     batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
     input_shape: tuple = ()             # (C, H, W)
 
@@ -168,7 +170,7 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
         if use_aoti:
             from torch._inductor import config as inductor
 
-            with inductor.patch(inductor_config(settings.torchao)):
+            with inductor.patch(program_inductor_config(settings.torchao, settings.freezing)):
                 torch._inductor.aoti_compile_and_package(ep, package_path=str(folder / name))
         else:
             with warnings.catch_warnings():
@@ -182,8 +184,8 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
                 "input_shape": list(settings.input_shape), "batch_sizes": sorted(set(settings.batch_sizes)),
                 "torch": torch.__version__, "export_s": round(export_s, 2),
                 "requires": ["torch", "numpy"] + (["torchao"] if settings.torchao else []),
-                # the Inductor settings it was compiled under, which the loader compiles under too (facts/torchao.py)
-                "inductor_config": inductor_config(settings.torchao)}
+                # the Inductor settings it was compiled under, which the loader compiles under too (facts/inductor.py)
+                "inductor_config": program_inductor_config(settings.torchao, settings.freezing)}
     if settings.compile is not None and not use_aoti:
         manifest.update(_compile_cache(folder, programs, settings))
     manifest["package_s"] = round(time.perf_counter() - t1, 2)
@@ -206,7 +208,8 @@ def _compile_cache(folder: Path, programs: dict, settings: ProgramSettings) -> d
         # as the loader compiles it (constants on the device), so that a fresh process hits this cache
         compiled = torch.compile(constants_to_device(ep.module(), settings.device), mode=mode, dynamic=False)
         sizes = settings.batch_sizes if key == "dynamic" else (int(key),)
-        with torch.inference_mode(), torch._inductor.config.patch(inductor_config(settings.torchao)):
+        with torch.inference_mode(), \
+                torch._inductor.config.patch(program_inductor_config(settings.torchao, settings.freezing)):
             for b in sorted(set(sizes)):
                 compiled(_example(settings, b))
     if settings.device == "cuda":

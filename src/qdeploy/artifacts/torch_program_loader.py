@@ -53,13 +53,13 @@ class Program:
         self._graphs: dict = {}
         self._modules: dict = {}
         self._compiled: set = set()
-        # a compiled program's Inductor settings (facts/torchao.py), applied at each shape's first (compiling) call
+        # a compiled program's Inductor settings (facts/inductor.py), applied at each shape's first (compiling) call
         self._inductor_config = (manifest.get("inductor_config") or {}) if manifest.get("compile") else {}
         self.load_s = 0.0
         t0 = time.perf_counter()
         _set_math_flags(manifest, device)
-        if manifest.get("compile") and manifest["format"] == "exported":
-            cache = folder / manifest.get("compile_cache", "compile-cache.bin")
+        if manifest.get("compile") and manifest["format"] == "exported" and manifest.get("compile_cache"):
+            cache = folder / manifest["compile_cache"]  # None where torch.compile saved no cache: compiled at load
             if cache.is_file():
                 torch.compiler.load_cache_artifacts(cache.read_bytes())
         programs = manifest["programs"]  # {"dynamic": file} or {"<batch>": file}

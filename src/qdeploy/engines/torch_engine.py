@@ -12,7 +12,8 @@ from qdeploy.artifacts import ArtifactKind, ArtifactRequest
 from qdeploy.artifacts.torch_program_loader import capture_cuda_graph
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
-from qdeploy.facts.torchao import apply_torchao, inductor_config, torchao_problem
+from qdeploy.facts.inductor import program_inductor_config
+from qdeploy.facts.torchao import apply_torchao, torchao_problem
 from qdeploy.utils.malloc import tune_glibc_malloc
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -29,6 +30,9 @@ class TorchOptions(BaseModel):
     torchao: Optional[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         None, json_schema_extra={"label": "torchao"},
         description="quantize the Linear layers with a torchao scheme (facts/torchao.py) before compiling")
+    freezing: bool = Field(False, json_schema_extra={"label": "frozen"},
+                           description="compiled programs: Inductor's freezing, the weights folded in as constants "
+                                       "(conv-BN folding, constant folding; facts/inductor.py)")
     tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
                        description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
@@ -148,7 +152,8 @@ class TorchEngine(Engine):
             return
         from torch._inductor import config as inductor
 
-        with dynamo_fails_at_recompile_limit(), inductor.patch(inductor_config(self.options.torchao)), \
+        with dynamo_fails_at_recompile_limit(), \
+                inductor.patch(program_inductor_config(self.options.torchao, self.options.freezing)), \
                 torch.inference_mode():
             self.model(x)
         self._compiled_shapes.add(key)

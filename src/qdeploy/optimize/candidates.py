@@ -469,7 +469,7 @@ def program_settings(spec: dict, batch_sizes, input_shape):
     return ProgramSettings(device=spec.get("device", "cpu"), precision=spec["precision"],
                            channels_last=bool(spec.get("channels_last")), tf32=bool(spec.get("tf32")),
                            compile="default" if mode is True else mode, cuda_graphs=bool(spec.get("cuda_graphs")),
-                           torchao=spec.get("torchao"),
+                           torchao=spec.get("torchao"), freezing=bool(spec.get("freezing")),
                            batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
 
 
@@ -591,6 +591,24 @@ class CompiledCandidate(TorchCandidate):
     def describe(self) -> str:
         return (f"torch.compile ({self.compile_mode}){' + CUDA graphs' if self.cuda_graphs else ''}, "
                 f"{self._precision_text()}{self._layout()}")
+
+
+@register
+@dataclass(eq=False)
+class FrozenCandidate(CompiledCandidate):
+    """A compiled candidate compiled again with Inductor's freezing: its weights folded in as constants (conv-BN
+    folding, constant folding; facts/inductor.py). The same model and precision; the numerics move a little where
+    BatchNorm is folded into the convolution's weights, so it is evaluated on its own."""
+
+    kind: ClassVar[str] = "torch-frozen"
+    runtime: ClassVar[str] = "frozen"
+
+    @classmethod
+    def planned_from(cls, base: "CompiledCandidate") -> "FrozenCandidate":
+        return cls({**base.spec, "freezing": True, "name": f"{base.variant}-frozen"})
+
+    def describe(self) -> str:
+        return f"{super().describe()}, Inductor freezing (weights folded in as constants)"
 
 
 @register

@@ -16,6 +16,9 @@ minutes per candidate, so:
    not be captured (``GRAPH_DOMINATES_WHY``); each compile's time
    is recorded and counted against ``time_limit``: a compile that would not fit in the time left (estimated from the
    ones before) is skipped, and the log and optimize.json's ``stages`` name every one skipped.
+   Then the fastest compiled program once more with Inductor's freezing (``optimize.freezing``: weights as
+   constants, facts/inductor.py) and, on torch-cuda, the fastest BF16/FP16 one with each torchao scheme of
+   ``optimize.torchao`` on its Linear layers; each one compile more, under the same rule.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
    brief timing: layout, capture and compilation change the kernels and so the numerics a little, so a candidate's
    own predictions decide its budget verdict, never its precision's. The fastest is measured even past the time limit
@@ -33,7 +36,7 @@ from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
-                                         TorchaoCandidate, TorchCandidate)
+                                         FrozenCandidate, TorchaoCandidate, TorchCandidate)
 from qdeploy.optimize.decide import LATENCY_TIE
 from qdeploy.optimize.steps.base import Step, register_step
 
@@ -160,6 +163,8 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             s.stages["torch_compile_not_tried"] = skipped
         _note_brief(s, "torch.compile", compiled)
         brief += compiled
+        if s.o.freezing and not s.timed_out:
+            brief += _freezing_stage(s, compiled, estimate)
         if s.target.name == "torch-cuda" and s.o.torchao and not s.timed_out:
             brief += _torchao_stage(s, compiled, estimate)
     # 4. the finalists, measured fully
@@ -224,6 +229,26 @@ def compile_pairs(brief: list, tie: float = LATENCY_TIE) -> list[tuple]:
     tied = [(p, t, not cl) for (p, t, cl) in best.values()
             if (p, t, not cl) in layouts and layouts[(p, t, not cl)] <= layouts[(p, t, cl)] * (1 + tie)]
     return list(best.values()) + tied
+
+
+def _freezing_stage(s, compiled: list, estimate) -> list:
+    """Inductor's freezing on the fastest compiled candidate: the same program with its weights as constants
+    (facts/inductor.py). Said plainly when it is not faster."""
+    base = min((c for c in compiled if c.brief_rank is not None), key=lambda c: c.brief_rank, default=None)
+    if base is None:
+        return []
+    cand = FrozenCandidate.planned_from(base)
+    left = s.time_left()
+    if not compile_fits(left, estimate, s.limit_covers_saving):
+        s.note(f"{cand.variant}: not compiled, {left:.0f} s left of optimize.time_limit")
+        return []
+    _time_briefly(s, cand)
+    if cand.brief_rank is not None:
+        s.note(f"Inductor freezing on {base.variant}: " + "/".join(f"{v:.3f}" for v in cand.brief_p50_ms.values())
+               + " ms vs " + "/".join(f"{v:.3f}" for v in base.brief_p50_ms.values()) + " ms without"
+               + (f" (compile {cand.compile_s:.1f} s)" if cand.compile_s is not None else "")
+               + (": faster, a candidate" if cand.brief_rank < base.brief_rank else ": not faster here"))
+    return [cand]
 
 
 def _torchao_stage(s, compiled: list, estimate) -> list:
