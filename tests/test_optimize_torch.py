@@ -167,6 +167,10 @@ def test_torch_cpu_compiles_its_best_pair_and_reports_compile_time(tmp_path):
     assert all(c["brief_p50_ms"] and set(c["brief_p50_ms"]) == {"1", "4"} for c in compiled if c["status"] != "failed")
     assert sum(1 for c in s["candidates"] if c["search_metric"] is not None) <= 2  # the reference + 1 finalist
     assert any(d.startswith("torch.compile candidates timed briefly") for d in s["decisions"])
+    # on the CPU the fastest compiled program is compiled again with Inductor's freezing (facts/inductor.py)
+    frozen = [c for c in s["candidates"] if c["kind"] == "torch-frozen"]
+    assert len(frozen) == 1 and frozen[0]["variant"].endswith("-compile-frozen") and frozen[0]["brief_p50_ms"]
+    assert any(d.startswith("Inductor freezing on ") for d in s["decisions"])
     assert (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
 
 
@@ -208,6 +212,21 @@ def test_torchao_candidates_are_opt_in_and_start_from_a_compiled_candidate():
     assert "torchao float8-dynamic on the Linear layers" in c.describe()
     assert SCHEMES["float8-dynamic"].min_capability == (8, 9)
     assert "CUDA GPU only" in torchao_problem("float8-dynamic", "cpu") or "torchao package" in torchao_problem("float8-dynamic", "cpu")
+
+
+def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries_it_only_when_asked():
+    from qdeploy.facts.inductor import FREEZING_BY_DEFAULT
+    from qdeploy.optimize.candidates import FrozenCandidate
+
+    base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
+    c = FrozenCandidate.planned_from(base)
+    assert c.kind == "torch-frozen" and c.variant == "fp16-cl-compile-cudagraph-frozen"
+    settings = program_settings(c.spec, [1], (3, 8, 8))
+    assert settings.freezing is True and settings.compile == "default" and settings.cuda_graphs is True
+    assert program_settings(base.spec, [1], (3, 8, 8)).freezing is False
+    assert "Inductor freezing" in c.describe()
+    assert OptimizeConfig(target="torch-cuda").freezing is None  # the device decides, unless set
+    assert FREEZING_BY_DEFAULT == {"cpu": True, "cuda": False}
 
 
 def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_cannot_run_here(tmp_path):

@@ -241,7 +241,8 @@ def test_tensor_constants_an_export_lifts_follow_the_program_to_its_device():
 
 
 @pytest.mark.slow  # a subprocess and a CPU compile
-def test_a_frozen_program_records_freezing_and_reloads_with_the_models_outputs(tmp_path):
+@pytest.mark.parametrize("aoti", [False, True], ids=["exported", "aoti-where-it-loads"])
+def test_a_frozen_program_records_freezing_and_reloads_with_the_models_outputs(tmp_path, aoti):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
@@ -252,9 +253,11 @@ def test_a_frozen_program_records_freezing_and_reloads_with_the_models_outputs(t
     images = _images(16)
     np.save(tmp_path / "images.npy", images)
     folder = tmp_path / "out"
+    probe = AotiProbe("cpu", tmp_path / "cache") if aoti else None  # as optimize saves a compiled program
     manifest = save_program(model, ProgramSettings("cpu", "fp32", compile="default", freezing=True,
-                                                   batch_sizes=(8,), input_shape=(3, 8, 8)), folder)
+                                                   batch_sizes=(8,), input_shape=(3, 8, 8)), folder, probe)
     assert manifest["freezing"] is True and manifest["inductor_config"] == {"freezing": True}
+    assert manifest["format"] == ("aoti" if aoti and probe.result()[0] else "exported")
     res = run_in_fresh_process(folder, tmp_path / "images.npy", tmp_path / "y.npy", "logits", 8, [8], tmp_path / "r.json")
     with torch.no_grad():
         want = model(torch.from_numpy(images)).numpy()

@@ -775,9 +775,11 @@ class OptimizeConfig(_Strict):
         default_factory=lambda: ["default"],
         description="PyTorch targets: torch.compile modes tried (each with and without CUDA graphs on a GPU). "
                     "max-autotune-no-cudagraphs benchmarks kernels while compiling: minutes per model, so opt-in")
-    freezing: bool = Field(True, description="PyTorch targets: the fastest compiled candidate compiled again with "
-                                             "Inductor's freezing (weights folded in as constants: conv-BN folding, "
-                                             "constant folding; facts/inductor.py), one more compile")
+    freezing: Optional[bool] = Field(
+        None, description="PyTorch targets: the fastest compiled candidate compiled again with Inductor's freezing "
+                          "(weights folded in as constants: conv-BN folding, constant folding, oneDNN weight packing "
+                          "on the CPU; facts/inductor.py), one more compile. Default: on for torch-cpu, off for "
+                          "torch-cuda (facts/inductor.FREEZING_BY_DEFAULT)")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

@@ -7,6 +7,9 @@ transposes, concatenations) once at compile time, and on the CPU packs weights f
 matmuls with what follows them. It is PyTorch's own inference setting (its Inductor inference benchmarks run with
 ``--freezing``), not torch.compile's default, so a hand-written ``torch.compile`` does not have it. It needs grad off
 (qdeploy compiles under inference mode) and the weights never changing after the compile (a deployed program's).
+torch.compile's portable cache does not keep a frozen graph (Inductor bypasses its cache for frozen constants), so a
+saved frozen program in the exported format compiles from scratch at its first call in a fresh process; an
+AOTInductor package is compiled once, when it is saved.
 """
 from __future__ import annotations
 
@@ -15,6 +18,16 @@ from typing import Optional
 from qdeploy.facts.torchao import inductor_config as torchao_inductor_config
 
 FREEZING = {"freezing": True}
+
+# Where optimize tries a frozen candidate unless optimize.freezing says otherwise. On the CPU freezing is what lets
+# Inductor pack weights for oneDNN and fuse convolutions with what follows (torchvision ResNet-50 / MobileNetV3-Large at
+# 224, batch 1, 2 Xeon cores: docs/results/inductor_freezing_cpu.json). On a GPU the convolutions are cuDNN calls
+# either way and the BatchNorm a folded convolution no longer needs was one more operation inside a pointwise kernel
+# Inductor runs anyway: ConvNeXt-femto ran 1.007x / 0.987x at batch 1 / 32 on an H100 (docs/gpu.md), while the saved
+# frozen program loses its compile cache (above), so a GPU search tries it only when asked.
+FREEZING_BY_DEFAULT = {"cpu": True, "cuda": False}
+FREEZING_GPU_WHY = ("not tried by default on a GPU (facts/inductor.FREEZING_BY_DEFAULT: no gain measured there, and the "
+                    "saved frozen program compiles at its first call); optimize.freezing: true tries it")
 
 
 def program_inductor_config(torchao: Optional[str] = None, freezing: bool = False) -> dict:

@@ -1,0 +1,146 @@
+"""Inductor's freezing against torch.compile's default on the same model, same process: what optimize's frozen
+candidate (``optimize.freezing``, facts/inductor.py) can gain, per device.
+
+Each model (torchvision, random weights: speed does not depend on their values; channels_last; FP32 on the CPU, FP16
+on a GPU) is compiled (``dynamic=False``, as qdeploy compiles) with and without ``freezing`` set while it compiles, each
+in a fresh process, the two alternating (``--repeats`` processes each): two programs of one model cannot stay compiled
+side by side in one process (Dynamo hands a second instance of the model the first one's program), and a fresh process
+is what a deployed program runs in. A GPU program is replayed as a CUDA graph, as qdeploy runs it. The p50 is the
+median over a side's processes of each process's median; the compile time is the first call's.
+
+    python bench/suites/inductor_freezing.py resnet50 mobilenet_v3_large efficientnet_b0 --device cpu --batch 1 \\
+        --json docs/results/inductor_freezing_cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+import torchvision
+
+
+def compiled(name: str, device: str, dtype, x, freezing: bool):
+    model = getattr(torchvision.models, name)().eval().to(device=device, dtype=dtype,
+                                                          memory_format=torch.channels_last)
+    fn = torch.compile(model, dynamic=False)
+    with torch._inductor.config.patch({"freezing": freezing}), torch.inference_mode():
+        t0 = time.perf_counter()
+        fn(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+    if device != "cuda":
+        def step():
+            with torch.inference_mode():
+                return fn(x)
+        return step, compile_s
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        fn(x)
+    return graph.replay, compile_s
+
+
+def round_median(step, device: str, iterations: int) -> float:
+    times = []
+    for _ in range(iterations):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def machine(device: str) -> dict:
+    if device == "cuda":
+        return {"gpu": torch.cuda.get_device_name()}
+    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    keep = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    have = next((line.split(":", 1)[1].split() for line in flags.splitlines() if line.startswith("Flags")), [])
+    return {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "flags": [f for f in keep if f in have]}
+
+
+def child(args) -> None:
+    """One process: one model compiled one way, timed in ``--rounds`` rounds; prints its JSON."""
+    dtype = torch.float16 if args.device == "cuda" else torch.float32
+    x = torch.randn(args.batch, 3, args.size, args.size, device=args.device, dtype=dtype
+                    ).contiguous(memory_format=torch.channels_last)
+    step, compile_s = compiled(args.child, args.device, dtype, x, args.freezing)
+    for _ in range(3):
+        step()
+    rounds = [round_median(step, args.device, args.iterations) for _ in range(args.rounds)]
+    print("RESULT " + json.dumps({"p50_ms": statistics.median(rounds), "compile_s": compile_s}), flush=True)
+
+
+def one_process(args, name: str, freezing: bool) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--batch", str(args.batch),
+           "--size", str(args.size), "--rounds", str(args.rounds), "--iterations", str(args.iterations),
+           "--json", "-"] + (["--freezing"] if freezing else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if p.returncode != 0 or line is None:
+        raise SystemExit(f"{name} (freezing={freezing}) failed: {p.stderr.strip().splitlines()[-1:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", help="torchvision model names")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes a side, alternating")
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds in each process")
+    ap.add_argument("--iterations", type=int, default=20, help="timed calls per round")
+    ap.add_argument("--json", type=str, required=True)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--freezing", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    rows = []
+    for name in args.models:
+        runs = {False: [], True: []}
+        for _ in range(args.repeats):
+            for freezing in (False, True):
+                runs[freezing].append(one_process(args, name, freezing))
+        p50 = {k: statistics.median(r["p50_ms"] for r in v) for k, v in runs.items()}
+        row = {"model": name, "device": args.device, "dtype": "float16" if args.device == "cuda" else "float32",
+               "batch": args.batch, "input_size": args.size, "p50_ms": round(p50[False], 3),
+               "frozen_p50_ms": round(p50[True], 3), "speedup": round(p50[False] / p50[True], 3),
+               "compile_s": round(statistics.median(r["compile_s"] for r in runs[False]), 1),
+               "frozen_compile_s": round(statistics.median(r["compile_s"] for r in runs[True]), 1),
+               "process_p50s_ms": {"default": [round(r["p50_ms"], 3) for r in runs[False]],
+                                   "frozen": [round(r["p50_ms"], 3) for r in runs[True]]}}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    doc = {"command": "python bench/suites/inductor_freezing.py " + " ".join(args.models)
+           + f" --device {args.device} --batch {args.batch} --repeats {args.repeats}", "torch": torch.__version__,
+           "torchvision": torchvision.__version__, "machine": machine(args.device), "rows": rows}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
