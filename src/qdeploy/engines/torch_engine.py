@@ -142,7 +142,7 @@ class TorchEngine(Engine):
     def _compile_for(self, x: torch.Tensor) -> None:
         """The first call of a compiled model on ``x``'s shape (where torch.compile compiles), with Dynamo told to raise
         rather than fall back to eager when its recompile limit is hit (a candidate that cannot be compiled fails with
-        that reason instead of being timed as compiled), under a torchao program's Inductor settings (facts/torchao.py). A
+        that reason instead of being timed as compiled), under the program's Inductor settings (facts/inductor.py). A
         torchao program is quantized here, at its first input."""
         if self._torchao_module is not None:
             apply_torchao(self._torchao_module, self.options.torchao, example=x)
@@ -214,6 +214,7 @@ class TorchEngine(Engine):
             "compile": self.compile_mode,
             "tf32": self.options.tf32 if self.device == "cuda" else None,
             "torchao": self.options.torchao,
+            "freezing": self.options.freezing,
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
             "glibc_malloc_tuned": self.malloc_tuned,
             "torch": torch.__version__,
