@@ -26,6 +26,10 @@ import torch
 import torch._inductor.config
 import torchvision
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from qdeploy.artifacts.torch_program_loader import capture_cuda_graph  # noqa: E402
+
 
 def compiled(name: str, device: str, dtype, x, freezing: bool):
     model = getattr(torchvision.models, name)().eval().to(device=device, dtype=dtype,
@@ -42,16 +46,7 @@ def compiled(name: str, device: str, dtype, x, freezing: bool):
             with torch.inference_mode():
                 return fn(x)
         return step, compile_s
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(3):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        fn(x)
-    return graph.replay, compile_s
+    return capture_cuda_graph(fn, x)[0].replay, compile_s  # as qdeploy's engine and load_model.py capture it
 
 
 def round_median(step, device: str, iterations: int) -> float:

@@ -23,20 +23,14 @@ import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from qdeploy.artifacts.torch_program_loader import capture_cuda_graph  # noqa: E402
 from qdeploy.facts.torchao import SCHEMES, apply_torchao, inductor_config, quantizable, rows_per_image  # noqa: E402,E501
 
 
 def graph_p50_ms(fn, x, warmup: int = 20, iterations: int = 100) -> float:
-    """p50 of ``iterations`` replays of ``fn(x)`` captured as one CUDA graph (after ``warmup`` plain calls)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(x)
+    """p50 of ``iterations`` replays of ``fn(x)`` captured as one CUDA graph as qdeploy captures it (after ``warmup``
+    replays)."""
+    graph = capture_cuda_graph(fn, x)[0]
     for _ in range(warmup):
         graph.replay()
     times = []
@@ -62,7 +56,8 @@ def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int) -
         rows = rows_per_image(model, x)
         quantized = sum(quantizable(scheme, m, rows.get(m)) for m in linear)
         apply_torchao(model, scheme, example=x)
-    with torch._inductor.config.patch(inductor_config(None if scheme == "none" else scheme)), torch.no_grad():
+    with torch._inductor.config.patch(inductor_config(None if scheme == "none" else scheme)), \
+            torch.inference_mode():
         compiled = torch.compile(model)
         t0 = time.perf_counter()
         compiled(x)
