@@ -165,3 +165,43 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     assert mod.main(["--rows", str(rows), "--optimize", str(opt), "--json", str(out)]) == 0
     assert "low_precision_failed" not in json.loads(out.read_text())
     assert mod.main(["--rows", str(tmp_path / "missing.json"), "--json", str(out)]) == 2
+    assert mod.main(["--json", str(out)]) == 2
+
+
+def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting_as_paying(tmp_path):
+    """torchao_speed.py's lines (random weights: speed only) enter ``low_precision`` beside FP16 at the same model and
+    batch, with their source and no budget verdict: a scheme faster than FP16 there still does not make the "why" go,
+    and the sentence names each scheme's best; a scheme that failed is listed with its error until it runs."""
+    spec = importlib.util.spec_from_file_location("realsize_gpu", ROOT / "bench/suites/realsize_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def line(scheme, batch, p50=None, error=None):
+        r = {"model": "swin_t", "scheme": scheme, "batch": batch, "gpu": "NVIDIA H200", "linear_layers": 52,
+             "quantized_layers": 0 if scheme == "none" else 51, "compile_s": 50.0}
+        r.update({"p50_ms": p50} if error is None else {"error": error})
+        return json.dumps(r)
+
+    speed = tmp_path / "torchao_speed.jsonl"
+    speed.write_text("\n".join([line("none", 32, 2.0), line("int8-dynamic", 32, 4.0), line("float8-dynamic", 32, 1.6),
+                                line("none", 128, 8.0), line("int8-dynamic", 128, error="RuntimeError: no kernel"),
+                                line("float8-dynamic", 256, 1.0)]) + "\n")  # no FP16 at 256: left out
+    out = tmp_path / "realsize_gpu.json"
+    assert mod.main(["--speed", str(speed), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["gpu"] == "NVIDIA H200" and doc["rows"] == []
+    low = {(x["batch"], x["scheme"]): x for x in doc["low_precision"]}
+    assert set(low) == {(32, "int8-dynamic"), (32, "float8-dynamic")}
+    fp8 = low[(32, "float8-dynamic")]
+    assert fp8["fp16_p50_ms"] == 2.0 and fp8["speedup_vs_base"] == 1.25 and fp8["within_budget"] is None
+    assert fp8["source"].startswith("bench/suites/torchao_speed.py") and fp8["quantized_layers"] == "51 of 52 Linear"
+    why = doc["low_precision_why"]
+    assert "float8-dynamic (torchao_speed) on swin_t at batch 32, ran 1.6000 ms vs 2.0000 ms (1.25x), its accuracy " \
+           "not measured" in why and "int8-dynamic (torchao_speed) on swin_t at batch 32, ran 4.0000 ms" in why
+    assert doc["low_precision_failed"] == [{"model": "swin_t", "variant": "int8-dynamic (torchao_speed)",
+                                            "failed_stage": "torchao_speed", "reason": "RuntimeError: no kernel"}]
+    # the scheme runs at the next measurement: its failure goes
+    speed.write_text(line("none", 128, 8.0) + "\n" + line("int8-dynamic", 128, 9.0) + "\n")
+    assert mod.main(["--speed", str(speed), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert "low_precision_failed" not in doc and len(doc["low_precision"]) == 3

@@ -19,6 +19,9 @@ candidates compiled after that point eagerly (fixed in the torch engine since): 
 ``low_precision_void`` with that reason, not into ``low_precision``, and its rows say ``search_hit_recompile_limit``.
 A torchao candidate that failed has no timing: ``low_precision_failed`` names it with its reason (replaced when the
 model's search is merged again), and so does the sentence.
+``--speed``: bench/suites/torchao_speed.py's JSON lines (each torchao scheme and FP16 alone, compiled + CUDA graph, on
+random weights), merged into ``low_precision`` beside the search's candidates with ``source`` saying so and
+``within_budget`` null: their speed is the program's, their accuracy was not measured, so they never count as paying.
 """
 from __future__ import annotations
 
@@ -73,7 +76,8 @@ def low_precision_rows(model: str, summary: dict) -> tuple[list[dict], list[str]
         mine, theirs = c.get("brief_p50_ms") or {}, base.get("brief_p50_ms") or {}
         for b, p50 in mine.items():
             if b in theirs and p50 is not None:
-                rows.append({"model": model, "batch": int(b), "variant": name, "base": base.get("variant"),
+                rows.append({"model": model, "batch": int(b), "variant": name, "scheme": name.split("-ao-")[1],
+                             "base": base.get("variant"),
                              "base_precision": base.get("precision"), "p50_ms": p50, "fp16_p50_ms": theirs[b],
                              "speedup_vs_base": round(theirs[b] / p50, 4),
                              # a candidate only timed briefly (not among the finalists) was never evaluated
@@ -82,6 +86,35 @@ def low_precision_rows(model: str, summary: dict) -> tuple[list[dict], list[str]
                              "budget": c.get("budget") or None})
     notes = [d for d in summary.get("decisions", []) if "torchao" in d]
     return rows, notes
+
+
+SPEED_SOURCE = "bench/suites/torchao_speed.py: random weights, speed only (accuracy not measured)"
+
+
+def speed_rows(files: list[Path]) -> tuple[list[dict], list[dict], list[str]]:
+    """(each torchao scheme's p50 beside FP16's at the same model and batch, the schemes that failed, the GPUs) from
+    torchao_speed.py's JSON lines."""
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    fp16 = {(r["model"], r["batch"]): r for r in lines if r["scheme"] == "none" and "p50_ms" in r}
+    rows, failed = [], []
+    for r in lines:
+        if r["scheme"] == "none":
+            continue
+        if "p50_ms" not in r:
+            failed.append({"model": r["model"], "variant": f"{r['scheme']} (torchao_speed)",
+                           "failed_stage": "torchao_speed", "reason": r.get("error")})
+            continue
+        base = fp16.get((r["model"], r["batch"]))
+        if base is None:  # no FP16 row at this batch (a run cut short): nothing to compare with
+            continue
+        rows.append({"model": r["model"], "batch": r["batch"], "variant": f"{r['scheme']} (torchao_speed)",
+                     "scheme": r["scheme"], "base": "fp16 compiled + CUDA graph (torchao_speed)",
+                     "base_precision": "fp16", "p50_ms": r["p50_ms"], "fp16_p50_ms": base["p50_ms"],
+                     "speedup_vs_base": round(base["p50_ms"] / r["p50_ms"], 4), "evaluated": False,
+                     "within_budget": None, "source": SPEED_SOURCE,
+                     "quantized_layers": f"{r.get('quantized_layers')} of {r.get('linear_layers')} Linear",
+                     "compile_s": r.get("compile_s"), "fp16_compile_s": base.get("compile_s")})
+    return rows, failed, sorted({r["gpu"] for r in lines if r.get("gpu")})
 
 
 def failed_low_precision(model: str, summary: dict) -> list[dict]:
@@ -102,12 +135,15 @@ def why_none(low: list[dict], notes: dict[str, list[str]], void: list[dict] = ()
 def _why_none(low: list[dict], notes: dict[str, list[str]], void) -> str:
     if low:
         big = [r for r in low if r["batch"] >= LOW_PRECISION_BATCH] or low
-        best = max(big, key=lambda r: r["speedup_vs_base"])
-        return (f"no FP8/INT8 candidate was faster than its FP16/BF16 base within budget: the best, {best['variant']} "
-                f"on {best['model']} at batch {best['batch']}, ran {best['p50_ms']:.4f} ms vs {best['fp16_p50_ms']:.4f} "
-                f"ms ({best['speedup_vs_base']:.2f}x)"
-                + ("" if best["within_budget"] else ", and it is not within budget" if best["evaluated"]
-                   else ", timed only (not among the finalists optimize evaluated)")
+        best = {}  # the fastest measurement of each scheme, at the issue's batch sizes where there are any
+        for r in big:
+            scheme = r.get("scheme") or r["variant"].split("-ao-")[-1]
+            if scheme not in best or r["speedup_vs_base"] > best[scheme]["speedup_vs_base"]:
+                best[scheme] = r
+        return ("no FP8/INT8 candidate was faster than its FP16/BF16 base within budget: the best of each scheme, "
+                + "; ".join(f"{r['variant']} on {r['model']} at batch {r['batch']}, ran {r['p50_ms']:.4f} ms vs "
+                            f"{r['fp16_p50_ms']:.4f} ms ({r['speedup_vs_base']:.2f}x)" + _unproven(r)
+                            for _, r in sorted(best.items()))
                 + f"; {len(low)} measurements in all")
     if void:
         return (f"no valid FP8/INT8 measurement: the {len(void)} torchao timings ("
@@ -115,6 +151,15 @@ def _why_none(low: list[dict], notes: dict[str, list[str]], void) -> str:
                 "torch._dynamo's recompile limit (low_precision_void)")
     said = "; ".join(f"{m}: {' / '.join(n)}" for m, n in notes.items() if n)
     return "no FP8/INT8 candidate was timed" + (f" ({said})" if said else " (optimize's notes name none)")
+
+
+def _unproven(r: dict) -> str:
+    """Why a measurement does not count as paying besides its speed: no accuracy behind it, or outside the budget."""
+    if r.get("source"):
+        return ", its accuracy not measured (torchao_speed.py, random weights)"
+    if r["within_budget"]:
+        return ""
+    return ", and it is not within budget" if r["evaluated"] else ", timed only (not among the finalists optimize evaluated)"
 
 
 def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
@@ -127,8 +172,11 @@ def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     void = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision_void", [])}
     void.update({(r["model"], r["batch"], r["variant"]): r for r in new.get("low_precision_void", [])})
     failed = {(r["model"], r["variant"]): r for r in old.get("low_precision_failed", [])}
-    measured_again = {r["model"] for r in new["low_precision"]} | {r["model"] for r in new.get("low_precision_failed", [])}
-    failed = {k: r for k, r in failed.items() if k[0] not in measured_again}  # a model searched again: its new failures
+    searched_again = {r["model"] for r in new["low_precision"] if not r.get("source")} | {
+        r["model"] for r in new.get("low_precision_failed", []) if r.get("failed_stage") != "torchao_speed"}
+    ran = {(r["model"], r["variant"]) for r in new["low_precision"]}  # a failure that ran since is no longer one
+    failed = {k: r for k, r in failed.items()  # a model searched again: its new failures
+              if (k[0] not in searched_again or r.get("failed_stage") == "torchao_speed") and k not in ran}
     failed.update({(r["model"], r["variant"]): r for r in new.get("low_precision_failed", [])})
     for key in low:  # a measurement taken again, validly, replaces a void one
         void.pop(key, None)
@@ -144,15 +192,16 @@ def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     return doc
 
 
-def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, dict[str, list[str]]]:
+def collect(rows_files: list[Path], optimize_dirs: list[Path], speed_files: list[Path] = ()) -> tuple[dict, dict]:
     """(the rows and low-precision measurements of these files, each model's optimize notes on torchao)"""
     rows = [r for f in rows_files for r in json.loads(f.read_text())]
-    if not rows:
-        raise SystemExit(f"no rows in {', '.join(map(str, rows_files))}")
-    gpus = sorted({r.get("gpu") for r in rows if r.get("gpu")})
+    low, failed, speed_gpus = speed_rows(list(speed_files))
+    if not rows and not low and not failed:
+        raise SystemExit(f"no rows in {', '.join(map(str, [*rows_files, *speed_files]))}")
+    gpus = sorted({r.get("gpu") for r in rows if r.get("gpu")} | set(speed_gpus))
     if len(gpus) > 1:
         raise SystemExit(f"rows from more than one GPU ({', '.join(gpus)}): one file per card")
-    low, void, failed, notes, limit_hit = [], [], [], {}, set()
+    void, notes, limit_hit = [], {}, set()
     for model in sorted({r["model"] for r in rows}):
         for d in optimize_dirs:
             p = d / f"{model}.optimize.json"
@@ -177,16 +226,21 @@ def collect(rows_files: list[Path], optimize_dirs: list[Path]) -> tuple[dict, di
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=Path, nargs="+", required=True)
+    ap.add_argument("--rows", type=Path, nargs="*", default=[], help="gpu_reference.py's rows (realsize_gpu.sh)")
     ap.add_argument("--optimize", type=Path, nargs="*", default=[])
+    ap.add_argument("--speed", type=Path, nargs="*", default=[], help="torchao_speed.py's JSON lines")
     ap.add_argument("--json", type=Path, required=True)
     a = ap.parse_args(argv)
-    for p in a.rows:
-        if not p.is_file():
-            print(f"error: --rows {p}: no such file", file=sys.stderr)
-            return 2
+    if not a.rows and not a.speed:
+        print("error: nothing to merge: give --rows and/or --speed", file=sys.stderr)
+        return 2
+    for flag, paths in (("--rows", a.rows), ("--speed", a.speed)):
+        for p in paths:
+            if not p.is_file():
+                print(f"error: {flag} {p}: no such file", file=sys.stderr)
+                return 2
     old = json.loads(a.json.read_text()) if a.json.is_file() else {}
-    doc = merge(old, *collect(a.rows, a.optimize))
+    doc = merge(old, *collect(a.rows, a.optimize, a.speed))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(doc, indent=1) + "\n")
     for r in doc["rows"]:
