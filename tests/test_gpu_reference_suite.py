@@ -205,3 +205,22 @@ def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting
     assert mod.main(["--speed", str(speed), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert "low_precision_failed" not in doc and len(doc["low_precision"]) == 3
+
+
+def test_torchao_speed_profiles_sort_the_gpu_kernels_by_kind():
+    """torchao_speed.py --profile: each kernel's time goes to one kind by its name (attention before matmul: PyTorch's
+    memory-efficient attention is a CUTLASS kernel), per call, with the longest kernels named."""
+    spec = importlib.util.spec_from_file_location("torchao_speed", ROOT / "bench/suites/torchao_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kernels = [("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NNN", 400.0),
+               ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", 200.0),
+               ("triton_tem_fused__int_mm_mul_0", 300.0),
+               ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", 100.0),
+               ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", 100.0),
+               ("triton_red_fused_abs_amax_clamp_div_0", 150.0),
+               ("triton_per_fused_native_layer_norm_1", 50.0)]
+    got = mod.time_by_kind(kernels, calls=10)
+    assert got["ms_per_call"] == {"attention": 0.02, "matmul": 0.09, "other": 0.005, "quantize": 0.015}
+    assert [k["kind"] for k in got["longest_kernels"]] == ["matmul", "matmul", "matmul", "quantize", "attention"]
+    assert got["longest_kernels"][0]["ms_per_call"] == 0.04

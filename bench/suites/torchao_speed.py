@@ -8,11 +8,17 @@ by hand: qdeploy's compile + CUDA graph candidate. p50 of CUDA-event timed repla
 One JSON line per row is appended to --json as it is measured, so a run cut short keeps what it measured:
 
     python bench/suites/torchao_speed.py deit_small_patch16_224 --schemes none,int8-dynamic --batches 32,128 --json F
+
+``--profile``: where a program's GPU time goes, per call, by kind of kernel (torch.profiler's CUDA kernel times over
+calls of the compiled program without its graph: the same kernels): the matmuls, attention, the kernels that quantize
+activations (Inductor names a fused kernel after the operations it fused: amax, round, clamp), and the rest. Set
+beside FP16's, it says which part a scheme made faster and what it added.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -44,7 +50,45 @@ def graph_p50_ms(fn, x, warmup: int = 20, iterations: int = 100) -> float:
     return statistics.median(times)
 
 
-def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int) -> dict:
+# Kernel names by kind (cuBLAS: gemm/nvjet/xmma/sm90 names; CUTLASS; Inductor's Triton matmul templates, triton_tem_*;
+# FlashAttention and PyTorch's fused attention). The first kind whose pattern matches a name takes it.
+KERNEL_KINDS = (  # attention first: PyTorch's memory-efficient attention kernels are CUTLASS's (fmha_cutlassF_*)
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|mem_eff", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|triton_tem|_mm_|scaled_mm|int_mm|wgmma", re.I)),
+    ("quantize", re.compile(r"amax|round|clamp|float8|fp8|int8", re.I)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
+def time_by_kind(kernels: list[tuple[str, float]], calls: int) -> dict:
+    """(kernel name, total µs) over ``calls`` calls → ms per call by kind, and the five longest kernels."""
+    kinds: dict[str, float] = {}
+    for name, us in kernels:
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
+    top = sorted(kernels, key=lambda k: -k[1])[:5]
+    return {"ms_per_call": {k: round(v / calls / 1e3, 4) for k, v in sorted(kinds.items())},
+            "longest_kernels": [{"name": n[:120], "kind": kernel_kind(n), "ms_per_call": round(us / calls / 1e3, 4)}
+                                for n, us in top]}
+
+
+def profile_kernels(fn, x, calls: int = 10) -> dict:
+    """``time_by_kind`` of ``calls`` calls of ``fn(x)``, from torch.profiler's CUDA kernel events."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(x)
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages()
+               if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    return time_by_kind(kernels, calls)
+
+
+def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int, profile: bool = False) -> dict:
     import timm
 
     torch.compiler.reset()
@@ -64,9 +108,13 @@ def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int) -
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
         p50 = graph_p50_ms(compiled, x)
-    return {"model": model_name, "scheme": scheme, "batch": batch, "input_size": size, "num_classes": num_classes,
-            "p50_ms": round(p50, 4), "compile_s": round(compile_s, 1),
-            "linear_layers": len(linear), "quantized_layers": quantized}
+        kernels = profile_kernels(compiled, x) if profile else None
+    out = {"model": model_name, "scheme": scheme, "batch": batch, "input_size": size, "num_classes": num_classes,
+           "p50_ms": round(p50, 4), "compile_s": round(compile_s, 1),
+           "linear_layers": len(linear), "quantized_layers": quantized}
+    if kernels is not None:
+        out["profile"] = kernels
+    return out
 
 
 def main() -> None:
@@ -76,6 +124,7 @@ def main() -> None:
     ap.add_argument("--batches", default="32,128")
     ap.add_argument("--num-classes", type=int, default=10)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--profile", action="store_true", help="add each program's GPU time by kind of kernel")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -88,7 +137,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             for scheme in schemes:
                 try:
-                    r = row(name, scheme, batch, args.num_classes, args.size)
+                    r = row(name, scheme, batch, args.num_classes, args.size, args.profile)
                 except Exception as e:  # noqa: BLE001 - a scheme that cannot run here is a row with its reason
                     r = {"model": name, "scheme": scheme, "batch": batch, "error": f"{type(e).__name__}: "
                          f"{str(e).splitlines()[0][:300] if str(e) else ''}"}

@@ -783,9 +783,9 @@ class OptimizeConfig(_Strict):
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "
-                    "where the GPU runs them (FP8: compute capability 8.9+). Opt-in: FP8 ran 0.74-0.83x FP16's speed "
-                    "on DeiT-S at 224, batch 32-128, on an H200 (docs/gpu.md), and one compile cannot be interrupted "
-                    "by time_limit")
+                    "where the GPU runs them (FP8: compute capability 8.9+). Opt-in: on an H200 at 224, batch 32-128, "
+                    "FP8 ran 0.74-0.83x and INT8 dynamic 0.57-0.72x FP16's speed on DeiT-S and Swin-T (docs/gpu.md), "
+                    "and one compile cannot be interrupted by time_limit")
     finalists: int = Field(3, ge=1, description="PyTorch targets: candidates measured fully (evaluation + timing) after "
                                                 "every candidate was timed briefly")
     qat: Literal["off", "distill", "supervised", "both"] = Field(
