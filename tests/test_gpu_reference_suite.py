@@ -224,3 +224,33 @@ def test_torchao_speed_profiles_sort_the_gpu_kernels_by_kind():
     assert got["ms_per_call"] == {"attention": 0.02, "matmul": 0.09, "other": 0.005, "quantize": 0.015}
     assert [k["kind"] for k in got["longest_kernels"]] == ["matmul", "matmul", "matmul", "quantize", "attention"]
     assert got["longest_kernels"][0]["ms_per_call"] == 0.04
+
+
+def test_the_dynamic_batch_recipe_compiles_one_program_for_every_batch_size(suite):
+    """The "dynamic batch" reference marks the batch dimension dynamic from its first call, so a second batch size
+    reuses the first program (what torch.compile's default does only from its second size on); a static compile
+    compiles again. Run on the CPU: which programs Dynamo compiles does not depend on the device."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 10)).eval()
+    compiles = []
+
+    def counting_backend(gm, example_inputs):  # one call per program Dynamo compiles
+        compiles.append(gm)
+        return gm.forward
+
+    def programs_compiled(dynamic) -> int:
+        torch.compiler.reset()
+        compiles.clear()
+        fn = torch.compile(model, backend=counting_backend, dynamic=dynamic)
+        fn = suite.dynamic_batch(fn) if dynamic is None else fn
+        with torch.inference_mode():
+            for x in (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 8, 8)):  # new tensors: the mark stays on a tensor
+                torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)
+        return len(compiles)
+
+    assert programs_compiled(None) == 1  # the recipe: torch.compile's default with the batch marked dynamic
+    assert programs_compiled(False) == 2
+    torch.compiler.reset()

@@ -185,6 +185,16 @@ def cuda_graph(model, loader):
     return make
 
 
+def dynamic_batch(fn):
+    """``fn`` with its input's batch dimension marked dynamic at every call (only the first call, which compiles, reads
+    the mark): Dynamo then compiles one program for every batch size instead of one per size. A size-1 batch stays
+    specialized (Dynamo's 0/1 rule)."""
+    def run(x):
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        return fn(x)
+    return run
+
+
 def bench_images(name: str) -> np.ndarray:
     h, w = input_hw(name)
     n = 256 if h * w <= 224 * 224 else max(BATCHES)  # 640x640: 4.7 MB an image
@@ -226,6 +236,11 @@ def references(name: str, data: Path, loader, only: Optional[str] = None) -> dic
     recipes["torch.compile static + hand CUDA graph FP16 channels_last"] = lambda: Hand(cuda_graph(torch.compile(
         build_model(name, data).cuda().half().to(memory_format=torch.channels_last), dynamic=False), loader),
         torch.float16, True)
+    # and the other side: one program with a dynamic batch dimension from the first batch size on (what the default
+    # compiles at its second), so each batch size is timed both ways
+    recipes["torch.compile dynamic batch + hand CUDA graph FP16 channels_last"] = lambda: Hand(cuda_graph(
+        dynamic_batch(torch.compile(build_model(name, data).cuda().half().to(memory_format=torch.channels_last))),
+        loader), torch.float16, True)
     if only is not None:
         if only not in recipes:
             raise SystemExit(f"--hand-only: {only!r} is not one of {sorted(recipes)}")
