@@ -199,8 +199,28 @@ def test_compiled_torch_engines_in_one_process_each_really_compile(res_setup):
         engine.close()
 
 
+def _spy_on_the_first_compiled_call(monkeypatch, record):
+    """Call ``record()`` at each call of what the engine's ``torch.compile`` returns, before the call: the first call
+    is where Inductor compiles, under whatever settings the engine has patched in then."""
+    import torch
+
+    real_compile = torch.compile
+
+    def spy_compile(model, **kwargs):
+        compiled = real_compile(model, **kwargs)
+
+        def call(inp):
+            record()
+            return compiled(inp)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", spy_compile)
+
+
 @pytest.mark.slow  # a CPU compile
-def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_the_process_its_own(res_setup):
+def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_the_process_its_own(res_setup,
+                                                                                                   monkeypatch):
     """torchao's configs set Inductor's settings process-wide by default, and they stayed for every later compile of a
     search (another program than the one timed); qdeploy applies them while the torchao program compiles only."""
     pytest.importorskip("torchao", reason="torchao is a dependency; this environment lacks it")
@@ -216,14 +236,8 @@ def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_t
     engine = create_engine(v, builder().build(v.artifact_request()))
     seen = {}
     engine.load()
-    real = engine.model
-
-    def spy(inp):  # the compiled model's first call is where Inductor compiles: record the settings it sees
-        if not seen:
-            seen.update({k: getattr(inductor, k) for k in INDUCTOR_CONFIG})
-        return real(inp)
-
-    engine.model = spy
+    _spy_on_the_first_compiled_call(monkeypatch, lambda: seen or seen.update(
+        {k: getattr(inductor, k) for k in INDUCTOR_CONFIG}))
     out = engine.infer(x)
     engine.close()
     assert seen == INDUCTOR_CONFIG and out.shape == (6, 3) and np.isfinite(out).all()
@@ -231,7 +245,7 @@ def test_a_torchao_program_compiles_under_its_own_inductor_settings_and_leaves_t
 
 
 @pytest.mark.slow  # a CPU compile
-def test_a_frozen_program_compiles_with_freezing_and_leaves_the_process_its_own(res_setup):
+def test_a_frozen_program_compiles_with_freezing_and_leaves_the_process_its_own(res_setup, monkeypatch):
     """optimize's frozen candidate: Inductor's freezing set while its program compiles, and only then."""
     import torch._inductor.config as inductor
 
@@ -250,14 +264,68 @@ def test_a_frozen_program_compiles_with_freezing_and_leaves_the_process_its_own(
     engine = create_engine(v, builder().build(v.artifact_request()))
     seen = []
     engine.load()
-    real = engine.model
-
-    def spy(inp):  # the compiled model's first call is where Inductor compiles: record the setting it sees
-        seen.append(inductor.freezing)
-        return real(inp)
-
-    engine.model = spy
+    _spy_on_the_first_compiled_call(monkeypatch, lambda: seen.append(inductor.freezing))
     out = engine.infer(x)
     engine.close()
     assert seen[0] is True and inductor.freezing is before
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)  # BatchNorm folded into the conv: close, FP32
+
+
+@pytest.mark.slow  # a CPU compile, then the saved program's
+def test_saving_the_chosen_program_reuses_the_engines_compile_of_the_same_exported_program(res_setup, tmp_path,
+                                                                                          monkeypatch):
+    """The torch engine compiles a candidate's exported program (dynamic batch), the graph the saved program's loader
+    compiles: saving the chosen program then finds that compile in Inductor's cache instead of compiling for as long
+    again (Swin-T at 224 on an H200: 60 s), and the search times what a user's process runs. A fresh Inductor cache
+    folder, so that no earlier run's entry can answer."""
+    from torch._dynamo.utils import counters
+
+    from qdeploy.artifacts.torch_program import ProgramSettings, save_program
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    _, builder, x = res_setup
+    b = builder()
+    plain = _variant(engine="torch", device="cpu")
+    reference = create_engine(plain, b.build(plain.artifact_request()))
+    reference.load()
+    want = reference.infer(x)
+    reference.close()
+    v = _variant(engine="torch", device="cpu", options={"compile": True})
+    engine = create_engine(v, b.build(v.artifact_request()))
+    engine.load()
+    np.testing.assert_allclose(engine.infer(x), want, rtol=1e-4, atol=1e-4)
+    assert engine.describe()["compiled_from"] == "exported program"
+    engine.close()
+    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    settings = ProgramSettings("cpu", "fp32", compile="default", batch_sizes=(len(x),), input_shape=tuple(x.shape[1:]))
+    manifest = save_program(b.torch_model(), settings, tmp_path / "out")
+    assert manifest["format"] == "exported" and manifest["compile_cache"]
+    assert counters["inductor"]["fxgraph_cache_hit"] > hits and counters["inductor"]["fxgraph_cache_miss"] == misses
+
+
+class BatchBranch(torch.nn.Module):
+    """A branch on the batch size: torch.export cannot keep that dimension dynamic."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y * 2 if x.shape[0] > 4 else y
+
+
+@pytest.mark.slow  # a CPU compile
+def test_a_model_torch_export_cannot_trace_with_a_dynamic_batch_compiles_as_it_is(res_setup):
+    """Where torch.export cannot trace the model with a dynamic batch, the engine compiles the model itself and says
+    so (the saved program then has one program per batch size): the candidate is still compiled and right."""
+    _, builder, x = res_setup
+    v = _variant(engine="torch", device="cpu", options={"compile": True})
+    engine = create_engine(v, builder().build(v.artifact_request()))
+    engine.load()
+    with torch.no_grad():
+        want = BatchBranch(engine.model)(torch.from_numpy(x)).numpy()
+    engine.model = BatchBranch(engine.model)
+    np.testing.assert_allclose(engine.infer(x), want, rtol=1e-4, atol=1e-4)
+    assert engine.describe()["compiled_from"].startswith("model (torch.export failed: ")
+    engine.close()

@@ -63,20 +63,27 @@ def _example(settings: ProgramSettings, batch: int) -> torch.Tensor:
     return x.to(dtype=_DTYPES[settings.precision]).contiguous(memory_format=fmt)
 
 
-def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
-    """{"dynamic": ExportedProgram} with a dynamic batch dimension, else {"<batch>": ExportedProgram} per batch size."""
+def export_dynamic_batch(module: torch.nn.Module, settings: ProgramSettings):
+    """The exported program of ``module`` (on ``settings``' device, precision and layout) with a dynamic batch
+    dimension, traced at batch 2 (torch.export specialises a dimension of size 0 or 1); raises where torch.export cannot
+    trace it so. One function for the saved program and for the torch engine's compiled candidates: the same exported
+    graph compiled in both gives Inductor's cache the same key, so the saved program's compile (and a fresh process's)
+    reuses the search's instead of compiling it again."""
     from torch.export import Dim, export
 
-    sizes = sorted(set(settings.batch_sizes))
+    with torch.inference_mode(False), torch.no_grad():
+        return export(module, (_example(settings, 2),), dynamic_shapes=({0: Dim("batch", min=1)},), strict=False)
+
+
+def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
+    """{"dynamic": ExportedProgram} with a dynamic batch dimension, else {"<batch>": ExportedProgram} per batch size."""
     try:
-        # traced at batch 2: torch.export specialises a dimension of size 0 or 1
-        batch = Dim("batch", min=1, max=max(max(sizes), 2) * 64)
-        ep = export(module, (_example(settings, 2),), dynamic_shapes=({0: batch},), strict=False)
-        return {"dynamic": ep}
+        return {"dynamic": export_dynamic_batch(module, settings)}
     except Exception as e:  # noqa: BLE001 - any export failure: one static program per batch size instead
         log(f"torch.export with a dynamic batch dimension failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             "one program per batch size instead")
-    return {str(b): export(module, (_example(settings, b),), strict=False) for b in sizes}
+    return {str(b): torch.export.export(module, (_example(settings, b),), strict=False)
+            for b in sorted(set(settings.batch_sizes))}
 
 
 _PROBE = """

@@ -9,7 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.artifacts import ArtifactKind, ArtifactRequest
-from qdeploy.artifacts.torch_program_loader import capture_cuda_graph
+from qdeploy.artifacts.torch_program_loader import capture_cuda_graph, constants_to_device
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.facts.inductor import program_inductor_config
@@ -124,8 +124,9 @@ class TorchEngine(Engine):
             # silently: a search then times eager code as compiled. Earlier programs stay correct (a reset one
             # compiles again on its next call; captured CUDA graphs replay without Dynamo).
             torch.compiler.reset()
-            model = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+        # compiled at the first input (_compile_for), where the program to compile is exported
         self.model = model
+        self.exported: Optional[bool] = None  # a compiled program: whether torch.compile runs on its exported program
         self._compiled_shapes: set[tuple] = set()
         self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
         # a compiled or graph-captured model pads a last, smaller batch to the batch size it has seen: a new shape would
@@ -152,11 +153,32 @@ class TorchEngine(Engine):
             return
         from torch._inductor import config as inductor
 
+        if self.exported is None:
+            self.model = torch.compile(self._program_to_compile(x), mode=None if self.compile_mode == "default"
+                                       else self.compile_mode, dynamic=False)
+
         with dynamo_fails_at_recompile_limit(), \
                 inductor.patch(program_inductor_config(self.options.torchao, self.options.freezing)), \
                 torch.inference_mode():
             self.model(x)
         self._compiled_shapes.add(key)
+
+    def _program_to_compile(self, x: torch.Tensor) -> torch.nn.Module:
+        """The exported program (dynamic batch) of the model, as the saved program's loader compiles it: what the
+        search times is then what a user's process compiles, and the saved program's compile hits Inductor's cache of
+        this one (same graph, same key) instead of compiling for as long again. The model itself where torch.export
+        cannot trace it with a dynamic batch (the saved program then has one program per batch size)."""
+        from qdeploy.artifacts.torch_program import ProgramSettings, export_dynamic_batch
+
+        settings = ProgramSettings(device=self.device, precision=self.variant.precision,
+                                   channels_last=self.options.channels_last, input_shape=tuple(x.shape[1:]))
+        try:
+            program = constants_to_device(export_dynamic_batch(self.model, settings).module(), self.device)
+        except Exception as e:  # noqa: BLE001 - any export failure: the model compiles as it is
+            self.exported, self.export_failure = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            return self.model
+        self.exported = True
+        return program
 
     def _graph_for(self, x: torch.Tensor):
         """Capture (once per input shape) a CUDA graph of the forward pass: the saved program's loader does the same."""
@@ -215,6 +237,9 @@ class TorchEngine(Engine):
             "tf32": self.options.tf32 if self.device == "cuda" else None,
             "torchao": self.options.torchao,
             "freezing": self.options.freezing,
+            # a compiled program: torch.compile ran on its exported program (as the saved one does) or on the model
+            "compiled_from": None if self.exported is None else "exported program" if self.exported else
+            f"model (torch.export failed: {self.export_failure})",
             "threads": torch.get_num_threads() if self.device == "cpu" else None,
             "glibc_malloc_tuned": self.malloc_tuned,
             "torch": torch.__version__,
