@@ -329,3 +329,27 @@ def test_a_model_torch_export_cannot_trace_with_a_dynamic_batch_compiles_as_it_i
     np.testing.assert_allclose(engine.infer(x), want, rtol=1e-4, atol=1e-4)
     assert engine.describe()["compiled_from"].startswith("model (torch.export failed: ")
     engine.close()
+
+
+@pytest.mark.slow  # two CPU compiles
+def test_compiled_engines_alive_together_keep_their_programs(res_setup):
+    """Each compiled engine's exported program has its own generated forward, so its own Dynamo cache: a second
+    engine's compile leaves the first one's program compiled (no compile again at its next call, and so none outside its
+    own Inductor settings)."""
+    from torch._dynamo.utils import counters
+
+    _, builder, x = res_setup
+    b = builder()
+    engines = []
+    for spec in ({"channels_last": False}, {"channels_last": True}):
+        v = _variant(engine="torch", device="cpu", options={"compile": True, **spec})
+        engine = create_engine(v, b.build(v.artifact_request()))
+        engine.load()
+        engine.infer(x)
+        engines.append(engine)
+    before = counters["stats"]["unique_graphs"]
+    first = engines[0].infer(x)
+    assert counters["stats"]["unique_graphs"] == before, "the first engine compiled again"
+    np.testing.assert_allclose(first, engines[1].infer(x), rtol=1e-4, atol=1e-4)
+    for engine in engines:
+        engine.close()

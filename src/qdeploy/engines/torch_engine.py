@@ -118,12 +118,6 @@ class TorchEngine(Engine):
             if opts.cuda_graphs and mode in _COMPILE_GRAPH_MODES:
                 mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
             self.compile_mode = mode
-            # A fresh Dynamo cache for each compiled program: every model qdeploy loads is wrapped in the same module
-            # class (models.loader.SelectOutput), so the programs of one process share one code object's cache, and
-            # past its recompile limit (8 entries of dtype x layout x batch shape) Dynamo runs further programs eagerly,
-            # silently: a search then times eager code as compiled. Earlier programs stay correct (a reset one
-            # compiles again on its next call; captured CUDA graphs replay without Dynamo).
-            torch.compiler.reset()
         # compiled at the first input (_compile_for), where the program to compile is exported
         self.model = model
         self.exported: Optional[bool] = None  # a compiled program: whether torch.compile runs on its exported program
@@ -176,6 +170,13 @@ class TorchEngine(Engine):
             program = constants_to_device(export_dynamic_batch(self.model, settings).module(), self.device)
         except Exception as e:  # noqa: BLE001 - any export failure: the model compiles as it is
             self.exported, self.export_failure = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            # A fresh Dynamo cache for a program compiled from the model: every model qdeploy loads is wrapped in the
+            # same module class (models.loader.SelectOutput), so such programs of one process share one code object's
+            # cache, and past its recompile limit (8 entries of dtype x layout x batch shape) Dynamo runs further
+            # programs eagerly, silently: a search then times eager code as compiled. Earlier programs stay correct (a
+            # reset one compiles again on its next call; captured CUDA graphs replay without Dynamo). An exported
+            # program needs none: each has its own generated forward, so its own cache.
+            torch.compiler.reset()
             return self.model
         self.exported = True
         return program
