@@ -121,6 +121,7 @@ class TorchEngine(Engine):
         # compiled at the first input (_compile_for), where the program to compile is exported
         self.model = model
         self.exported: Optional[bool] = None  # a compiled program: whether torch.compile runs on its exported program
+        self.export_failure: Optional[str] = None
         self._compiled_shapes: set[tuple] = set()
         self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
         # a compiled or graph-captured model pads a last, smaller batch to the batch size it has seen: a new shape would
@@ -169,7 +170,8 @@ class TorchEngine(Engine):
         try:
             program = constants_to_device(export_dynamic_batch(self.model, settings).module(), self.device)
         except Exception as e:  # noqa: BLE001 - any export failure: the model compiles as it is
-            self.exported, self.export_failure = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            self.exported = False
+            self.export_failure = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             # A fresh Dynamo cache for a program compiled from the model: every model qdeploy loads is wrapped in the
             # same module class (models.loader.SelectOutput), so such programs of one process share one code object's
             # cache, and past its recompile limit (8 entries of dtype x layout x batch shape) Dynamo runs further
