@@ -83,9 +83,11 @@ def profile_kernels(fn, x, calls: int = 10) -> dict:
         for _ in range(calls):
             fn(x)
         torch.cuda.synchronize()
-    kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages()
-               if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
-    return time_by_kind(kernels, calls)
+    totals: dict[str, float] = {}
+    for e in prof.events():  # the GPU's own activities: kernels, copies; not the annotations that span them
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+            totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return time_by_kind(sorted(totals.items()), calls)
 
 
 def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int, profile: bool = False) -> dict:
