@@ -3,6 +3,7 @@ bench/train/train_realsize.py at 224 px) are configured as the CPU suite trains 
 device machine (bench/device/realsize_gpu.sh); here, the rows' configs."""
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -254,3 +255,19 @@ def test_the_dynamic_batch_recipe_compiles_one_program_for_every_batch_size(suit
     assert programs_compiled(None) == 1  # the recipe: torch.compile's default with the batch marked dynamic
     assert programs_compiled(False) == 2
     torch.compiler.reset()
+
+
+def test_the_hand_written_recipes_are_the_named_ones_and_an_unknown_skip_is_refused_before_any_work(suite,
+                                                                                                     monkeypatch):
+    """``HAND_RECIPES`` is the list --skip-recipes is checked against before optimize runs; references() builds exactly
+    those (each on its own copy of the model; built here on the CPU, nothing run)."""
+    import torch
+
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(suite, "build_model", lambda name, data: torch.nn.Linear(4, 2))
+    built = suite.references("resnet50", Path("."), loader=None)
+    assert tuple(built) == suite.HAND_RECIPES and all(isinstance(h, suite.Hand) for h in built.values())
+    assert list(suite.references("resnet50", Path("."), None, only=suite.HAND_RECIPES[-1])) == [suite.HAND_RECIPES[-1]]
+    p = subprocess.run([sys.executable, str(ROOT / "bench/suites/gpu_reference.py"), "resnet50", "--data", ".",
+                        "--out", ".", "--skip-recipes", "eager FP16,no such recipe"], capture_output=True, text=True)
+    assert p.returncode != 0 and "--skip-recipes: ['no such recipe'] are not among" in p.stderr

@@ -13,7 +13,8 @@
 # detector BCCD from .devreal/det/bccd.tgz (carry it) and its committed weights:
 #   run(command="MODELS='deeplabv3_camvid yolo_bccd640' BATCHES=1,8,32 TAG=segdet bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval", ".devreal/det"])
 #
-# Env: MODELS, BATCHES (default 1,8,32,128), TAG, GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
+# Env: MODELS, BATCHES (default 1,8,32,128), TAG, SKIP_RECIPES (gpu_reference.py's --skip-recipes: recipe names with
+# spaces, comma-separated, passed as one argument), GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
 # --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo, --time-limit 150). Writes
 # $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with its time) and
 # $OUT/<model>.optimize.json.
@@ -48,7 +49,8 @@ rc=0
 for m in $MODELS; do
   t0=$(date +%s)
   # shellcheck disable=SC2086  # GR_ARGS is a word list
-  python3 bench/suites/gpu_reference.py "$m" --batches "$BATCHES" ${GR_ARGS:-} --data /tmp/rsdd --out /tmp/rsgpu \
+  python3 bench/suites/gpu_reference.py "$m" --batches "$BATCHES" ${GR_ARGS:-} \
+    ${SKIP_RECIPES:+--skip-recipes "$SKIP_RECIPES"} --data /tmp/rsdd --out /tmp/rsgpu \
     --json "$OUT/realsize_gpu_$TAG.json" 2>&1 | while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done > "$OUT/$m.log"
   r=${PIPESTATUS[0]}; [ "$r" = 0 ] || rc=$r
   echo "$m exit $r in $(( $(date +%s) - t0 )) s"

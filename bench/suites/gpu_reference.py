@@ -213,6 +213,12 @@ def bench_compiled_alone(loader, hand, images) -> dict:
         return loader.bench(hand, images, BATCHES)
 
 
+HAND_RECIPES = ("eager FP16", "CUDA-graph FP16 channels_last", "torch.compile reduce-overhead FP16 channels_last",
+                "torch.compile + hand CUDA graph FP16 channels_last", "torch.compile + hand CUDA graph BF16 channels_last",
+                "torch.compile static + hand CUDA graph FP16 channels_last",
+                "torch.compile dynamic batch + hand CUDA graph FP16 channels_last")
+
+
 def references(name: str, data: Path, loader, only: Optional[str] = None) -> dict:
     """The hand-written recipes (name → Hand) after eager FP32, each on its own copy of the model; ``only``: that one."""
     recipes = {
@@ -241,6 +247,7 @@ def references(name: str, data: Path, loader, only: Optional[str] = None) -> dic
     recipes["torch.compile dynamic batch + hand CUDA graph FP16 channels_last"] = lambda: Hand(cuda_graph(
         dynamic_batch(torch.compile(build_model(name, data).cuda().half().to(memory_format=torch.channels_last))),
         loader), torch.float16, True)
+    assert tuple(recipes) == HAND_RECIPES, "HAND_RECIPES names the recipes, in order"
     if only is not None:
         if only not in recipes:
             raise SystemExit(f"--hand-only: {only!r} is not one of {sorted(recipes)}")
@@ -324,9 +331,15 @@ def main() -> None:
                     "opt-in): float8-dynamic, int8-dynamic, int8-weight-only; the issue's low-precision rows")
     ap.add_argument("--time-limit", type=float, default=None, help="optimize.time_limit in seconds (the issue's Swin-T "
                     "check: --time-limit 150); default none")
+    ap.add_argument("--skip-recipes", default="", help="hand-written recipes left out, their exact names "
+                    "comma-separated (to fit a device call); the rows name them in references_not_measured")
     ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
                     "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
     args = ap.parse_args()
+    skipped = [r for r in args.skip_recipes.split(",") if r]
+    unknown = sorted(set(skipped) - set(HAND_RECIPES))
+    if unknown:
+        raise SystemExit(f"--skip-recipes: {unknown} are not among {list(HAND_RECIPES)}")
     if args.batches:
         global BATCHES
         BATCHES = tuple(int(b) for b in args.batches.split(","))
@@ -373,7 +386,8 @@ def main() -> None:
     images = bench_images(args.model)
     with torch.inference_mode():
         want = model(torch.from_numpy(images).cuda()).float().cpu().numpy()
-    refs = {"eager FP32": Hand(eager(model), torch.float32, False), **references(args.model, args.data, loader)}
+    refs = {"eager FP32": Hand(eager(model), torch.float32, False),
+            **{k: v for k, v in references(args.model, args.data, loader).items() if k not in skipped}}
     timings = {}
     for name, hand in refs.items():
         t0 = time.perf_counter()
@@ -445,7 +459,7 @@ def main() -> None:
     # rows first, then max-autotune (its kernel search takes minutes): a device call cut short by its time limit keeps
     # the rows, which then say which reference is missing
     autotune = "torch.compile max-autotune FP16 channels_last"
-    write_rows([autotune])
+    write_rows([autotune, *skipped])
     if not args.skip_max_autotune:
         tuned = torch.compile(build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last),
                               mode="max-autotune")
@@ -453,7 +467,7 @@ def main() -> None:
         timings[autotune] = bench_compiled_alone(loader, Hand(eager(tuned), torch.float16, True), images)
         print(f"{autotune}: " + ", ".join(f"b{b} {v['p50']:.4f} ms" for b, v in timings[autotune].items())
               + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-        write_rows([])
+        write_rows(skipped)
 
 
 if __name__ == "__main__":
