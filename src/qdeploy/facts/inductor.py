@@ -20,11 +20,12 @@ from qdeploy.facts.torchao import inductor_config as torchao_inductor_config
 FREEZING = {"freezing": True}
 
 # Where optimize tries a frozen candidate unless optimize.freezing says otherwise. On the CPU freezing is what lets
-# Inductor pack weights for oneDNN and fuse convolutions with what follows (torchvision ResNet-50 1.32x, MobileNetV3-Large
-# 1.23x, EfficientNet-B0 1.14x at 224, batch 1, 2 Xeon cores: docs/results/inductor_freezing_cpu.json). On a GPU the convolutions are cuDNN calls
-# either way and the BatchNorm a folded convolution no longer needs was one more operation inside a pointwise kernel
-# Inductor runs anyway: ConvNeXt-femto ran 1.007x / 0.987x at batch 1 / 32 on an H100 (docs/gpu.md), while the saved
-# frozen program loses its compile cache (above), so a GPU search tries it only when asked.
+# Inductor pack weights for oneDNN and fuse convolutions with what follows (torchvision ResNet-50 1.32x,
+# MobileNetV3-Large 1.23x, EfficientNet-B0 1.14x at 224, batch 1, 2 Xeon cores: docs/results/inductor_freezing_cpu.json).
+# On a GPU the convolutions are cuDNN calls either way and the BatchNorm a folded convolution no longer needs was one
+# more operation inside a pointwise kernel Inductor runs anyway: ConvNeXt-femto ran 1.007x / 0.987x at batch 1 / 32 on
+# an H100 (docs/gpu.md), while the saved frozen program loses its compile cache (above), so a GPU search tries it only
+# when asked.
 FREEZING_BY_DEFAULT = {"cpu": True, "cuda": False}
 FREEZING_GPU_WHY = ("not tried by default on a GPU (facts/inductor.FREEZING_BY_DEFAULT: no gain measured there, and the "
                     "saved frozen program compiles at its first call); optimize.freezing: true tries it")
