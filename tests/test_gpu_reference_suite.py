@@ -208,6 +208,32 @@ def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting
     assert "low_precision_failed" not in doc and len(doc["low_precision"]) == 3
 
 
+def test_profiled_speed_rows_say_where_the_gpu_time_went_in_the_sentence(tmp_path):
+    """torchao_speed.py --profile lines: the low-precision row keeps each kernel kind's time beside FP16's, and the
+    sentence quotes them (the quantize kernels' cost against the matmuls' saving); a line without a profile adds none."""
+    spec = importlib.util.spec_from_file_location("realsize_gpu", ROOT / "bench/suites/realsize_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fp16 = {"model": "deit_s", "scheme": "none", "batch": 128, "gpu": "NVIDIA H200", "p50_ms": 4.8,
+            "profile": {"ms_per_call": {"attention": 0.55, "matmul": 2.78, "other": 1.35}}}
+    fp8 = {**fp16, "scheme": "float8-dynamic", "p50_ms": 5.68,
+           "profile": {"ms_per_call": {"attention": 0.54, "matmul": 3.49, "other": 0.06, "quantize": 1.52}}}
+    int8 = {**fp16, "scheme": "int8-dynamic", "p50_ms": 8.26}
+    int8.pop("profile")
+    speed = tmp_path / "torchao_profile.jsonl"
+    speed.write_text("\n".join(json.dumps(r) for r in (fp16, fp8, int8)) + "\n")
+    out = tmp_path / "realsize_gpu.json"
+    assert mod.main(["--speed", str(speed), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    low = {x["scheme"]: x for x in doc["low_precision"]}
+    assert low["float8-dynamic"]["gpu_ms_by_kind"]["quantize"] == 1.52
+    assert low["float8-dynamic"]["fp16_gpu_ms_by_kind"]["matmul"] == 2.78 and "gpu_ms_by_kind" not in low["int8-dynamic"]
+    why = doc["low_precision_why"]
+    assert ("float8-dynamic (torchao_speed) on deit_s at batch 128: attention 0.54 ms (FP16 0.55), matmul 3.49 ms "
+            "(FP16 2.78), other 0.06 ms (FP16 1.35), quantize 1.52 ms (FP16 0.00)") in why
+    assert "int8-dynamic (torchao_speed) on deit_s at batch 128:" not in why
+
+
 def test_torchao_speed_profiles_sort_the_gpu_kernels_by_kind():
     """torchao_speed.py --profile: each kernel's time goes to one kind by its name (attention before matmul: PyTorch's
     memory-efficient attention is a CUTLASS kernel), per call, with the longest kernels named."""

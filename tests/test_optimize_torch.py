@@ -214,8 +214,10 @@ def test_torchao_candidates_are_opt_in_and_start_from_a_compiled_candidate():
     assert "CUDA GPU only" in torchao_problem("float8-dynamic", "cpu") or "torchao package" in torchao_problem("float8-dynamic", "cpu")
 
 
-def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries_it_only_when_asked():
-    from qdeploy.facts.inductor import FREEZING_BY_DEFAULT
+def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries_it_where_a_batchnorm_folds():
+    from torch import nn
+
+    from qdeploy.facts.inductor import freezing_by_default
     from qdeploy.optimize.candidates import FrozenCandidate
 
     base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
@@ -226,7 +228,11 @@ def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries
     assert program_settings(base.spec, [1], (3, 8, 8)).freezing is False
     assert "Inductor freezing" in c.describe()
     assert OptimizeConfig(target="torch-cuda").freezing is None  # the device decides, unless set
-    assert FREEZING_BY_DEFAULT == {"cpu": True, "cuda": False}
+    conv_bn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+    conv_ln = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(1, 8), nn.Flatten(), nn.LazyLinear(4))
+    assert freezing_by_default("cpu", conv_ln) and freezing_by_default("cpu")
+    assert freezing_by_default("cuda", conv_bn) and not freezing_by_default("cuda", conv_ln)
+    assert not freezing_by_default("cuda", None)  # no PyTorch model to look at (an ONNX source)
 
 
 def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_cannot_run_here(tmp_path):

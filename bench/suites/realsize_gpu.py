@@ -22,6 +22,8 @@ model's search is merged again), and so does the sentence.
 ``--speed``: bench/suites/torchao_speed.py's JSON lines (each torchao scheme and FP16 alone, compiled + CUDA graph, on
 random weights), merged into ``low_precision`` beside the search's candidates with ``source`` saying so and
 ``within_budget`` null: their speed is the program's, their accuracy was not measured, so they never count as paying.
+Lines written with ``--profile`` carry the GPU's time per call by kernel kind (``gpu_ms_by_kind`` beside
+``fp16_gpu_ms_by_kind``), which the sentence quotes.
 """
 from __future__ import annotations
 
@@ -114,6 +116,9 @@ def speed_rows(files: list[Path]) -> tuple[list[dict], list[dict], list[str]]:
                      "within_budget": None, "source": SPEED_SOURCE,
                      "quantized_layers": f"{r.get('quantized_layers')} of {r.get('linear_layers')} Linear",
                      "compile_s": r.get("compile_s"), "fp16_compile_s": base.get("compile_s")})
+        if r.get("profile") and base.get("profile"):  # --profile: the GPU's time per call by kernel kind, both sides
+            rows[-1].update(gpu_ms_by_kind=r["profile"]["ms_per_call"],
+                            fp16_gpu_ms_by_kind=base["profile"]["ms_per_call"])
     return rows, failed, sorted({r["gpu"] for r in lines if r.get("gpu")})
 
 
@@ -144,13 +149,24 @@ def _why_none(low: list[dict], notes: dict[str, list[str]], void) -> str:
                 + "; ".join(f"{r['variant']} on {r['model']} at batch {r['batch']}, ran {r['p50_ms']:.4f} ms vs "
                             f"{r['fp16_p50_ms']:.4f} ms ({r['speedup_vs_base']:.2f}x)" + _unproven(r)
                             for _, r in sorted(best.items()))
-                + f"; {len(low)} measurements in all")
+                + f"; {len(low)} measurements in all" + _kernel_split(big))
     if void:
         return (f"no valid FP8/INT8 measurement: the {len(void)} torchao timings ("
                 + ", ".join(sorted({r["model"] for r in void})) + ") ran eagerly, after the search had hit "
                 "torch._dynamo's recompile limit (low_precision_void)")
     said = "; ".join(f"{m}: {' / '.join(n)}" for m, n in notes.items() if n)
     return "no FP8/INT8 candidate was timed" + (f" ({said})" if said else " (optimize's notes name none)")
+
+
+def _kernel_split(rows: list[dict]) -> str:
+    """Where the GPU time went, for the profiled measurements (torchao_speed.py --profile): each kind's ms per call
+    against FP16's, so the sentence shows whether the quantized matmuls saved more than quantizing costs."""
+    said = []
+    for r in sorted((r for r in rows if r.get("gpu_ms_by_kind")), key=lambda r: (r["model"], r["batch"], r["variant"])):
+        kinds, base = r["gpu_ms_by_kind"], r["fp16_gpu_ms_by_kind"]
+        said.append(f"{r['variant']} on {r['model']} at batch {r['batch']}: " + ", ".join(
+            f"{k} {kinds.get(k, 0.0):.2f} ms (FP16 {base.get(k, 0.0):.2f})" for k in sorted({*kinds, *base})))
+    return ("; GPU time per call by kernel kind (torchao_speed.py --profile): " + "; ".join(said)) if said else ""
 
 
 def _unproven(r: dict) -> str:

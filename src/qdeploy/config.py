@@ -778,8 +778,8 @@ class OptimizeConfig(_Strict):
     freezing: Optional[bool] = Field(
         None, description="PyTorch targets: the fastest compiled candidate compiled again with Inductor's freezing "
                           "(weights folded in as constants: conv-BN folding, constant folding, oneDNN weight packing "
-                          "on the CPU; facts/inductor.py), one more compile. Default: on for torch-cpu, off for "
-                          "torch-cuda (facts/inductor.FREEZING_BY_DEFAULT)")
+                          "on the CPU; facts/inductor.py), one more compile. Default: on for torch-cpu; on torch-cuda "
+                          "for a model with a BatchNorm (facts/inductor.freezing_by_default)")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

@@ -22,13 +22,31 @@ FREEZING = {"freezing": True}
 # Where optimize tries a frozen candidate unless optimize.freezing says otherwise. On the CPU freezing is what lets
 # Inductor pack weights for oneDNN and fuse convolutions with what follows (torchvision ResNet-50 1.32x,
 # MobileNetV3-Large 1.23x, EfficientNet-B0 1.14x at 224, batch 1, 2 Xeon cores: docs/results/inductor_freezing_cpu.json).
-# On a GPU the convolutions are cuDNN calls either way and the BatchNorm a folded convolution no longer needs was one
-# more operation inside a pointwise kernel Inductor runs anyway: ConvNeXt-femto ran 1.007x / 0.987x at batch 1 / 32 on
-# an H100 (docs/gpu.md), while the saved frozen program loses its compile cache (above), so a GPU search tries it only
-# when asked.
-FREEZING_BY_DEFAULT = {"cpu": True, "cuda": False}
-FREEZING_GPU_WHY = ("not tried by default on a GPU (facts/inductor.FREEZING_BY_DEFAULT: no gain measured there, and the "
-                    "saved frozen program compiles at its first call); optimize.freezing: true tries it")
+# On a GPU the gain goes with BatchNorm, what freezing folds into the convolution before it: the same three models
+# (FP16, channels_last, CUDA graph, batch 32 at 224 on an H200) ran 1.155x / 1.145x / 1.145x frozen
+# (docs/results/inductor_freezing_gpu.json), while ConvNeXt-femto, whose norms are LayerNorms (nothing to fold), ran
+# 1.007x / 0.987x at batch 1 / 32 on an H100 (docs/gpu.md). A GPU search therefore spends the compile only on a model
+# with a BatchNorm; the saved frozen program's first call in a fresh process compiles it (above), which the confirm
+# run's load time shows.
+FREEZING_GPU_WHY = ("not tried by default on a GPU for a model without BatchNorm (facts/inductor.freezing_by_default: "
+                    "on a GPU the gain went with the BatchNorms freezing folds into convolutions, 1.15x on three "
+                    "BatchNorm CNNs, ~1.0x on a LayerNorm ConvNeXt); optimize.freezing: true tries it")
+
+
+def has_batchnorm(model) -> bool:
+    """Whether ``model`` (a torch.nn.Module) holds a BatchNorm layer, which freezing folds into the convolution before
+    it."""
+    from torch import nn
+
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def freezing_by_default(device: str, model=None) -> bool:
+    """Whether optimize tries a frozen candidate when optimize.freezing is unset: on the CPU always, on a GPU for a
+    model (torch.nn.Module; None: not known) with a BatchNorm."""
+    if device != "cuda":
+        return True
+    return model is not None and has_batchnorm(model)
 
 
 def program_inductor_config(torchao: Optional[str] = None, freezing: bool = False) -> dict:

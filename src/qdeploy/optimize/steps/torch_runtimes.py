@@ -34,7 +34,7 @@ import time
 from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
-from qdeploy.facts.inductor import FREEZING_BY_DEFAULT, FREEZING_GPU_WHY
+from qdeploy.facts.inductor import FREEZING_GPU_WHY, freezing_by_default
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
                                          FrozenCandidate, TorchaoCandidate, TorchCandidate)
@@ -164,8 +164,8 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             s.stages["torch_compile_not_tried"] = skipped
         _note_brief(s, "torch.compile", compiled)
         brief += compiled
-        device = s.target.engine["device"]
-        if s.o.freezing is None and not FREEZING_BY_DEFAULT.get(device, False):
+        model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch else None
+        if s.o.freezing is None and not freezing_by_default(s.target.engine["device"], model):
             s.note(f"Inductor freezing: {FREEZING_GPU_WHY}")
         elif (s.o.freezing is None or s.o.freezing) and not s.timed_out:
             brief += _freezing_stage(s, compiled, estimate)
