@@ -220,12 +220,15 @@ def test_profiled_speed_rows_say_where_the_gpu_time_went_in_the_sentence(tmp_pat
            "profile": {"ms_per_call": {"attention": 0.54, "matmul": 3.49, "other": 0.06, "quantize": 1.52}}}
     int8 = {**fp16, "scheme": "int8-dynamic", "p50_ms": 8.26}
     int8.pop("profile")
+    fp16_cl = {**fp16, "channels_last": True, "p50_ms": 4.4}  # each layout's schemes against FP16 in that layout
+    fp8_cl = {**fp8, "channels_last": True, "p50_ms": 5.5}
     speed = tmp_path / "torchao_profile.jsonl"
-    speed.write_text("\n".join(json.dumps(r) for r in (fp16, fp8, int8)) + "\n")
+    speed.write_text("\n".join(json.dumps(r) for r in (fp16, fp8, int8, fp16_cl, fp8_cl)) + "\n")
     out = tmp_path / "realsize_gpu.json"
     assert mod.main(["--speed", str(speed), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    low = {x["scheme"]: x for x in doc["low_precision"]}
+    low = {x["variant"].replace(" (torchao_speed)", ""): x for x in doc["low_precision"]}
+    assert low["float8-dynamic channels_last"]["fp16_p50_ms"] == 4.4 and low["float8-dynamic"]["fp16_p50_ms"] == 4.8
     assert low["float8-dynamic"]["gpu_ms_by_kind"]["quantize"] == 1.52
     assert low["float8-dynamic"]["fp16_gpu_ms_by_kind"]["matmul"] == 2.78 and "gpu_ms_by_kind" not in low["int8-dynamic"]
     why = doc["low_precision_why"]
@@ -236,7 +239,8 @@ def test_profiled_speed_rows_say_where_the_gpu_time_went_in_the_sentence(tmp_pat
 
 def test_torchao_speed_profiles_sort_the_gpu_kernels_by_kind():
     """torchao_speed.py --profile: each kernel's time goes to one kind by its name (attention before matmul: PyTorch's
-    memory-efficient attention is a CUTLASS kernel), per call, with the longest kernels named."""
+    memory-efficient attention is a CUTLASS kernel; a cuDNN convolution is its own kind; Inductor's fused pointwise
+    kernels are never a matmul, whatever the matmul they feed is called), per call, with the longest kernels named."""
     spec = importlib.util.spec_from_file_location("torchao_speed", ROOT / "bench/suites/torchao_speed.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -246,9 +250,15 @@ def test_torchao_speed_profiles_sort_the_gpu_kernels_by_kind():
                ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", 100.0),
                ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", 100.0),
                ("triton_red_fused_abs_amax_clamp_div_0", 150.0),
-               ("triton_per_fused_native_layer_norm_1", 50.0)]
+               ("triton_per_fused_native_layer_norm_1", 50.0),
+               ("triton_poi_fused__scaled_mm__to_copy_clamp_div_gelu_t_view_9", 80.0),  # FP8 cast of GELU's output
+               ("triton_poi_fused__scaled_mm_add_2", 20.0),
+               ("void implicit_convolve_sgemm<__half, __half, 128, 5, 5, 3, 3, 3, 1, false, false, true>", 70.0),
+               ("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", 30.0),
+               ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", 40.0)]
     got = mod.time_by_kind(kernels, calls=10)
-    assert got["ms_per_call"] == {"attention": 0.02, "matmul": 0.09, "other": 0.005, "quantize": 0.015}
+    assert got["ms_per_call"] == {"attention": 0.024, "convolution": 0.01, "matmul": 0.09, "other": 0.007,
+                                  "quantize": 0.023}
     assert [k["kind"] for k in got["longest_kernels"]] == ["matmul", "matmul", "matmul", "quantize", "attention"]
     assert got["longest_kernels"][0]["ms_per_call"] == 0.04
 

@@ -97,7 +97,11 @@ def speed_rows(files: list[Path]) -> tuple[list[dict], list[dict], list[str]]:
     """(each torchao scheme's p50 beside FP16's at the same model and batch, the schemes that failed, the GPUs) from
     torchao_speed.py's JSON lines."""
     lines = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
-    fp16 = {(r["model"], r["batch"]): r for r in lines if r["scheme"] == "none" and "p50_ms" in r}
+
+    def key(r):  # FP16 is the base of the schemes timed in its layout
+        return r["model"], r["batch"], bool(r.get("channels_last"))
+
+    fp16 = {key(r): r for r in lines if r["scheme"] == "none" and "p50_ms" in r}
     rows, failed = [], []
     for r in lines:
         if r["scheme"] == "none":
@@ -106,11 +110,12 @@ def speed_rows(files: list[Path]) -> tuple[list[dict], list[dict], list[str]]:
             failed.append({"model": r["model"], "variant": f"{r['scheme']} (torchao_speed)",
                            "failed_stage": "torchao_speed", "reason": r.get("error")})
             continue
-        base = fp16.get((r["model"], r["batch"]))
+        base = fp16.get(key(r))
         if base is None:  # no FP16 row at this batch (a run cut short): nothing to compare with
             continue
-        rows.append({"model": r["model"], "batch": r["batch"], "variant": f"{r['scheme']} (torchao_speed)",
-                     "scheme": r["scheme"], "base": "fp16 compiled + CUDA graph (torchao_speed)",
+        layout = " channels_last" if r.get("channels_last") else ""
+        rows.append({"model": r["model"], "batch": r["batch"], "variant": f"{r['scheme']}{layout} (torchao_speed)",
+                     "scheme": r["scheme"], "base": f"fp16{layout} compiled + CUDA graph (torchao_speed)",
                      "base_precision": "fp16", "p50_ms": r["p50_ms"], "fp16_p50_ms": base["p50_ms"],
                      "speedup_vs_base": round(base["p50_ms"] / r["p50_ms"], 4), "evaluated": False,
                      "within_budget": None, "source": SPEED_SOURCE,

@@ -51,16 +51,22 @@ def graph_p50_ms(fn, x, warmup: int = 20, iterations: int = 100) -> float:
 
 
 # Kernel names by kind (cuBLAS: gemm/nvjet/xmma/sm90 names; CUTLASS; Inductor's Triton matmul templates, triton_tem_*;
-# FlashAttention and PyTorch's fused attention). The first kind whose pattern matches a name takes it.
+# cuDNN's convolutions; FlashAttention and PyTorch's fused attention). The first kind whose pattern matches a name
+# takes it. Inductor's pointwise and reduction kernels (triton_poi_/triton_red_/triton_per_) are named after the
+# operations fused into them, a matmul's among them when they compute its input (torchao's FP8 cast of GELU's output
+# is "triton_poi_fused__scaled_mm__to_copy_clamp_div_gelu_..."), so they are never a matmul, convolution or attention.
 KERNEL_KINDS = (  # attention first: PyTorch's memory-efficient attention kernels are CUTLASS's (fmha_cutlassF_*)
     ("attention", re.compile(r"flash|fmha|attention|sdpa|mem_eff", re.I)),
+    ("convolution", re.compile(r"convolve|conv2d|convolution|_fprop_|dgrad|wgrad", re.I)),
     ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|triton_tem|_mm_|scaled_mm|int_mm|wgmma", re.I)),
     ("quantize", re.compile(r"amax|round|clamp|float8|fp8|int8", re.I)),
 )
+FUSED_ELEMENTWISE = re.compile(r"^triton_(poi|red|per)_")
 
 
 def kernel_kind(name: str) -> str:
-    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+    kinds = KERNEL_KINDS[-1:] if FUSED_ELEMENTWISE.match(name) else KERNEL_KINDS
+    return next((kind for kind, pattern in kinds if pattern.search(name)), "other")
 
 
 def time_by_kind(kernels: list[tuple[str, float]], calls: int) -> dict:
@@ -90,13 +96,17 @@ def profile_kernels(fn, x, calls: int = 10) -> dict:
     return time_by_kind(sorted(totals.items()), calls)
 
 
-def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int, profile: bool = False) -> dict:
+def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int, profile: bool = False,
+        channels_last: bool = False) -> dict:
     import timm
 
     torch.compiler.reset()
     model = timm.create_model(model_name, pretrained=False, num_classes=num_classes).cuda().half().eval()
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    if channels_last:  # as qdeploy's -cl candidates run: the convolutions' weights and the input in NHWC
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     quantized = 0
     if scheme != "none":
         rows = rows_per_image(model, x)
@@ -112,7 +122,7 @@ def row(model_name: str, scheme: str, batch: int, num_classes: int, size: int, p
         p50 = graph_p50_ms(compiled, x)
         kernels = profile_kernels(compiled, x) if profile else None
     out = {"model": model_name, "scheme": scheme, "batch": batch, "input_size": size, "num_classes": num_classes,
-           "p50_ms": round(p50, 4), "compile_s": round(compile_s, 1),
+           "channels_last": channels_last, "p50_ms": round(p50, 4), "compile_s": round(compile_s, 1),
            "linear_layers": len(linear), "quantized_layers": quantized}
     if kernels is not None:
         out["profile"] = kernels
@@ -127,6 +137,8 @@ def main() -> None:
     ap.add_argument("--num-classes", type=int, default=10)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--profile", action="store_true", help="add each program's GPU time by kind of kernel")
+    ap.add_argument("--channels-last", action="store_true", help="model and input in channels_last (qdeploy's -cl "
+                    "candidates' layout)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -139,7 +151,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             for scheme in schemes:
                 try:
-                    r = row(name, scheme, batch, args.num_classes, args.size, args.profile)
+                    r = row(name, scheme, batch, args.num_classes, args.size, args.profile, args.channels_last)
                 except Exception as e:  # noqa: BLE001 - a scheme that cannot run here is a row with its reason
                     r = {"model": name, "scheme": scheme, "batch": batch, "error": f"{type(e).__name__}: "
                          f"{str(e).splitlines()[0][:300] if str(e) else ''}"}
