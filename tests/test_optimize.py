@@ -278,6 +278,27 @@ def test_fastest_within_and_best_effort():
     assert chosen.variant == "b" and met and any(w.startswith("a tie: a within 3 %") for w in why)
     assert not any("a tie" in w for w in choose([ref, *tied], measured=False)[2])
 
+def test_a_candidate_faster_at_one_batch_size_than_the_one_program_chosen_for_all_is_said_with_the_way_to_get_it():
+    """One program is ranked on the geometric mean over the batch sizes: where another candidate within budget ran
+    beyond the tie faster at one of them, the decisions say so and how a user deploying at that size alone gets it;
+    within the tie (noise) or outside the budget, nothing is said."""
+    from qdeploy.optimize.decide import choose
+
+    ref = _cand("fp32", reference=True, within_budget=True, rank_key=9.0, margin=1.0,
+                latency_p50_by_batch={"32": 5.0, "128": 18.0})
+    fp16 = _cand("fp16", within_budget=True, rank_key=2.40, margin=0.3, latency_p50_by_batch={"32": 1.30, "128": 4.42})
+    bf16 = _cand("bf16", within_budget=True, rank_key=2.45, margin=0.2, latency_p50_by_batch={"32": 1.45, "128": 4.13})
+    chosen, met, why = choose([ref, fp16, bf16], measured=True)
+    said = [w for w in why if w.startswith("at batch ")]
+    assert chosen.variant == "fp16" and met and len(said) == 1
+    assert said[0].startswith("at batch 128, bf16 ran 4.13 ms against fp16's 4.42 (6.6 % faster)")
+    assert "--batch-sizes 128" in said[0]
+    near = _cand("bf16", within_budget=True, rank_key=2.45, margin=0.2, latency_p50_by_batch={"32": 1.45, "128": 4.35})
+    out = _cand("bf16", within_budget=False, rank_key=2.45, margin=-0.2, latency_p50_by_batch={"32": 1.45, "128": 4.0})
+    for other in (near, out):
+        assert not any(w.startswith("at batch ") for w in choose([ref, fp16, other], measured=True)[2])
+
+
 # ---------------------------------------------------------------------------- the protocol, end to end
 
 

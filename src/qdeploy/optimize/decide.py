@@ -224,6 +224,27 @@ def latency_ties(chosen, candidates: list, tie: float = LATENCY_TIE) -> list:
             and abs(c.rank_key - chosen.rank_key) <= tie * chosen.rank_key]
 
 
+def faster_at_one_batch_size(chosen, candidates: list, tie: float = LATENCY_TIE) -> list[str]:
+    """Where one program cannot be the fastest at every ranked batch size: for each batch size, the candidate within
+    budget that ran more than ``tie`` faster there than ``chosen`` (ranked on the geometric mean over all of them), said
+    with how a user deploying at that size alone gets it."""
+    mine = getattr(chosen, "latency_p50_by_batch", None) or {}
+    if len(mine) < 2:
+        return []
+    said = []
+    for b, p50 in mine.items():
+        rivals = [(c.latency_p50_by_batch[b], c) for c in candidates if c is not chosen and c.within_budget
+                  and (getattr(c, "latency_p50_by_batch", None) or {}).get(b) is not None]
+        if p50 is None or not rivals:
+            continue
+        best, c = min(rivals, key=lambda r: r[0])
+        if best < p50 / (1 + tie):
+            said.append(f"at batch {b}, {c.variant} ran {best:.4g} ms against {chosen.variant}'s {p50:.4g} "
+                        f"({100 * (1 - best / p50):.1f} % faster): one program is ranked on the geometric mean over the "
+                        f"batch sizes; --batch-sizes {b} ranks on that size alone")
+    return said
+
+
 def fallback_for_speed(candidates: list, int8: list, tie: float = LATENCY_TIE):
     """An INT8 candidate worth a per-layer fallback although another candidate is within budget: the fastest INT8
     candidate outside the budget by its accuracy drop (``rejected_by`` max_drop: a fallback keeps the layers that cost
@@ -342,6 +363,8 @@ def choose(candidates: list, measured: bool) -> tuple:
         why.append(f"a tie: {', '.join(c.variant for c in ties)} within {100 * LATENCY_TIE:g} % of {chosen.variant}'s "
                    f"latency ({_speed(chosen, chosen.rank_key)}), closer than timing noise separates; the largest "
                    "budget margin decided")
+    if measured:
+        why += faster_at_one_batch_size(chosen, offers)
     if measured and ref.reference and fastest_within(offers + [ref]) is ref:
         why.append(f"FP32 ({_speed(ref, ref.rank_key)}) is at least as fast as every candidate within budget (best "
                    f"{chosen.variant}: {_speed(ref, chosen.rank_key)}) on this target: the answer is FP32, "
