@@ -28,9 +28,10 @@ FREEZING = {"freezing": True}
 # 1.007x / 0.987x at batch 1 / 32 on an H100 (docs/gpu.md). A GPU search therefore spends the compile only on a model
 # with a BatchNorm; the saved frozen program's first call in a fresh process compiles it (above), which the confirm
 # run's load time shows.
-FREEZING_GPU_WHY = ("not tried by default on a GPU for a model without BatchNorm (facts/inductor.freezing_by_default: "
-                    "on a GPU the gain went with the BatchNorms freezing folds into convolutions, 1.15x on three "
-                    "BatchNorm CNNs, ~1.0x on a LayerNorm ConvNeXt); optimize.freezing: true tries it")
+FREEZING_GPU_WHY = ("not tried by default on a GPU for a model without BatchNorm, or with no PyTorch model to look at "
+                    "(facts/inductor.freezing_by_default: on a GPU the gain went with the BatchNorms freezing folds "
+                    "into convolutions, 1.15x on three BatchNorm CNNs, ~1.0x on a LayerNorm ConvNeXt); "
+                    "optimize.freezing: true tries it")
 
 
 def has_batchnorm(model) -> bool:
