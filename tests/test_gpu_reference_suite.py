@@ -307,3 +307,21 @@ def test_the_hand_written_recipes_are_the_named_ones_and_an_unknown_skip_is_refu
     p = subprocess.run([sys.executable, str(ROOT / "bench/suites/gpu_reference.py"), "resnet50", "--data", ".",
                         "--out", ".", "--skip-recipes", "eager FP16,no such recipe"], capture_output=True, text=True)
     assert p.returncode != 0 and "--skip-recipes: ['no such recipe'] are not among" in p.stderr
+
+
+def test_the_patch_embedding_as_one_matmul_gives_the_convolutions_tokens():
+    """patch_embed_speed.py times a stride-equals-kernel convolution against one matmul over the patches: the two
+    forms must be the same arithmetic (timm's token layout), at ViT's 16x16 and Swin's 4x4, on a non-square image."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("patch_embed_speed", ROOT / "bench/suites/patch_embed_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    for k, out_channels in ((16, 24), (4, 8)):
+        x = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+        weight, bias = torch.randn(out_channels, 3, k, k, dtype=torch.float64), torch.randn(out_channels, dtype=torch.float64)
+        want = mod.conv_tokens(x, weight, bias)
+        assert want.shape == (2, (64 // k) * (96 // k), out_channels)
+        assert torch.allclose(mod.matmul_tokens(x, weight, bias), want, atol=1e-10)
+    assert set(mod.FORMS) == {"conv", "conv channels_last", "matmul"}
