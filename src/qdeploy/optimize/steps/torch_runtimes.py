@@ -164,8 +164,8 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
             s.stages["torch_compile_not_tried"] = skipped
         _note_brief(s, "torch.compile", compiled)
         brief += compiled
-        model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch else None
-        if s.o.freezing is None and not freezing_by_default(s.target.engine["device"], model):
+        if s.o.freezing is None and not freezing_by_default(
+                s.target.engine["device"], s.ctx.builder.torch_model() if s.ctx.builder.has_torch else None):
             s.note(f"Inductor freezing: {FREEZING_GPU_WHY}")
         elif (s.o.freezing is None or s.o.freezing) and not s.timed_out:
             brief += _freezing_stage(s, compiled, estimate)
