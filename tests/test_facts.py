@@ -47,3 +47,55 @@ def test_torchao_quantizes_only_the_linear_layers_its_matmul_kernel_takes():
     assert [type(m.weight.data) is torch.Tensor for m in layers] == [False, True, True, True]
     assert not quantizable("int8-dynamic", model.mlp, 20)  # quantized once
     assert model(x).shape == (4, 10)
+
+
+@pytest.mark.fast
+def test_a_patch_convolution_as_one_matmul_gives_the_convolutions_output_and_exports_with_a_dynamic_batch():
+    """facts/patch_matmul.py: a convolution whose stride equals its kernel is one matmul over the patches; the rewrite
+    must give the convolution's output for square and non-square kernels, without a bias, on channels_last input and
+    on an input whose size is not a multiple of the kernel (the convolution drops the remainder), and leave every
+    other convolution alone."""
+    import torch
+    from torch import nn
+
+    from qdeploy.facts.patch_matmul import PatchMatmul, is_patch_convolution, patch_convolutions, \
+        rewrite_patch_convolutions
+
+    torch.manual_seed(0)
+    for conv, size in ((nn.Conv2d(3, 24, 16, 16), (64, 64)), (nn.Conv2d(3, 8, 4, 4, bias=False), (30, 21)),
+                       (nn.Conv2d(5, 6, (2, 4), (2, 4)), (9, 17))):
+        x = torch.randn(3, conv.in_channels, *size)
+        want = conv(x)
+        for inp in (x, x.contiguous(memory_format=torch.channels_last)):
+            got = PatchMatmul(conv)(inp)
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not is_patch_convolution(nn.Conv2d(3, 8, 4, 4, padding=1))
+    assert not is_patch_convolution(nn.Conv2d(3, 8, 3, 2))         # overlapping windows
+    assert not is_patch_convolution(nn.Conv2d(8, 8, 2, 2, groups=8))
+    assert not is_patch_convolution(nn.Conv2d(3, 8, 1))            # a matmul already
+    assert not is_patch_convolution(type("StdConv", (nn.Conv2d,), {})(3, 8, 4, 4))  # its own forward
+
+    class TinyViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU())
+            self.patch = nn.Conv2d(16, 32, 8, 8)
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x):
+            tokens = self.patch(self.stem(x)).flatten(2).transpose(1, 2)
+            return self.head(tokens.mean(1))
+
+    model = TinyViT().eval()
+    x = torch.randn(2, 3, 32, 32)
+    want = model(x)
+    assert patch_convolutions(model) == ["patch"]
+    assert rewrite_patch_convolutions(model) == ["patch"] and isinstance(model.patch, PatchMatmul)
+    assert isinstance(model.stem[0], nn.Conv2d) and patch_convolutions(model) == []
+    torch.testing.assert_close(model(x), want, rtol=1e-4, atol=1e-4)
+    from qdeploy.artifacts.torch_program import ProgramSettings, export_dynamic_batch
+
+    ep = export_dynamic_batch(model, ProgramSettings(device="cpu", precision="fp32", input_shape=(3, 32, 32)))
+    x3 = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(ep.module()(x3), model(x3), rtol=1e-4, atol=1e-4)

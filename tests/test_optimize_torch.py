@@ -332,3 +332,57 @@ def test_the_default_time_limit_keeps_room_for_saving_and_confirming_a_user_limi
     assert compile_fits(RESERVE * 60.0, 60.0, False) and not compile_fits(RESERVE * 60.0 - 1, 60.0, False)
     need = RESERVE * 60.0 + 60.0 + CONFIRM_RESERVE_S
     assert compile_fits(need, 60.0, True) and not compile_fits(need - 1, 60.0, True)
+
+
+def test_the_patch_matmul_candidate_is_its_base_rewritten_and_the_gpu_tries_it_where_a_patch_convolution_is():
+    from torch import nn
+
+    from qdeploy.facts.patch_matmul import patch_matmul_by_default
+    from qdeploy.optimize.candidates import PatchMatmulCandidate
+
+    base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
+    c = PatchMatmulCandidate.planned_from(base)
+    assert c.kind == "torch-patchmm" and c.variant == "fp16-cl-compile-cudagraph-patchmm"
+    assert program_settings(c.spec, [1], (3, 8, 8)).patch_matmul is True
+    assert program_settings(base.spec, [1], (3, 8, 8)).patch_matmul is False
+    assert "patch convolutions as matmuls" in c.describe()
+    assert OptimizeConfig(target="torch-cuda").patch_matmul is None
+    vit = nn.Sequential(nn.Conv2d(3, 8, 4, 4), nn.Flatten(), nn.LazyLinear(4))
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, 2), nn.BatchNorm2d(8))
+    assert patch_matmul_by_default("cuda", vit) and not patch_matmul_by_default("cuda", cnn)
+    assert not patch_matmul_by_default("cpu", vit) and not patch_matmul_by_default("cuda", None)
+
+
+def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layouts(monkeypatch):
+    """A ResNet-50 search on an H200 compiled the tied layout before the frozen program and then had too little of the
+    default limit left for it (112 s against 122 needed): the rewrites (freezing, patch matmul) of the fastest program
+    come right after each precision's first program, and the time limit cuts the tied layouts first. The compiles are
+    stood in for by a recorder (real ones take minutes); what is checked is the order the search asks for them."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from qdeploy.optimize.steps import torch_runtimes
+
+    order, rank = [], {"fp16-cl": 1.0, "bf16-cl": 1.2, "fp16": 1.02}
+
+    def compile_briefly(s, cand):
+        order.append(cand.variant)
+        base = cand.variant.split("-compile")[0]
+        cand.timed_briefly({"32": rank[base] * (0.9 if cand.variant != f"{base}-compile-cudagraph" else 1.0)}, 30.0)
+        return cand
+
+    monkeypatch.setattr(torch_runtimes, "_time_briefly", compile_briefly)
+    model = nn.Sequential(nn.Conv2d(3, 8, 4, 4), nn.BatchNorm2d(8))
+    notes = []
+    s = SimpleNamespace(target=TARGETS["torch-cuda"], o=OptimizeConfig(target="torch-cuda"), timed_out=False,
+                        limit_covers_saving=True, time_left=lambda: 1000.0, note=notes.append, stages={}, rank_batches=[32],
+                        ctx=SimpleNamespace(builder=SimpleNamespace(has_torch=True, torch_model=lambda: model)))
+    pairs = [("fp16", False, True), ("bf16", False, True), ("fp16", False, False)]  # the last: fp16's tied layout
+    compiled, rewritten, _ = torch_runtimes.compile_stage(s, pairs, primary=2)
+    assert order[:4] == ["fp16-cl-compile-cudagraph", "bf16-cl-compile-cudagraph",
+                         "fp16-cl-compile-cudagraph-frozen", "fp16-cl-compile-cudagraph-patchmm"]
+    assert order[4] == "fp16-compile-cudagraph" and [c.variant for c in rewritten] == order[2:4]
+    assert [c.variant for c in compiled] == [order[0], order[1], order[4]]
+    assert any(n.startswith("patch convolutions as matmuls on fp16-cl-compile-cudagraph") and "faster" in n
+               for n in notes)

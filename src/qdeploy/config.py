@@ -780,6 +780,11 @@ class OptimizeConfig(_Strict):
                           "(weights folded in as constants: conv-BN folding, constant folding, oneDNN weight packing "
                           "on the CPU; facts/inductor.py), one more compile. Default: on for torch-cpu; on torch-cuda "
                           "for a model with a BatchNorm (facts/inductor.freezing_by_default)")
+    patch_matmul: Optional[bool] = Field(
+        None, description="PyTorch targets: the fastest compiled candidate compiled again with its patch convolutions "
+                          "(stride equal to kernel: ViT/DeiT/Swin patch embeddings) as one matmul over the patches "
+                          "(facts/patch_matmul.py), one more compile. Default: on for torch-cuda where the model has "
+                          "such a convolution; off on the CPU (not measured there)")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

@@ -13,6 +13,7 @@ from qdeploy.artifacts.torch_program_loader import capture_cuda_graph, constants
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.facts.inductor import program_inductor_config
+from qdeploy.facts.patch_matmul import rewrite_patch_convolutions
 from qdeploy.facts.torchao import apply_torchao, torchao_problem
 from qdeploy.utils.malloc import tune_glibc_malloc
 
@@ -33,6 +34,9 @@ class TorchOptions(BaseModel):
     freezing: bool = Field(False, json_schema_extra={"label": "frozen"},
                            description="compiled programs: Inductor's freezing, the weights folded in as constants "
                                        "(conv-BN folding, constant folding; facts/inductor.py)")
+    patch_matmul: bool = Field(False, json_schema_extra={"label": "patchmm"},
+                               description="convolutions whose stride equals their kernel (patch embeddings) run as "
+                                           "one matmul over the patches (facts/patch_matmul.py)")
     tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
                        description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
@@ -108,6 +112,8 @@ class TorchEngine(Engine):
         self.dtype = _DTYPES[v.precision]
         self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
         model = copy.deepcopy(self.artifact.module)
+        # the convolutions run as matmuls (facts/patch_matmul.py), named in describe()
+        self.patch_matmuls = rewrite_patch_convolutions(model) if opts.patch_matmul else []
         model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
         # torchao quantizes at the first input (its kernels' rules on rows need one; facts/torchao.quantizable), before
         # the first compile
@@ -240,6 +246,7 @@ class TorchEngine(Engine):
             "tf32": self.options.tf32 if self.device == "cuda" else None,
             "torchao": self.options.torchao,
             "freezing": self.options.freezing,
+            "patch_matmul": self.patch_matmuls if self.options.patch_matmul else None,
             # a compiled program: torch.compile ran on its exported program (as the saved one does) or on the model
             "compiled_from": None if self.exported is None else "exported program" if self.exported else
             f"model (torch.export failed: {self.export_failure})",

@@ -470,6 +470,7 @@ def program_settings(spec: dict, batch_sizes, input_shape):
                            channels_last=bool(spec.get("channels_last")), tf32=bool(spec.get("tf32")),
                            compile="default" if mode is True else mode, cuda_graphs=bool(spec.get("cuda_graphs")),
                            torchao=spec.get("torchao"), freezing=bool(spec.get("freezing")),
+                           patch_matmul=bool(spec.get("patch_matmul")),
                            batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
 
 
@@ -609,6 +610,23 @@ class FrozenCandidate(CompiledCandidate):
 
     def describe(self) -> str:
         return f"{super().describe()}, Inductor freezing (weights folded in as constants)"
+
+
+@register
+@dataclass(eq=False)
+class PatchMatmulCandidate(CompiledCandidate):
+    """A compiled candidate whose patch convolutions (stride equal to kernel) run as one matmul over the patches
+    (facts/patch_matmul.py): the same arithmetic, summed in another order, so evaluated on its own."""
+
+    kind: ClassVar[str] = "torch-patchmm"
+    runtime: ClassVar[str] = "patchmm"
+
+    @classmethod
+    def planned_from(cls, base: "CompiledCandidate") -> "PatchMatmulCandidate":
+        return cls({**base.spec, "patch_matmul": True, "name": f"{base.variant}-patchmm"})
+
+    def describe(self) -> str:
+        return f"{super().describe()}, patch convolutions as matmuls"
 
 
 @register
