@@ -493,6 +493,7 @@ class TorchCandidate(Candidate):
     brief_p50_ms: Optional[dict] = None     # batch size → p50 of the brief timing
     brief_rank: Optional[float] = None      # geometric mean of brief_p50_ms
     compile_s: Optional[float] = None       # load + first calls (torch.compile's compile time, graph capture)
+    exported: Optional[bool] = None         # compiled: from its exported program (True) or from the model (False)
 
     @classmethod
     def _spec(cls, target: Target, precision: str, channels_last: bool, tf32: bool, suffix: str, **options) -> dict:
@@ -537,7 +538,7 @@ class TorchCandidate(Candidate):
     def to_json(self) -> dict:
         return {**super().to_json(), "runtime": self.runtime, "channels_last": self.channels_last, "tf32": self.tf32,
                 "compile": self.compile_mode, "cuda_graphs": self.cuda_graphs, "brief_p50_ms": self.brief_p50_ms,
-                "compile_s": self.compile_s}
+                "compile_s": self.compile_s, "compiled_from_export": self.exported}
 
 
 @register
