@@ -49,7 +49,6 @@ def test_torchao_quantizes_only_the_linear_layers_its_matmul_kernel_takes():
     assert model(x).shape == (4, 10)
 
 
-@pytest.mark.fast
 def test_a_patch_convolution_as_one_matmul_gives_the_convolutions_output_and_exports_with_a_dynamic_batch():
     """facts/patch_matmul.py: a convolution whose stride equals its kernel is one matmul over the patches; the rewrite
     must give the convolution's output for square and non-square kernels, without a bias, on channels_last input and
@@ -99,3 +98,24 @@ def test_a_patch_convolution_as_one_matmul_gives_the_convolutions_output_and_exp
     ep = export_dynamic_batch(model, ProgramSettings(device="cpu", precision="fp32", input_shape=(3, 32, 32)))
     x3 = torch.randn(3, 3, 32, 32)
     torch.testing.assert_close(ep.module()(x3), model(x3), rtol=1e-4, atol=1e-4)
+
+
+def test_a_saved_program_with_the_patch_matmul_has_no_convolution_left_and_gives_the_models_output(tmp_path):
+    """artifacts/torch_program.save_program applies the rewrite before export (ProgramSettings.patch_matmul), so the
+    saved graph, which a fresh process loads without qdeploy, runs the matmul and not the convolution."""
+    import torch
+    from torch import nn
+
+    from qdeploy.artifacts.torch_program import ProgramSettings, save_program
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 4, 4), nn.Flatten(), nn.Linear(16 * 4 * 4, 5)).eval()
+    manifest = save_program(model, ProgramSettings(device="cpu", precision="fp32", patch_matmul=True,
+                                                   batch_sizes=(1, 2), input_shape=(3, 16, 16)), tmp_path)
+    assert manifest["patch_matmul"] is True
+    ep = torch.export.load(str(tmp_path / manifest["programs"]["dynamic"]))
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not any("conv" in o for o in ops), ops
+    x = torch.randn(3, 3, 16, 16)
+    torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-4, atol=1e-4)
+    assert isinstance(model[0], nn.Conv2d)  # the user's model is not rewritten

@@ -323,5 +323,6 @@ def test_the_patch_embedding_as_one_matmul_gives_the_convolutions_tokens():
         weight, bias = torch.randn(out_channels, 3, k, k, dtype=torch.float64), torch.randn(out_channels, dtype=torch.float64)
         want = mod.conv_tokens(x, weight, bias)
         assert want.shape == (2, (64 // k) * (96 // k), out_channels)
-        assert torch.allclose(mod.matmul_tokens(x, weight, bias), want, atol=1e-10)
+        assert torch.allclose(mod.matmul_tokens(weight, bias)(x), want, atol=1e-10)
+        assert all(torch.allclose(make(weight, bias)(x), want, atol=1e-10) for make, _ in mod.FORMS.values())
     assert set(mod.FORMS) == {"conv", "conv channels_last", "matmul"}

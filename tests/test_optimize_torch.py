@@ -357,7 +357,7 @@ def test_the_save_is_reserved_as_a_cache_hit_only_for_a_program_compiled_from_it
     assert RESERVE * 36.7 + 36.7 + CONFIRM_RESERVE_S > 112.0
 
 
-def test_the_patch_matmul_candidate_is_its_base_rewritten_and_the_gpu_tries_it_where_a_patch_convolution_is():
+def test_the_patch_matmul_candidate_is_its_base_rewritten_and_tried_where_a_patch_convolution_is():
     from torch import nn
 
     from qdeploy.facts.patch_matmul import patch_matmul_by_default
@@ -372,8 +372,8 @@ def test_the_patch_matmul_candidate_is_its_base_rewritten_and_the_gpu_tries_it_w
     assert OptimizeConfig(target="torch-cuda").patch_matmul is None
     vit = nn.Sequential(nn.Conv2d(3, 8, 4, 4), nn.Flatten(), nn.LazyLinear(4))
     cnn = nn.Sequential(nn.Conv2d(3, 8, 3, 2), nn.BatchNorm2d(8))
-    assert patch_matmul_by_default("cuda", vit) and not patch_matmul_by_default("cuda", cnn)
-    assert not patch_matmul_by_default("cpu", vit) and not patch_matmul_by_default("cuda", None)
+    assert patch_matmul_by_default(vit) and not patch_matmul_by_default(cnn)
+    assert not patch_matmul_by_default(None)  # no PyTorch model to look at (an ONNX source)
 
 
 def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layouts(monkeypatch):
@@ -404,8 +404,51 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     pairs = [("fp16", False, True), ("bf16", False, True), ("fp16", False, False)]  # the last: fp16's tied layout
     compiled, rewritten, _ = torch_runtimes.compile_stage(s, pairs, primary=2)
     assert order[:4] == ["fp16-cl-compile-cudagraph", "bf16-cl-compile-cudagraph",
-                         "fp16-cl-compile-cudagraph-frozen", "fp16-cl-compile-cudagraph-patchmm"]
+                         "fp16-cl-compile-cudagraph-frozen", "fp16-cl-compile-cudagraph-frozen-patchmm"]
+    # the patch matmul starts from the faster of the program and its frozen one: here the frozen one, so both rewrites
+    assert rewritten[1].spec["freezing"] and rewritten[1].spec["patch_matmul"]
     assert order[4] == "fp16-compile-cudagraph" and [c.variant for c in rewritten] == order[2:4]
     assert [c.variant for c in compiled] == [order[0], order[1], order[4]]
     assert any(n.startswith("patch convolutions as matmuls on fp16-cl-compile-cudagraph") and "faster" in n
                for n in notes)
+
+
+PATCH_MODEL = '''
+import torch
+from torch import nn
+
+
+class Patches(nn.Module):
+    """A ViT's shape in small: a 4x4 stride-4 patch embedding, a token MLP, a mean over tokens."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 32, 4, 4)
+        self.mlp = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        return self.head((t + self.mlp(t)).mean(1))
+
+
+def patches(num_classes=3):
+    torch.manual_seed(0)
+    return Patches(num_classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_torch_cpu_search_compiles_the_patch_matmul_candidate_for_a_model_with_a_patch_convolution(tmp_path):
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1, time_limit=400,
+                      freezing=False)
+    (tmp_path / "patches.py").write_text(PATCH_MODEL)
+    cfg["model"]["source"] = f"{tmp_path / 'patches.py'}:patches"
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    rewritten = [c for c in s["candidates"] if c["kind"] == "torch-patchmm"]
+    assert len(rewritten) == 1 and rewritten[0]["variant"].endswith("-compile-patchmm"), [c["variant"] for c in s["candidates"]]
+    assert rewritten[0]["brief_p50_ms"] and rewritten[0]["compiled_from_export"] is True
+    assert any(d.startswith("patch convolutions as matmuls on ") for d in s["decisions"])
+    assert s["program"]["error"] is None and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+    manifest = json.loads((tmp_path / "out" / "qdeploy-program.json").read_text())
+    assert manifest["patch_matmul"] is (s["chosen"]["variant"] == rewritten[0]["variant"])

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))  # qdeploy's PatchMatmul, without an install
 
 # (kernel = stride, output channels) of the patch embeddings of the real-size suite's transformers and ViT-B
 SHAPES = {"deit_small": (16, 384), "vit_base": (16, 768), "swin_tiny": (4, 96)}
@@ -32,31 +33,43 @@ def conv_tokens(x, weight, bias):
     return F.conv2d(x, weight, bias, stride=k).flatten(2).transpose(1, 2)
 
 
-def matmul_tokens(x, weight, bias):
-    """The same tokens as one matmul: each non-overlapping k x k patch (channel-major, as the weight is laid out)
-    becomes a row, multiplied by the weight flattened to (C_out, C_in x k x k)."""
-    n, c, h, w = x.shape
+def matmul_tokens(weight, bias):
+    """The same tokens as one matmul over the patches, as qdeploy's rewrite runs it (facts/patch_matmul.PatchMatmul,
+    the module the search's patch-matmul candidate puts in place of the convolution), then timm's token layout: a
+    function of x."""
+    from qdeploy.facts.patch_matmul import PatchMatmul
+
     k = weight.shape[-1]
-    patches = x.reshape(n, c, h // k, k, w // k, k).permute(0, 2, 4, 1, 3, 5).reshape(n, (h // k) * (w // k), c * k * k)
-    return F.linear(patches, weight.reshape(weight.shape[0], -1), bias)
+    conv = torch.nn.Conv2d(weight.shape[1], weight.shape[0], k, k, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    module = PatchMatmul(conv).eval()
+    return lambda x: module(x).flatten(2).transpose(1, 2)
 
 
-FORMS = {"conv": (conv_tokens, False), "conv channels_last": (conv_tokens, True), "matmul": (matmul_tokens, False)}
+# form -> (a function of (weight, bias) returning the function of x timed, channels_last)
+FORMS = {"conv": (lambda w, b: lambda x: conv_tokens(x, w, b), False),
+         "conv channels_last": (lambda w, b: lambda x: conv_tokens(x, w, b), True),
+         "matmul": (matmul_tokens, False)}
 
 
 def row(shape: str, batch: int, form: str, size: int = 224) -> dict:
     from torchao_speed import graph_p50_ms
 
     k, out_channels = SHAPES[shape]
-    fn, channels_last = FORMS[form]
+    make, channels_last = FORMS[form]
     torch.manual_seed(0)
     weight = torch.randn(out_channels, 3, k, k, device="cuda", dtype=torch.float16) * 0.05
     bias = torch.randn(out_channels, device="cuda", dtype=torch.float16)
     x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
     if channels_last:
         x, weight = (t.contiguous(memory_format=torch.channels_last) for t in (x, weight))
+    # Every row's lambda is one code object, so one Dynamo cache; each row adds two entries (the compile here and the
+    # graph capture's input), and past Dynamo's recompile limit (8) later rows would run eagerly, silently
+    torch.compiler.reset()
     with torch.inference_mode():
-        compiled = torch.compile(lambda t: fn(t, weight, bias))
+        compiled = torch.compile(make(weight, bias))
         got = compiled(x)
         want = conv_tokens(x.contiguous(), weight.contiguous(), bias)
         p50 = graph_p50_ms(compiled, x)

@@ -783,8 +783,8 @@ class OptimizeConfig(_Strict):
     patch_matmul: Optional[bool] = Field(
         None, description="PyTorch targets: the fastest compiled candidate compiled again with its patch convolutions "
                           "(stride equal to kernel: ViT/DeiT/Swin patch embeddings) as one matmul over the patches "
-                          "(facts/patch_matmul.py), one more compile. Default: on for torch-cuda where the model has "
-                          "such a convolution; off on the CPU (not measured there)")
+                          "(facts/patch_matmul.py; on the faster of that program and its frozen one), one more compile. "
+                          "Default: on where the model has such a convolution")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

@@ -5,11 +5,11 @@ the weight flattened to (C_out, C_in x k x k) the matrix. The arithmetic is the 
 Why a PyTorch candidate rewrites it: on a GPU, cuDNN runs such a convolution with a generic kernel far below what the
 same GEMM reaches in cuBLAS. DeiT-S's patch embedding at batch 128 (FP16, 224 px, compiled, CUDA graph, H200) ran
 0.857 ms as a contiguous convolution (``implicit_convolve_sgemm``, 18 % of the whole model's 4.79 ms), 0.533 ms in
-channels_last (a CUTLASS fprop kernel) and 0.099 ms as the matmul; ViT-B's 1.090 / 0.864 / 0.121 ms; Swin-T's 4x4
-0.320 / 0.246 / 0.130 ms (docs/results/patch_embed_gpu.jsonl). Whether the whole model gains depends on what share
-the convolution has, so the search compiles the rewrite as a candidate of its own and times it
-(``PATCH_MATMUL_WHY``); it is not measured on the CPU, where oneDNN's convolutions are a different matter, so the
-CPU search does not try it unless asked.
+channels_last (a CUTLASS fprop kernel) and 0.099 ms as the matmul (docs/results/patch_embed_gpu.jsonl); the whole
+DeiT-S, compiled with a CUDA graph in BF16, ran 1.350 / 4.537 ms at batch 32 / 128 and 1.171 / 3.848 ms rewritten
+(its search on the H200, docs/gpu.md). On the CPU (2 Xeon cores, FP32, batch 1, compiled) the whole DeiT-S ran
+73.9 ms and 70.5 ms rewritten (1.05x). Whether a model gains depends on the share its patch convolutions have (Swin-T's
+4x4 one is ~2 % of its time), so the search compiles the rewrite as a candidate of its own and times it.
 
 A 1x1 convolution with stride 1 is left alone: it is a matmul already, and the libraries run it as one.
 """
@@ -18,12 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-PATCH_MATMUL_WHY = (
-    "convolutions whose stride equals their kernel (patch embeddings, non-overlapping downsampling) rewritten as one "
-    "matmul over the patches: on an H200 cuDNN ran DeiT-S's 16x16 patch embedding at batch 128 in 0.857 ms "
-    "(channels_last 0.533 ms), the same GEMM 0.099 ms (facts/patch_matmul.py)")
-
 
 class PatchMatmul(nn.Module):
     """``conv`` (stride = kernel, no padding, dilation 1, one group) as a matmul over its input's patches. Input and
@@ -67,10 +61,10 @@ def patch_convolutions(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if name and is_patch_convolution(m)]
 
 
-def patch_matmul_by_default(device: str, model=None) -> bool:
-    """Whether optimize tries the rewrite when optimize.patch_matmul is unset: on a GPU, for a model (torch.nn.Module;
-    None: not known) with a patch convolution."""
-    return device == "cuda" and model is not None and bool(patch_convolutions(model))
+def patch_matmul_by_default(model=None) -> bool:
+    """Whether optimize tries the rewrite when optimize.patch_matmul is unset: for a model (torch.nn.Module; None: not
+    known) with a patch convolution, on either device (PATCH_MATMUL_WHY)."""
+    return model is not None and bool(patch_convolutions(model))
 
 
 def rewrite_patch_convolutions(model: nn.Module) -> list[str]:

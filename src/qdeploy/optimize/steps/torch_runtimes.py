@@ -231,8 +231,9 @@ def _compile_each(s, order: list[tuple], compiled: list, estimate, skipped: list
 
 def _rewrite_stages(s, compiled: list, estimate) -> list:
     """The fastest compiled program once more with each rewrite the model calls for: Inductor's freezing
-    (optimize.freezing, facts/inductor.py) and the patch convolutions as matmuls (optimize.patch_matmul,
-    facts/patch_matmul.py); each is said where it is not tried by default."""
+    (optimize.freezing, facts/inductor.py), then the patch convolutions as matmuls (optimize.patch_matmul,
+    facts/patch_matmul.py) on the faster of that program and its frozen one, so that where freezing won the two are
+    tried together; each is said where it is not tried by default."""
     device = s.target.engine["device"]
     model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch and (
         s.o.freezing is None or s.o.patch_matmul is None) else None
@@ -241,10 +242,9 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
         s.note(f"Inductor freezing: {FREEZING_GPU_WHY}")
     elif (s.o.freezing is None or s.o.freezing) and not s.timed_out:
         out += _rewrite_stage(s, compiled, estimate, FrozenCandidate, "Inductor freezing")
-    if s.o.patch_matmul is None and not patch_matmul_by_default(device, model):
-        pass  # nothing to rewrite (or the CPU, where it is opt-in): not worth a line
-    elif (s.o.patch_matmul is None or s.o.patch_matmul) and not s.timed_out:
-        out += _rewrite_stage(s, compiled, estimate, PatchMatmulCandidate, "patch convolutions as matmuls")
+    # a model without a patch convolution has nothing to rewrite: not worth a line
+    if (s.o.patch_matmul or (s.o.patch_matmul is None and patch_matmul_by_default(model))) and not s.timed_out:
+        out += _rewrite_stage(s, compiled + out, estimate, PatchMatmulCandidate, "patch convolutions as matmuls")
     return out
 
 
