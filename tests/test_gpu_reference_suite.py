@@ -326,3 +326,16 @@ def test_the_patch_embedding_as_one_matmul_gives_the_convolutions_tokens():
         assert torch.allclose(mod.matmul_tokens(weight, bias)(x), want, atol=1e-10)
         assert all(torch.allclose(make(weight, bias)(x), want, atol=1e-10) for make, _ in mod.FORMS.values())
     assert set(mod.FORMS) == {"conv", "conv channels_last", "matmul"}
+
+
+def test_the_patch_matmul_zoo_rewrites_a_convnexts_stem_and_downsampling_and_keeps_its_output():
+    """bench/suites/patch_matmul_zoo.py's row on timm's ConvNeXt-atto: the 4x4 stem and the three 2x2 stride-2
+    downsampling convolutions are taken, the depthwise 7x7 ones are not, and the rewritten model (and its export with
+    a dynamic batch) gives the model's output."""
+    pytest.importorskip("timm")
+    spec = importlib.util.spec_from_file_location("patch_matmul_zoo", ROOT / "bench/suites/patch_matmul_zoo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.row("timm convnext_atto", mod.MODELS["timm convnext_atto"])
+    assert r["rewritten"] == ["stem.0", "stages.1.downsample.1", "stages.2.downsample.1", "stages.3.downsample.1"]
+    assert r["ok"] and r["rel_err"] < 1e-4 and r["exported_rel_err"] < 1e-4
