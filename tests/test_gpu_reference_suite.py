@@ -328,6 +328,7 @@ def test_the_patch_embedding_as_one_matmul_gives_the_convolutions_tokens():
     assert set(mod.FORMS) == {"conv", "conv channels_last", "matmul"}
 
 
+@pytest.mark.slow
 def test_the_patch_matmul_zoo_rewrites_a_convnexts_stem_and_downsampling_and_keeps_its_output():
     """bench/suites/patch_matmul_zoo.py's row on timm's ConvNeXt-atto: the 4x4 stem and the three 2x2 stride-2
     downsampling convolutions are taken, the depthwise 7x7 ones are not, and the rewritten model (and its export with

@@ -201,8 +201,9 @@ def compile_stage(s, pairs: list[tuple], primary: int) -> tuple[list, list, Opti
     if skipped:
         s.note(f"not compiled ({len(skipped)} of {len(skipped) + len(compiled)}, the least promising; "
                f"optimize.time_limit left less than {RESERVE:g}x the longest compile so far, {estimate:.0f} s"
-               + (f", plus that again for the saved program's compile and {CONFIRM_RESERVE_S:g} s for its confirm "
-                  "run, which the default limit covers" if s.limit_covers_saving else "") + "): "
+               + (f", plus the saved program's compile (a cache hit, {SAVE_CACHE_HIT_SHARE:g}x that, or all of it for a "
+                  f"frozen program) and {CONFIRM_RESERVE_S:g} s for its confirm run, which the default limit covers"
+                  if s.limit_covers_saving else "") + "): "
                + ", ".join(skipped))
         s.stages["torch_compile_not_tried"] = skipped
     _note_brief(s, "torch.compile", compiled)
