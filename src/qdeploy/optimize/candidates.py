@@ -595,39 +595,47 @@ class CompiledCandidate(TorchCandidate):
                 f"{self._precision_text()}{self._layout()}")
 
 
+@dataclass(eq=False)
+class RewrittenCandidate(CompiledCandidate):
+    """A compiled candidate compiled again with one rewrite switched on (``option``, a TorchOptions flag): the same
+    model and precision, numerics moved a little, so evaluated on its own. A subclass names the flag, the variant's
+    suffix (= its ``runtime``), ``label`` (what the search's notes call it) and ``detail`` (its description's tail)."""
+
+    option: ClassVar[str]
+    label: ClassVar[str]
+    detail: ClassVar[str] = ""
+
+    @classmethod
+    def planned_from(cls, base: "CompiledCandidate") -> "RewrittenCandidate":
+        return cls({**base.spec, cls.option: True, "name": f"{base.variant}-{cls.runtime}"})
+
+    def describe(self) -> str:
+        return f"{super().describe()}, {self.label}{self.detail}"
+
+
 @register
 @dataclass(eq=False)
-class FrozenCandidate(CompiledCandidate):
-    """A compiled candidate compiled again with Inductor's freezing: its weights folded in as constants (conv-BN
-    folding, constant folding; facts/inductor.py). The same model and precision; the numerics move a little where
-    BatchNorm is folded into the convolution's weights, so it is evaluated on its own."""
+class FrozenCandidate(RewrittenCandidate):
+    """Inductor's freezing: the weights folded in as constants (conv-BN folding, constant folding; facts/inductor.py);
+    the numerics move where BatchNorm is folded into the convolution's weights."""
 
     kind: ClassVar[str] = "torch-frozen"
     runtime: ClassVar[str] = "frozen"
-
-    @classmethod
-    def planned_from(cls, base: "CompiledCandidate") -> "FrozenCandidate":
-        return cls({**base.spec, "freezing": True, "name": f"{base.variant}-frozen"})
-
-    def describe(self) -> str:
-        return f"{super().describe()}, Inductor freezing (weights folded in as constants)"
+    option: ClassVar[str] = "freezing"
+    label: ClassVar[str] = "Inductor freezing"
+    detail: ClassVar[str] = " (weights folded in as constants)"
 
 
 @register
 @dataclass(eq=False)
-class PatchMatmulCandidate(CompiledCandidate):
-    """A compiled candidate whose patch convolutions (stride equal to kernel) run as one matmul over the patches
-    (facts/patch_matmul.py): the same arithmetic, summed in another order, so evaluated on its own."""
+class PatchMatmulCandidate(RewrittenCandidate):
+    """The patch convolutions (stride equal to kernel) as one matmul over the patches (facts/patch_matmul.py): the same
+    arithmetic, summed in another order."""
 
     kind: ClassVar[str] = "torch-patchmm"
     runtime: ClassVar[str] = "patchmm"
-
-    @classmethod
-    def planned_from(cls, base: "CompiledCandidate") -> "PatchMatmulCandidate":
-        return cls({**base.spec, "patch_matmul": True, "name": f"{base.variant}-patchmm"})
-
-    def describe(self) -> str:
-        return f"{super().describe()}, patch convolutions as matmuls"
+    option: ClassVar[str] = "patch_matmul"
+    label: ClassVar[str] = "patch convolutions as matmuls"
 
 
 @register

@@ -242,10 +242,10 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
     if s.o.freezing is None and not freezing_by_default(device, model):
         s.note(f"Inductor freezing: {FREEZING_GPU_WHY}")
     elif (s.o.freezing is None or s.o.freezing) and not s.timed_out:
-        out += _rewrite_stage(s, compiled, estimate, FrozenCandidate, "Inductor freezing")
+        out += _rewrite_stage(s, compiled, estimate, FrozenCandidate)
     # a model without a patch convolution has nothing to rewrite: not worth a line
     if (s.o.patch_matmul or (s.o.patch_matmul is None and patch_matmul_by_default(model))) and not s.timed_out:
-        out += _rewrite_stage(s, compiled + out, estimate, PatchMatmulCandidate, "patch convolutions as matmuls")
+        out += _rewrite_stage(s, compiled + out, estimate, PatchMatmulCandidate)
     return out
 
 
@@ -294,9 +294,9 @@ def compile_pairs(brief: list, tie: float = LATENCY_TIE) -> list[tuple]:
     return list(best.values()) + tied
 
 
-def _rewrite_stage(s, compiled: list, estimate, kind, what: str) -> list:
-    """``kind`` (a candidate class with ``planned_from(base)``) on the fastest compiled candidate, one compile more under
-    the time limit's rule. Said plainly when it is not faster."""
+def _rewrite_stage(s, compiled: list, estimate, kind) -> list:
+    """``kind`` (a RewrittenCandidate class) on the fastest compiled candidate, one compile more under the time limit's
+    rule. Said plainly when it is not faster."""
     base = min((c for c in compiled if c.brief_rank is not None), key=lambda c: c.brief_rank, default=None)
     if base is None:
         return []
@@ -309,7 +309,7 @@ def _rewrite_stage(s, compiled: list, estimate, kind, what: str) -> list:
         return []
     _time_briefly(s, cand)
     if cand.brief_rank is not None:
-        s.note(f"{what} on {base.variant}: " + "/".join(f"{v:.3f}" for v in cand.brief_p50_ms.values())
+        s.note(f"{kind.label} on {base.variant}: " + "/".join(f"{v:.3f}" for v in cand.brief_p50_ms.values())
                + " ms vs " + "/".join(f"{v:.3f}" for v in base.brief_p50_ms.values()) + " ms without"
                + (f" (compile {cand.compile_s:.1f} s)" if cand.compile_s is not None else "")
                + (": faster, a candidate" if cand.brief_rank < base.brief_rank else ": not faster here"))
