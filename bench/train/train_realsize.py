@@ -94,11 +94,13 @@ def train_one(name: str, x, y, xt, yt, seconds: float, out: Path, batch: int = 1
     lr = MODELS[name][2]
     # fixed shapes: cuDNN picks its fastest kernels per convolution (its heuristic choice for depthwise convolutions in
     # BF16 channels_last is not always the fast one; EfficientNet-B0 trained at 406 images/s in one session, 1,720 in
-    # another); the rate after the first steps is printed so that a slow run shows before its weights are used
+    # another); the rate over steps 20-70 is printed so that a slow run shows before its weights are used (the first
+    # steps' rate says little: cuDNN's benchmark of every convolution dominates it, ResNet-50 399 images/s there and
+    # 2,971 over its whole run)
     torch.backends.cudnn.benchmark = True
     m = build(name).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.05)
-    t0, epochs, seen, told = time.time(), 0, 0, False
+    t0, epochs, seen, steps, window = time.time(), 0, 0, 0, None
     done = False
     while not done:
         m.train()
@@ -117,12 +119,14 @@ def train_one(name: str, x, y, xt, yt, seconds: float, out: Path, batch: int = 1
             loss.backward()
             torch.nn.utils.clip_grad_norm_(m.parameters(), 5.0)
             opt.step()
-            seen += len(idx)
-            if not told and seen >= 50 * batch:
+            seen, steps = seen + len(idx), steps + 1
+            if steps in (20, 70):
                 torch.cuda.synchronize()
-                print(f"{name}: {seen / (time.time() - t0):.0f} images/s over the first {seen} images "
-                      "(cuDNN's benchmark included)", flush=True)
-                told = True
+                if steps == 20:
+                    window = (time.time(), seen)
+                else:
+                    print(f"{name}: {(seen - window[1]) / (time.time() - window[0]):.0f} images/s over steps 20-70 "
+                          f"(batch {batch}, after cuDNN's benchmark)", flush=True)
         else:
             epochs += 1
     train_s = time.time() - t0

@@ -7,9 +7,11 @@ transposes, concatenations) once at compile time, and on the CPU packs weights f
 matmuls with what follows them. It is PyTorch's own inference setting (its Inductor inference benchmarks run with
 ``--freezing``), not torch.compile's default, so a hand-written ``torch.compile`` does not have it. It needs grad off
 (qdeploy compiles under inference mode) and the weights never changing after the compile (a deployed program's).
-torch.compile's portable cache does not keep a frozen graph (Inductor bypasses its cache for frozen constants), so a
-saved frozen program in the exported format compiles from scratch at its first call in a fresh process; an
-AOTInductor package is compiled once, when it is saved.
+A saved frozen program in the exported format pays more at its first call in a fresh process than an unfrozen one:
+AOTAutograd's cache refuses a graph compiled with freezing, so the fresh process traces it and runs freezing's passes
+again, and only Inductor's generated code can come from the saved cache; on the CPU not even that (weights packed for
+oneDNN do not pickle: ``torch.compiler.save_cache_artifacts`` saves nothing). An AOTInductor package is compiled once,
+when it is saved.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ FREEZING = {"freezing": True}
 # (FP16, channels_last, CUDA graph, batch 32 at 224 on an H200) ran 1.155x / 1.145x / 1.145x frozen
 # (docs/results/inductor_freezing_gpu.json), while ConvNeXt-femto, whose norms are LayerNorms (nothing to fold), ran
 # 1.007x / 0.987x at batch 1 / 32 on an H100 (docs/gpu.md). A GPU search therefore spends the compile only on a model
-# with a BatchNorm; the saved frozen program's first call in a fresh process compiles it (above), which the confirm
-# run's load time shows.
+# with a BatchNorm; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s at
+# batch 1 against 5.7 s unfrozen on the H200), which the confirm run's first call records.
 FREEZING_GPU_WHY = ("not tried by default on a GPU for a model without BatchNorm, or with no PyTorch model to look at "
                     "(facts/inductor.freezing_by_default: on a GPU the gain went with the BatchNorms freezing folds "
                     "into convolutions, 1.15x on three BatchNorm CNNs, ~1.0x on a LayerNorm ConvNeXt); "
