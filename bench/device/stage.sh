@@ -36,3 +36,33 @@ unpack_zoo_site() {  # ZOO_SITE: another tar (a local test with stage_zoo_device
   [ "$(cat /tmp/zsite/.unpacked 2>/dev/null)" = "$stamp" ] || \
     { rm -rf /tmp/zsite && tar -C /tmp -xJf "$tar" && echo "$stamp" > /tmp/zsite/.unpacked; } || exit 3
 }
+
+# GPU lanes: the bench scripts run one model per GPU at once where the machine has several (nvidia-h200-x2: two models'
+# rows per call in the same device time). Each lane is pinned to its own share of the CPU cores, so that one lane's
+# compiles (Inductor's workers take every core they see) do not delay the other lane's timing loop.
+#   gpu_lanes                number of lanes: env GPUS, else the GPUs nvidia-smi lists (1 without nvidia-smi)
+#   lane_models I N WORDS... the words of lane I of N (the Ith, I+Nth, ...)
+#   in_lane I N CMD...       run CMD on GPU I with the Ith Nth of the cores (taskset where there is one)
+gpu_lanes() {
+  if [ -n "${GPUS:-}" ]; then echo "$GPUS"; return; fi
+  local n; n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  echo $(( n > 0 ? n : 1 ))
+}
+
+lane_models() {
+  local i=$1 n=$2 k=0 w out=""; shift 2
+  for w in "$@"; do [ $(( k % n )) = "$i" ] && out="$out $w"; k=$((k + 1)); done
+  echo $out
+}
+
+in_lane() {
+  local i=$1 n=$2; shift 2
+  if [ "$n" -le 1 ]; then "$@"; return; fi
+  local cores per; cores=$(nproc); per=$(( cores / n ))
+  if command -v taskset >/dev/null; then
+    CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$(( per > 2 ? per - 1 : 1 )) \
+      taskset -c "$(( i * per ))-$(( (i + 1) * per - 1 ))" "$@"
+  else
+    CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$(( per > 2 ? per - 1 : 1 )) "$@"
+  fi
+}
