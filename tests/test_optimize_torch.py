@@ -233,6 +233,33 @@ def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries
     assert freezing_by_default("cpu", conv_ln) and freezing_by_default("cpu")
     assert freezing_by_default("cuda", conv_bn) and not freezing_by_default("cuda", conv_ln)
     assert not freezing_by_default("cuda", None)  # no PyTorch model to look at (an ONNX source)
+    from torchvision.ops.misc import FrozenBatchNorm2d  # a detection backbone's norm: buffers, no BatchNorm class
+
+    assert freezing_by_default("cuda", nn.Sequential(nn.Conv2d(3, 8, 3), FrozenBatchNorm2d(8), nn.ReLU()))
+
+
+@pytest.mark.slow
+def test_freezing_folds_a_frozen_batchnorm_into_the_convolution_as_it_does_a_batchnorm():
+    """The fact freezing_by_default rests on for a detection backbone's FrozenBatchNorm2d: Inductor's binary folding
+    takes its multiply and add into the convolution's weights (counted), and the output stays the model's."""
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    norm = FrozenBatchNorm2d(8)
+    norm.weight.uniform_(0.5, 2), norm.bias.uniform_(-1, 1), norm.running_mean.uniform_(-1, 1)
+    norm.running_var.uniform_(0.5, 2)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), norm, nn.ReLU()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    counters.clear()
+    torch.compiler.reset()
+    with torch.no_grad(), inductor.patch(freezing=True):
+        want, got = model(x), torch.compile(model)(x)
+    assert counters["inductor"]["binary_folding_conv"] >= 2  # the multiply and the add
+    assert torch.allclose(got, want, atol=1e-4)
 
 
 def test_onnxruntime_cuda_plans_fp32_fp16_and_their_cuda_graphs_and_says_why_it_cannot_run_here(tmp_path):

@@ -38,10 +38,13 @@ FREEZING_GPU_WHY = ("not tried by default on a GPU for a model without BatchNorm
 
 def has_batchnorm(model) -> bool:
     """Whether ``model`` (a torch.nn.Module) holds a BatchNorm layer, which freezing folds into the convolution before
-    it."""
+    it: PyTorch's (and its subclasses: timm's BatchNormAct2d, SyncBatchNorm) or a frozen one, a scale and shift from
+    buffers, as torchvision's, timm's and detectron2's detection backbones write it (each its own class, so known by
+    name; Inductor folds its multiply and add into the convolution's weights as it does a BatchNorm's)."""
     from torch import nn
 
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) or type(m).__name__.startswith("FrozenBatchNorm")
+               for m in model.modules())
 
 
 def freezing_by_default(device: str, model=None) -> bool:
