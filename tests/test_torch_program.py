@@ -136,6 +136,27 @@ def test_a_compiled_program_is_an_aoti_package_where_one_loads_else_the_exported
     assert again.proc is None and again.result() == (loads, why)
 
 
+@pytest.mark.slow  # a CPU compile
+def test_a_warmed_up_program_compiles_every_saved_batch_size_at_load_and_none_at_its_first_request(tmp_path):
+    from torch._dynamo.utils import counters
+
+    model = small_cnn()
+    folder = tmp_path / "out"
+    save_program(model, ProgramSettings("cpu", "fp32", compile="default", batch_sizes=(1, 4), input_shape=(3, 8, 8)),
+                 folder)  # no AOTInductor probe: the exported program, compiled at its first call per shape
+    torch.compiler.reset()
+    counters.clear()
+    program = loader.load(folder, warm_up=True)
+    compiled_at_load = counters["stats"]["unique_graphs"]
+    assert compiled_at_load >= 2  # one static program per saved batch size
+    images = _images(4)
+    with torch.no_grad():
+        assert np.allclose(program(images).numpy(), model(torch.from_numpy(images)).numpy(), atol=1e-4)
+        assert np.allclose(program(images[:1]).numpy(), model(torch.from_numpy(images[:1])).numpy(), atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == compiled_at_load  # the requests compiled nothing
+    assert set(program.warm_up([4])) == {4}
+
+
 @pytest.mark.slow
 def test_the_loader_runs_as_a_script_from_the_folder_with_no_arguments(tmp_path):
     folder = tmp_path / "out"

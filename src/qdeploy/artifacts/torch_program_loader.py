@@ -6,6 +6,7 @@ the model's source code (timm, torchvision, your repository) is needed to run th
     import load_model
     model = load_model.load("path/to/out")        # reads qdeploy-program.json beside the program
     logits = model(images)                         # float32 NCHW torch.Tensor or numpy array, already normalized
+    model = load_model.load("path/to/out", warm_up=True)  # each saved batch size's first call (compile, graph) now
 
     python load_model.py [FOLDER] --bench 1,32     # reproduces the latency qdeploy measured (CUDA events)
     python load_model.py FOLDER --images x.npy --save out.npy [--outputs argmax]
@@ -134,6 +135,19 @@ class Program:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
+    def warm_up(self, batch_sizes=None) -> dict:
+        """One call per batch size (default: every one it was saved for) on zeros, so that what a shape's first call
+        does (compile, from the saved cache where there is one; capture its CUDA graph) happens now rather than in the
+        first request: {batch size: seconds}."""
+        sizes = list(batch_sizes) if batch_sizes is not None else list(self.manifest["batch_sizes"])
+        took = {}
+        for b in sizes:
+            t0 = time.perf_counter()
+            self.forward_staged(self.stage(torch.zeros((b, *self.manifest["input_shape"]))))
+            self.synchronize()
+            took[b] = round(time.perf_counter() - t0, 3)
+        return took
+
 
 def constants_to_device(module: torch.nn.Module, device: str) -> torch.nn.Module:
     """Move the tensor constants of an exported program's module (``ExportedProgram.module()``) onto ``device``.
@@ -178,15 +192,19 @@ def _set_math_flags(manifest: dict, device: str) -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def load(folder=None, device: str | None = None) -> Program:
+def load(folder=None, device: str | None = None, warm_up: bool = False) -> Program:
     """The program saved in ``folder`` (default: this file's folder), on ``device`` (default: the one it was saved
-    for)."""
+    for); ``warm_up``: each saved batch size's first call made here (``Program.warm_up``), as a server does before
+    it takes requests (a compiled program's first call per shape compiles: seconds, more for a frozen program)."""
     folder = Path(folder) if folder is not None else Path(__file__).resolve().parent
     manifest = json.loads((folder / MANIFEST).read_text())
     device = device or manifest["device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"{folder / MANIFEST} was saved for a CUDA GPU; torch.cuda.is_available() is False here")
-    return Program(folder, manifest, device)
+    program = Program(folder, manifest, device)
+    if warm_up:
+        program.warm_up()
+    return program
 
 
 # ---------------------------------------------------------------------------- timing (CUDA events / perf_counter)

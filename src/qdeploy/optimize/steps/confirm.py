@@ -171,8 +171,9 @@ def program_summary(program: dict, s) -> dict:
             "first_call_s": {b: v.get("first_call_s") for b, v in lat.items()},
             "noisy": sorted(b for b, v in lat.items() if v.get("noisy")),
             "how_to_load": "import load_model; model = load_model.load(FOLDER); logits = model(images)  "
-                           "# float32 NCHW, normalized as in model.preprocess; python load_model.py FOLDER --bench "
-                           + ",".join(str(b) for b in s.rank_batches) + " reproduces the latency"}
+                           "# float32 NCHW, normalized as in model.preprocess; load_model.load(FOLDER, warm_up=True) "
+                           "makes each batch size's first call (first_call_s) at load; python load_model.py FOLDER "
+                           "--bench " + ",".join(str(b) for b in s.rank_batches) + " reproduces the latency"}
 
 
 def confirm_program(s, cctx, chosen: Candidate, cref) -> dict:
