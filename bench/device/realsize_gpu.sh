@@ -14,11 +14,11 @@
 #   run(command="MODELS='deeplabv3_camvid yolo_bccd640' BATCHES=1,8,32 TAG=segdet bash bench/device/realsize_gpu.sh", carry=[".devzoo", ".devreal/eval", ".devreal/det"])
 #
 # Env: MODELS, GPUS (default: every GPU there: on nvidia-h200-x2 two models at once, one a GPU, each on half the
-# cores; rows then in realsize_gpu_$TAG_gpu<i>.json), BATCHES (default 1,8,32,128), TAG, SKIP_RECIPES (gpu_reference.py's --skip-recipes: recipe names with
+# cores), BATCHES (default 1,8,32,128), TAG, SKIP_RECIPES (gpu_reference.py's --skip-recipes: recipe names with
 # spaces, comma-separated, passed as one argument), GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
 # --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo, --time-limit 150). Writes
-# $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows), $OUT/<model>.log (each line with its time) and
-# $OUT/<model>.optimize.json.
+# $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows; with several GPUs one file per GPU,
+# realsize_gpu_${TAG}_gpu<i>.json), $OUT/<model>.log (each line with its time) and $OUT/<model>.optimize.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
