@@ -31,9 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from qdeploy.artifacts.torch_program_loader import capture_cuda_graph  # noqa: E402
 
 
-def compiled(name: str, device: str, dtype, x, freezing: bool):
-    model = getattr(torchvision.models, name)().eval().to(device=device, dtype=dtype,
-                                                          memory_format=torch.channels_last)
+def compiled(name: str, device: str, dtype, x, freezing: bool, bn_folded: bool = False):
+    model = getattr(torchvision.models, name)().eval()
+    if bn_folded:
+        # each BatchNorm folded into the convolution before it in the model itself (torch.fx's conv-BN fusion, in
+        # FP32 before the cast), as Ultralytics' fuse() and TensorRT do: what freezing folds on a GPU, without
+        # freezing's cost at a fresh process's first call (AOTAutograd caches no frozen graph)
+        from torch.fx.experimental.optimization import fuse
+
+        model = fuse(model)
+    model = model.to(device=device, dtype=dtype, memory_format=torch.channels_last)
     fn = torch.compile(model, dynamic=False)
     with torch._inductor.config.patch({"freezing": freezing}), torch.inference_mode():
         t0 = time.perf_counter()
@@ -81,21 +88,24 @@ def child(args) -> None:
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     x = torch.randn(args.batch, 3, args.size, args.size, device=args.device, dtype=dtype
                     ).contiguous(memory_format=torch.channels_last)
-    step, compile_s = compiled(args.child, args.device, dtype, x, args.freezing)
+    step, compile_s = compiled(args.child, args.device, dtype, x, args.freezing, args.bn_folded)
     for _ in range(3):
         step()
     rounds = [round_median(step, args.device, args.iterations) for _ in range(args.rounds)]
     print("RESULT " + json.dumps({"p50_ms": statistics.median(rounds), "compile_s": compile_s}), flush=True)
 
 
-def one_process(args, name: str, freezing: bool) -> dict:
+FORMS = {"default": [], "frozen": ["--freezing"], "bn-folded": ["--bn-folded"]}
+
+
+def one_process(args, name: str, form: str) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--batch", str(args.batch),
            "--size", str(args.size), "--rounds", str(args.rounds), "--iterations", str(args.iterations),
-           "--json", "-"] + (["--freezing"] if freezing else [])
+           "--json", "-"] + FORMS[form]
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     if p.returncode != 0 or line is None:
-        raise SystemExit(f"{name} (freezing={freezing}) failed: {p.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(f"{name} ({form}) failed: {p.stderr.strip().splitlines()[-1:]}")
     return json.loads(line[len("RESULT "):])
 
 
@@ -110,28 +120,36 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20, help="timed calls per round")
     ap.add_argument("--json", type=str, required=True)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bn-folded", action="store_true",
+                    help="also time the model with each BatchNorm folded into its convolution, compiled without "
+                         "freezing (a third side of the alternation)")
     ap.add_argument("--freezing", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
+    forms = ["default", "frozen"] + (["bn-folded"] if args.bn_folded else [])
     rows = []
     for name in args.models:
-        runs = {False: [], True: []}
+        runs = {f: [] for f in forms}
         for _ in range(args.repeats):
-            for freezing in (False, True):
-                runs[freezing].append(one_process(args, name, freezing))
+            for form in forms:
+                runs[form].append(one_process(args, name, form))
         p50 = {k: statistics.median(r["p50_ms"] for r in v) for k, v in runs.items()}
+        compile_s = {k: round(statistics.median(r["compile_s"] for r in v), 1) for k, v in runs.items()}
         row = {"model": name, "device": args.device, "dtype": "float16" if args.device == "cuda" else "float32",
-               "batch": args.batch, "input_size": args.size, "p50_ms": round(p50[False], 3),
-               "frozen_p50_ms": round(p50[True], 3), "speedup": round(p50[False] / p50[True], 3),
-               "compile_s": round(statistics.median(r["compile_s"] for r in runs[False]), 1),
-               "frozen_compile_s": round(statistics.median(r["compile_s"] for r in runs[True]), 1),
-               "process_p50s_ms": {"default": [round(r["p50_ms"], 3) for r in runs[False]],
-                                   "frozen": [round(r["p50_ms"], 3) for r in runs[True]]}}
+               "batch": args.batch, "input_size": args.size, "p50_ms": round(p50["default"], 3),
+               "frozen_p50_ms": round(p50["frozen"], 3), "speedup": round(p50["default"] / p50["frozen"], 3),
+               "compile_s": compile_s["default"], "frozen_compile_s": compile_s["frozen"],
+               "process_p50s_ms": {k: [round(r["p50_ms"], 3) for r in v] for k, v in runs.items()}}
+        if args.bn_folded:
+            row.update(bn_folded_p50_ms=round(p50["bn-folded"], 3),
+                       bn_folded_speedup=round(p50["default"] / p50["bn-folded"], 3),
+                       bn_folded_compile_s=compile_s["bn-folded"])
         print(json.dumps(row), flush=True)
         rows.append(row)
     doc = {"command": "python bench/suites/inductor_freezing.py " + " ".join(args.models)
-           + f" --device {args.device} --batch {args.batch} --repeats {args.repeats}", "torch": torch.__version__,
+           + f" --device {args.device} --batch {args.batch} --repeats {args.repeats}"
+           + (" --bn-folded" if args.bn_folded else ""), "torch": torch.__version__,
            "torchvision": torchvision.__version__, "machine": machine(args.device), "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
