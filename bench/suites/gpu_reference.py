@@ -304,7 +304,11 @@ def gpu_facts() -> dict:
         except ImportError:
             pass
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.sm,power.limit",
+        # nvidia-smi ignores CUDA_VISIBLE_DEVICES: on a machine of several GPUs (bench/device/stage.sh's lanes) ask for
+        # the one this process runs on
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        only = ["-i", visible] if visible.isdigit() else []
+        q = subprocess.run(["nvidia-smi", *only, "--query-gpu=driver_version,clocks.max.sm,clocks.sm,power.limit",
                             "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
         d["nvidia_smi"] = q
     except OSError:
