@@ -167,6 +167,23 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     assert "low_precision_failed" not in json.loads(out.read_text())
     assert mod.main(["--rows", str(tmp_path / "missing.json"), "--json", str(out)]) == 2
     assert mod.main(["--json", str(out)]) == 2
+    # the docs table: a row is "met" only at <= 1.0x both ways with 3 fresh processes a side within budget
+    table = tmp_path / "table.md"
+    rows.write_text(json.dumps([_gpu_reference_row("deit_small", 1, 1.02, refs, fresh_alternating=alternating),
+                                _gpu_reference_row("deit_small", 32, 5.9, {k: v * 6 for k, v in refs.items()})]))
+    assert mod.main(["--rows", str(rows), "--json", str(tmp_path / "t.json"), "--markdown", str(table)]) == 0
+    lines = table.read_text().splitlines()
+    b1 = next(x for x in lines if x.startswith("| deit_small | 224x224 | 1 |"))
+    b32 = next(x for x in lines if x.startswith("| deit_small | 224x224 | 32 |"))
+    assert "| 1.020x |" in b1 and b1.endswith("| missed |")
+    assert "| 0.983x |" in b32 and b32.endswith("| ≤ 1.0x, 0 processes a side |")
+    assert "0 of 2 rows meet the goal" in lines[-1]
+    row = {"ratio_to_best_reference": 0.95, "ratio_fresh_vs_fresh": 0.97, "budget_met": True,
+           "fresh_spread": {"processes_per_side": 3}}
+    assert mod.goal_verdict(row) == "met"
+    assert mod.goal_verdict({**row, "fresh_spread": {"processes_per_side": 2}}) == "≤ 1.0x, 2 processes a side"
+    assert mod.goal_verdict({**row, "ratio_fresh_vs_fresh": 1.001}) == "missed"
+    assert mod.goal_verdict({**row, "budget_met": False}) == "outside budget"
 
 
 def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting_as_paying(tmp_path):
