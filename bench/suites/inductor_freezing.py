@@ -6,7 +6,9 @@ on a GPU) is compiled (``dynamic=False``, as qdeploy compiles) with and without 
 in a fresh process, the two alternating (``--repeats`` processes each): two programs of one model cannot stay compiled
 side by side in one process (Dynamo hands a second instance of the model the first one's program), and a fresh process
 is what a deployed program runs in. A GPU program is replayed as a CUDA graph, as qdeploy runs it. The p50 is the
-median over a side's processes of each process's median; the compile time is the first call's.
+median over a side's processes of each process's median; the compile time is the first call's. ``--bn-folded`` adds a
+third side: each BatchNorm folded into its convolution in the model itself and compiled without freezing (what freezing
+gains on a GPU, if BatchNorm is where it gains, without the saved frozen program's first-call cost).
 
     python bench/suites/inductor_freezing.py resnet50 mobilenet_v3_large efficientnet_b0 --device cpu --batch 1 \\
         --json docs/results/inductor_freezing_cpu.json
