@@ -250,8 +250,9 @@ def test_freezing_folds_a_frozen_batchnorm_into_the_convolution_as_it_does_a_bat
 
     torch.manual_seed(0)
     norm = FrozenBatchNorm2d(8)
-    norm.weight.uniform_(0.5, 2), norm.bias.uniform_(-1, 1), norm.running_mean.uniform_(-1, 1)
-    norm.running_var.uniform_(0.5, 2)
+    for buffer, (low, high) in ((norm.weight, (0.5, 2)), (norm.bias, (-1, 1)), (norm.running_mean, (-1, 1)),
+                                (norm.running_var, (0.5, 2))):
+        buffer.uniform_(low, high)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), norm, nn.ReLU()).eval()
     x = torch.randn(2, 3, 16, 16)
     counters.clear()
