@@ -366,8 +366,9 @@ def test_cli_optimize_prints_the_choice_and_exits_0_when_the_budget_is_met(tmp_p
     code = main(["optimize", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
     s = json.loads((tmp_path / "out" / "optimize.json").read_text())
     assert code == 0 and s["budget_met"] is True
-    # int8-max, or FP32 when this machine times FP32 at least as fast (then the decision log says so)
-    assert s["chosen"]["variant"] == "int8-max" or any("the answer is FP32" in d for d in s["decisions"])
+    # int8-max or a placement variant of it (an op class left float where the profiler times it slower in INT8),
+    # or FP32 when this machine times FP32 at least as fast (then the decision log says so): all are timing-dependent
+    assert s["chosen"]["variant"].startswith("int8-max") or any("the answer is FP32" in d for d in s["decisions"])
     out = capsys.readouterr().out
     assert "budget met on the confirm split" in out
     assert "Candidates (search split)" in out and "int8-max" in out  # the human-readable table before the answer
