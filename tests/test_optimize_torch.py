@@ -238,6 +238,80 @@ def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries
     assert freezing_by_default("cuda", nn.Sequential(nn.Conv2d(3, 8, 3), FrozenBatchNorm2d(8), nn.ReLU()))
 
 
+def qkv_attention(bias=True, fused=False, dim=16):
+    """Attention written as Hugging Face's ViT/Swin and much hand-written code write it: query, key and value as three
+    Linear layers on one input (``bias``: theirs); ``fused``: timm's one qkv layer instead."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if fused:
+                self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+            else:
+                self.query, self.key, self.value = (nn.Linear(dim, dim, bias=bias) for _ in range(3))
+            self.proj = nn.Linear(dim, 10)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1) if fused else (self.query(x), self.key(x), self.value(x))
+            return self.proj(torch.softmax(q @ k.transpose(-1, -2), -1) @ v).mean(1)
+
+    return Attention().eval()
+
+
+def test_the_gpu_tries_freezing_where_linear_layers_share_an_input_which_freezing_concatenates():
+    import torch
+
+    from qdeploy.facts.inductor import concatenable_linears, freezing_default
+
+    x = torch.randn(1, 5, 16)
+    for bias in (True, False):
+        assert concatenable_linears(qkv_attention(bias), x) == [["query", "key", "value"]]
+        tried, folds = freezing_default("cuda", qkv_attention(bias), x)
+        assert tried and folds == ["1 group(s) of Linear layers on one input into one matmul each "
+                                   "(e.g. query, key, value)"]
+    assert freezing_default("cuda", qkv_attention(fused=True), x) == (False, [])  # timm's: one layer already
+    assert freezing_default("cuda", qkv_attention(), None) == (False, [])  # no batch to run: not looked for
+    assert freezing_default("cpu", qkv_attention(fused=True), x) == (True, [])  # the CPU: always
+
+    from torch import nn
+
+    class TwoHeads(nn.Module):  # a pair of Linear layers on one input: Inductor concatenates only an unbiased pair
+        def __init__(self, bias):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 4, bias=bias), nn.Linear(8, 4, bias=bias)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    assert concatenable_linears(TwoHeads(False), torch.randn(2, 8)) == [["a", "b"]]
+    assert concatenable_linears(TwoHeads(True), torch.randn(2, 8)) == []
+    assert concatenable_linears(TwoHeads(False), torch.randn(2, 9)) == []  # a forward that fails says nothing
+
+
+@pytest.mark.slow
+def test_freezing_concatenates_the_linear_layers_on_one_input_into_one_matmul():
+    """The fact the GPU's freezing default rests on for separate query, key and value layers: Inductor's freezing
+    replaces the three matmuls by one (on the CPU only with cpp.enable_concat_linear, which a GPU graph does not need;
+    counted here as the Linear layers oneDNN packs: four without, two with), and the output stays the model's."""
+    import torch
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor
+
+    torch.manual_seed(0)
+    model, x = qkv_attention(), torch.randn(2, 5, 16)
+    packed = {}
+    for concat in (False, True):
+        counters.clear()
+        torch.compiler.reset()
+        with torch.no_grad(), inductor.patch({"freezing": True, "cpp.enable_concat_linear": concat}):
+            want, got = model(x), torch.compile(model)(x)
+        packed[concat] = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
+        assert torch.allclose(got, want, atol=1e-5)
+    assert packed == {False: 4, True: 2}
+
+
 @pytest.mark.slow
 def test_freezing_folds_a_frozen_batchnorm_into_the_convolution_as_it_does_a_batchnorm():
     """The fact freezing_by_default rests on for a detection backbone's FrozenBatchNorm2d: Inductor's binary folding
@@ -428,7 +502,9 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     notes = []
     s = SimpleNamespace(target=TARGETS["torch-cuda"], o=OptimizeConfig(target="torch-cuda"), timed_out=False,
                         limit_covers_saving=True, time_left=lambda: 1000.0, note=notes.append, stages={}, rank_batches=[32],
-                        ctx=SimpleNamespace(builder=SimpleNamespace(has_torch=True, torch_model=lambda: model)))
+                        ctx=SimpleNamespace(builder=SimpleNamespace(
+                            has_torch=True, torch_model=lambda: model,
+                            check_inputs=lambda: np.zeros((2, 3, 8, 8), np.float32))))
     pairs = [("fp16", False, True), ("bf16", False, True), ("fp16", False, False)]  # the last: fp16's tied layout
     compiled, rewritten, _ = torch_runtimes.compile_stage(s, pairs, primary=2)
     assert order[:4] == ["fp16-cl-compile-cudagraph", "bf16-cl-compile-cudagraph",
@@ -439,6 +515,7 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     assert [c.variant for c in compiled] == [order[0], order[1], order[4]]
     assert any(n.startswith("patch convolutions as matmuls on fp16-cl-compile-cudagraph") and "faster" in n
                for n in notes)
+    assert "Inductor freezing tried: on this model it folds BatchNorm into the convolutions before them" in notes
 
 
 PATCH_MODEL = '''

@@ -8,7 +8,9 @@ side by side in one process (Dynamo hands a second instance of the model the fir
 is what a deployed program runs in. A GPU program is replayed as a CUDA graph, as qdeploy runs it. The p50 is the
 median over a side's processes of each process's median; the compile time is the first call's. ``--bn-folded`` adds a
 third side: each BatchNorm folded into its convolution in the model itself and compiled without freezing (what freezing
-gains on a GPU, if BatchNorm is where it gains, without the saved frozen program's first-call cost).
+gains on a GPU, if BatchNorm is where it gains, without the saved frozen program's first-call cost). ``hf_vit_small``
+and ``hf_swin_tiny`` are Hugging Face's ViT (DeiT-S's size) and Swin-T, whose separate query, key and value layers
+freezing concatenates into one matmul.
 
     python bench/suites/inductor_freezing.py resnet50 mobilenet_v3_large efficientnet_b0 --device cpu --batch 1 \\
         --json docs/results/inductor_freezing_cpu.json
@@ -31,10 +33,40 @@ import torchvision
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from qdeploy.artifacts.torch_program_loader import capture_cuda_graph  # noqa: E402
+from qdeploy.facts.inductor import has_batchnorm  # noqa: E402
+
+
+class Logits(torch.nn.Module):
+    """A Hugging Face classifier called as a user's deployment calls it: pixels in, logits out."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(pixel_values=x).logits
+
+
+def hf_model(name: str):
+    """Hugging Face's ViT at DeiT-S's size and Swin-T (random weights): attention as three Linear layers on one input,
+    which freezing concatenates into one matmul (facts/inductor.concatenable_linears)."""
+    import transformers
+
+    if name == "hf_vit_small":
+        cfg = transformers.ViTConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                                     intermediate_size=1536, image_size=224, patch_size=16, num_labels=1000)
+        return Logits(transformers.ViTForImageClassification(cfg))
+    if name == "hf_swin_tiny":
+        return Logits(transformers.SwinForImageClassification(transformers.SwinConfig(num_labels=1000)))
+    raise SystemExit(f"unknown model {name}: a torchvision model name, hf_vit_small or hf_swin_tiny")
+
+
+def build(name: str):
+    return (hf_model(name) if name.startswith("hf_") else getattr(torchvision.models, name)()).eval()
 
 
 def compiled(name: str, device: str, dtype, x, freezing: bool, bn_folded: bool = False):
-    model = getattr(torchvision.models, name)().eval()
+    model = build(name)
     if bn_folded:
         # each BatchNorm folded into the convolution before it in the model itself (torch.fx's conv-BN fusion, in
         # FP32 before the cast), as Ultralytics' fuse() and TensorRT do: what freezing folds on a GPU, without
@@ -113,7 +145,7 @@ def one_process(args, name: str, form: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("models", nargs="*", help="torchvision model names")
+    ap.add_argument("models", nargs="*", help="torchvision model names, or hf_vit_small / hf_swin_tiny (Hugging Face)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", type=int, default=224)
@@ -129,9 +161,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    forms = ["default", "frozen"] + (["bn-folded"] if args.bn_folded else [])
     rows = []
     for name in args.models:
+        # a model without a BatchNorm has nothing to fold: its third side would be its first
+        forms = ["default", "frozen"] + (["bn-folded"] if args.bn_folded and has_batchnorm(build(name)) else [])
         runs = {f: [] for f in forms}
         for _ in range(args.repeats):
             for form in forms:
@@ -143,7 +176,7 @@ def main() -> None:
                "frozen_p50_ms": round(p50["frozen"], 3), "speedup": round(p50["default"] / p50["frozen"], 3),
                "compile_s": compile_s["default"], "frozen_compile_s": compile_s["frozen"],
                "process_p50s_ms": {k: [round(r["p50_ms"], 3) for r in v] for k, v in runs.items()}}
-        if args.bn_folded:
+        if "bn-folded" in forms:
             row.update(bn_folded_p50_ms=round(p50["bn-folded"], 3),
                        bn_folded_speedup=round(p50["default"] / p50["bn-folded"], 3),
                        bn_folded_compile_s=compile_s["bn-folded"])

@@ -779,7 +779,8 @@ class OptimizeConfig(_Strict):
         None, description="PyTorch targets: the fastest compiled candidate compiled again with Inductor's freezing "
                           "(weights folded in as constants: conv-BN folding, constant folding, oneDNN weight packing "
                           "on the CPU; facts/inductor.py), one more compile. Default: on for torch-cpu; on torch-cuda "
-                          "for a model with a BatchNorm (facts/inductor.freezing_by_default)")
+                          "for a model with a BatchNorm or with Linear layers sharing an input, which freezing concatenates "
+                          "into one matmul (facts/inductor.freezing_default)")
     patch_matmul: Optional[bool] = Field(
         None, description="PyTorch targets: the fastest compiled candidate compiled again with its patch convolutions "
                           "(stride equal to kernel: ViT/DeiT/Swin patch embeddings) as one matmul over the patches "

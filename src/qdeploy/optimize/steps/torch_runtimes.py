@@ -37,7 +37,7 @@ from typing import Optional
 from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
-from qdeploy.facts.inductor import FREEZING_GPU_WHY, freezing_by_default
+from qdeploy.facts.inductor import FREEZING_GPU_WHY, freezing_default
 from qdeploy.facts.patch_matmul import patch_matmul_by_default
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
@@ -240,14 +240,27 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
     model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch and (
         s.o.freezing is None or s.o.patch_matmul is None) else None
     out = []
-    if s.o.freezing is None and not freezing_by_default(device, model):
+    tried, folds = (s.o.freezing, []) if s.o.freezing is not None else \
+        freezing_default(device, model, _one_image(s) if model is not None and device == "cuda" else None)
+    if not tried and s.o.freezing is None:
         s.note(f"Inductor freezing: {FREEZING_GPU_WHY}")
-    elif (s.o.freezing is None or s.o.freezing) and not s.timed_out:
+    elif tried and not s.timed_out:
+        if folds:
+            s.note("Inductor freezing tried: on this model it folds " + "; ".join(folds))
         out += _rewrite_stage(s, compiled, estimate, FrozenCandidate)
     # a model without a patch convolution has nothing to rewrite: not worth a line
     if (s.o.patch_matmul or (s.o.patch_matmul is None and patch_matmul_by_default(model))) and not s.timed_out:
         out += _rewrite_stage(s, compiled + out, estimate, PatchMatmulCandidate)
     return out
+
+
+def _one_image(s):
+    """One of the run's real preprocessed images as a batch of one (a CPU tensor), or None."""
+    import numpy as np
+    import torch
+
+    images = s.ctx.builder.check_inputs()
+    return None if images is None else torch.from_numpy(np.ascontiguousarray(images[:1]))
 
 
 def graph_twin_ran(cand: TorchCandidate, compiled: list[TorchCandidate]) -> bool:
