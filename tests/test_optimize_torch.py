@@ -289,6 +289,16 @@ def test_the_gpu_tries_freezing_where_linear_layers_share_an_input_which_freezin
     assert concatenable_linears(TwoHeads(True), torch.randn(2, 8)) == []
     assert concatenable_linears(TwoHeads(False), torch.randn(2, 9)) == []  # a forward that fails says nothing
 
+    class Twice(nn.Module):  # one layer called twice on a tensor: one matmul, nothing to concatenate
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 4, bias=False)
+
+        def forward(self, x):
+            return self.a(x) * self.a(x)
+
+    assert concatenable_linears(Twice(), torch.randn(2, 8)) == []
+
 
 @pytest.mark.slow
 def test_freezing_concatenates_the_linear_layers_on_one_input_into_one_matmul():

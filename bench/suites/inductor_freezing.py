@@ -65,7 +65,7 @@ def build(name: str):
     return (hf_model(name) if name.startswith("hf_") else getattr(torchvision.models, name)()).eval()
 
 
-def compiled(name: str, device: str, dtype, x, freezing: bool, bn_folded: bool = False):
+def compiled(name: str, device: str, dtype, x, freezing: bool, bn_folded: bool = False, concat_linear: bool = False):
     model = build(name)
     if bn_folded:
         # each BatchNorm folded into the convolution before it in the model itself (torch.fx's conv-BN fusion, in
@@ -76,7 +76,10 @@ def compiled(name: str, device: str, dtype, x, freezing: bool, bn_folded: bool =
         model = fuse(model)
     model = model.to(device=device, dtype=dtype, memory_format=torch.channels_last)
     fn = torch.compile(model, dynamic=False)
-    with torch._inductor.config.patch({"freezing": freezing}), torch.inference_mode():
+    # cpp.enable_concat_linear: freezing's concatenation of Linear layers on one input, which the CPU leaves off by
+    # default (a GPU graph has it under freezing alone)
+    with torch._inductor.config.patch({"freezing": freezing or concat_linear, "cpp.enable_concat_linear": concat_linear}), \
+            torch.inference_mode():
         t0 = time.perf_counter()
         fn(x)
         if device == "cuda":
@@ -122,14 +125,15 @@ def child(args) -> None:
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     x = torch.randn(args.batch, 3, args.size, args.size, device=args.device, dtype=dtype
                     ).contiguous(memory_format=torch.channels_last)
-    step, compile_s = compiled(args.child, args.device, dtype, x, args.freezing, args.bn_folded)
+    step, compile_s = compiled(args.child, args.device, dtype, x, args.freezing, args.bn_folded, args.concat_linear)
     for _ in range(3):
         step()
     rounds = [round_median(step, args.device, args.iterations) for _ in range(args.rounds)]
     print("RESULT " + json.dumps({"p50_ms": statistics.median(rounds), "compile_s": compile_s}), flush=True)
 
 
-FORMS = {"default": [], "frozen": ["--freezing"], "bn-folded": ["--bn-folded"]}
+FORMS = {"default": [], "frozen": ["--freezing"], "bn-folded": ["--bn-folded"],
+         "frozen-concat-linear": ["--concat-linear"]}
 
 
 def one_process(args, name: str, form: str) -> dict:
@@ -157,6 +161,9 @@ def main() -> None:
     ap.add_argument("--bn-folded", action="store_true",
                     help="also time the model with each BatchNorm folded into its convolution, compiled without "
                          "freezing (a third side of the alternation)")
+    ap.add_argument("--concat-linear", action="store_true",
+                    help="also time the frozen program with the CPU's cpp.enable_concat_linear on (Linear layers on one "
+                         "input as one matmul; a GPU graph has it under freezing alone): a further side")
     ap.add_argument("--freezing", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -164,7 +171,8 @@ def main() -> None:
     rows = []
     for name in args.models:
         # a model without a BatchNorm has nothing to fold: its third side would be its first
-        forms = ["default", "frozen"] + (["bn-folded"] if args.bn_folded and has_batchnorm(build(name)) else [])
+        forms = ["default", "frozen"] + (["bn-folded"] if args.bn_folded and has_batchnorm(build(name)) else []) \
+            + (["frozen-concat-linear"] if args.concat_linear else [])
         runs = {f: [] for f in forms}
         for _ in range(args.repeats):
             for form in forms:
@@ -180,11 +188,16 @@ def main() -> None:
             row.update(bn_folded_p50_ms=round(p50["bn-folded"], 3),
                        bn_folded_speedup=round(p50["default"] / p50["bn-folded"], 3),
                        bn_folded_compile_s=compile_s["bn-folded"])
+        if "frozen-concat-linear" in forms:
+            row.update(frozen_concat_linear_p50_ms=round(p50["frozen-concat-linear"], 3),
+                       concat_linear_speedup_over_frozen=round(p50["frozen"] / p50["frozen-concat-linear"], 3),
+                       frozen_concat_linear_compile_s=compile_s["frozen-concat-linear"])
         print(json.dumps(row), flush=True)
         rows.append(row)
     doc = {"command": "python bench/suites/inductor_freezing.py " + " ".join(args.models)
            + f" --device {args.device} --batch {args.batch} --repeats {args.repeats}"
-           + (" --bn-folded" if args.bn_folded else ""), "torch": torch.__version__,
+           + (" --bn-folded" if args.bn_folded else "") + (" --concat-linear" if args.concat_linear else ""),
+           "torch": torch.__version__,
            "torchvision": torchvision.__version__, "machine": machine(args.device), "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")

@@ -66,7 +66,9 @@ def concatenable_linears(model, example) -> list[list[str]]:
 
     def record(module, args):
         if args and isinstance(args[0], torch.Tensor):
-            inputs.setdefault(id(args[0]), (args[0], []))[1].append(module)
+            layers = inputs.setdefault(id(args[0]), (args[0], []))[1]
+            if module not in layers:  # one layer called twice on a tensor is one matmul, nothing to concatenate
+                layers.append(module)
 
     hooks = [m.register_forward_pre_hook(record) for m in names]
     try:
