@@ -215,9 +215,10 @@ def test_torchao_candidates_are_opt_in_and_start_from_a_compiled_candidate():
 
 
 def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries_it_where_a_batchnorm_folds():
+    import torch
     from torch import nn
 
-    from qdeploy.facts.inductor import freezing_by_default
+    from qdeploy.facts.inductor import freezing_default
     from qdeploy.optimize.candidates import FrozenCandidate
 
     base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
@@ -230,12 +231,14 @@ def test_a_frozen_candidate_is_its_base_compiled_with_freezing_and_the_gpu_tries
     assert OptimizeConfig(target="torch-cuda").freezing is None  # the device decides, unless set
     conv_bn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
     conv_ln = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(1, 8), nn.Flatten(), nn.LazyLinear(4))
-    assert freezing_by_default("cpu", conv_ln) and freezing_by_default("cpu")
-    assert freezing_by_default("cuda", conv_bn) and not freezing_by_default("cuda", conv_ln)
-    assert not freezing_by_default("cuda", None)  # no PyTorch model to look at (an ONNX source)
+    x = torch.randn(1, 3, 8, 8)
+    assert freezing_default("cpu", conv_ln, x) == (True, []) and freezing_default("cpu") == (True, [])
+    assert freezing_default("cuda", conv_bn, x) == (True, ["BatchNorm into the convolutions before them"])
+    assert freezing_default("cuda", conv_ln, x) == (False, [])
+    assert freezing_default("cuda", None) == (False, [])  # no PyTorch model to look at (an ONNX source)
     from torchvision.ops.misc import FrozenBatchNorm2d  # a detection backbone's norm: buffers, no BatchNorm class
 
-    assert freezing_by_default("cuda", nn.Sequential(nn.Conv2d(3, 8, 3), FrozenBatchNorm2d(8), nn.ReLU()))
+    assert freezing_default("cuda", nn.Sequential(nn.Conv2d(3, 8, 3), FrozenBatchNorm2d(8), nn.ReLU()))[0]
 
 
 def qkv_attention(bias=True, fused=False, dim=16):
@@ -324,7 +327,7 @@ def test_freezing_concatenates_the_linear_layers_on_one_input_into_one_matmul():
 
 @pytest.mark.slow
 def test_freezing_folds_a_frozen_batchnorm_into_the_convolution_as_it_does_a_batchnorm():
-    """The fact freezing_by_default rests on for a detection backbone's FrozenBatchNorm2d: Inductor's binary folding
+    """The fact freezing_default rests on for a detection backbone's FrozenBatchNorm2d: Inductor's binary folding
     takes its multiply and add into the convolution's weights (counted), and the output stays the model's."""
     import torch
     from torch import nn

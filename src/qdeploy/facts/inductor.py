@@ -36,7 +36,7 @@ FREEZING = {"freezing": True}
 # on a model with either; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s
 # at batch 1 against 5.7 s unfrozen on the H200), which the confirm run's first call records.
 FREEZING_GPU_WHY = ("not tried by default on a GPU for a model with neither a BatchNorm nor Linear layers sharing an "
-                    "input, or with no PyTorch model to look at (facts/inductor.freezing_by_default: on a GPU freezing "
+                    "input, or with no PyTorch model to look at (facts/inductor.freezing_default: on a GPU freezing "
                     "gains where it folds a BatchNorm into a convolution, 1.15x on three BatchNorm CNNs, ~1.0x on a "
                     "LayerNorm ConvNeXt, or concatenates such Linear layers into one matmul); optimize.freezing: true "
                     "tries it")
@@ -104,11 +104,6 @@ def freezing_default(device: str, model=None, example=None) -> tuple[bool, list[
         return True, []
     folds = freezing_gpu_folds(model, example) if model is not None else []
     return bool(folds), folds
-
-
-def freezing_by_default(device: str, model=None, example=None) -> bool:
-    """freezing_default's answer alone."""
-    return freezing_default(device, model, example)[0]
 
 
 def program_inductor_config(torchao: Optional[str] = None, freezing: bool = False) -> dict:
