@@ -357,3 +357,19 @@ def test_the_patch_matmul_zoo_rewrites_a_convnexts_stem_and_downsampling_and_kee
     r = mod.row("timm convnext_atto", mod.MODELS["timm convnext_atto"])
     assert r["rewritten"] == ["stem.0", "stages.1.downsample.1", "stages.2.downsample.1", "stages.3.downsample.1"]
     assert r["ok"] and r["rel_err"] < 1e-4 and r["exported_rel_err"] < 1e-4
+
+
+def test_outputs_are_compared_on_test_images_from_every_class_for_a_classifier(suite, tmp_path):
+    """The program-vs-eager check of a classifier runs on decoded, normalized test images drawn across the classes
+    (an image folder decodes class by class), not on random inputs; the segmenter and the detector keep random maps."""
+    test = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10" / "test"
+    if not test.is_dir():
+        pytest.skip(f"the CIFAR-10 test images are not at {test} (../shared)")
+    (tmp_path / "cifar-test").symlink_to(test)
+    x, on = suite.check_images("resnet50", tmp_path, n=64)
+    assert on == "64 test images" and x.shape == (64, 3, 224, 224) and x.dtype.name == "float32"
+    assert abs(float(x.mean())) < 1.0 and 0.5 < float(x.std()) < 1.5  # ImageNet-normalized pixels, not raw 0-255
+    assert not (x[0] == x[-1]).all()
+    assert suite.check_images("resnet50", tmp_path, n=64)[0].tobytes() == x.tobytes()  # seeded: the same images
+    _, on_random = suite.check_images("deeplabv3_camvid", tmp_path, n=4)
+    assert on_random == "4 random inputs"

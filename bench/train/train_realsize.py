@@ -10,7 +10,7 @@ device call (bench/device/realsize_cpu.sh) unpacks bench/device/stage_realsize.s
   flip), scaled to [0, 1], resized bilinearly to 224x224 and normalised with ImageNet's mean/std: the same input
   protocol as the shared CIFAR models, so qdeploy's preprocess (resize 224, bilinear, ImageNet mean/std) reproduces it;
 - AdamW (weight decay 0.05), label smoothing 0.1, bf16 autocast, channels-last, a cosine schedule over a fixed wall-clock
-  budget (``--seconds``, warm-up 5 %), batch 128: the same budget for every model, so a call's length is known;
+  budget (``--seconds``, counted from step 20, after cuDNN's benchmark; warm-up 5 %), batch 128: the same budget for every model, so a call's length is known;
 - top-1 on the whole test folder (FP32 on the GPU) is written beside the weights.
 
 Writes OUT/<name>.pt (a plain state_dict in FP16, loaded into an FP32 model by qdeploy's ``model.weights``) and
@@ -39,6 +39,7 @@ MODELS = {
 }
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SIZE = 224
+WARM_STEPS = 20  # cuDNN's benchmark of each convolution (forward and backward) happens in these, before the clock
 
 
 def build(name: str):
@@ -92,21 +93,26 @@ def train_one(name: str, x, y, xt, yt, seconds: float, out: Path, batch: int = 1
     torch.manual_seed(0)
     np.random.seed(0)
     lr = MODELS[name][2]
-    # fixed shapes: cuDNN picks its fastest kernels per convolution (its heuristic choice for depthwise convolutions in
-    # BF16 channels_last is not always the fast one; EfficientNet-B0 trained at 406 images/s in one session, 1,720 in
-    # another); the rate over steps 20-70 is printed so that a slow run shows before its weights are used (the first
-    # steps' rate says little: cuDNN's benchmark of every convolution dominates it, ResNet-50 399 images/s there and
-    # 2,971 over its whole run)
+    # fixed shapes: cuDNN picks its fastest kernels per convolution. Its benchmark runs in the first steps and is not
+    # counted in the model's seconds: it took ~44 s of EfficientNet-B0's 50 (one epoch, 16 % top-1; 2,719 images/s
+    # after it, 356 over the whole budget), a few for the others. The clock starts at step WARM_STEPS, the steps
+    # before it train at the warm-up's zero learning rate, and the rate over steps 20-70 is printed so that a slow run
+    # shows before its weights are used.
     torch.backends.cudnn.benchmark = True
     m = build(name).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.05)
-    t0, epochs, seen, steps, window = time.time(), 0, 0, 0, None
+    t_start, epochs, seen, steps, window = time.time(), 0, 0, 0, None
+    t0, warm_s = None, 0.0
     done = False
     while not done:
         m.train()
         perm = torch.randperm(len(x), device=dev)
         for s in range(0, len(x) - batch + 1, batch):
-            prog = (time.time() - t0) / seconds
+            if t0 is None and steps >= WARM_STEPS:
+                torch.cuda.synchronize()
+                t0 = time.time()
+                warm_s = t0 - t_start
+            prog = 0.0 if t0 is None else (time.time() - t0) / seconds
             if prog >= 1:
                 done = True
                 break
@@ -130,6 +136,7 @@ def train_one(name: str, x, y, xt, yt, seconds: float, out: Path, batch: int = 1
         else:
             epochs += 1
     train_s = time.time() - t0
+    seen_timed = seen - WARM_STEPS * batch
     m.eval()
     correct = 0
     with torch.no_grad():  # FP32: the accuracy qdeploy's FP32 export should reproduce
@@ -143,7 +150,8 @@ def train_one(name: str, x, y, xt, yt, seconds: float, out: Path, batch: int = 1
     info = {"model": name, "source": source, "kwargs": kwargs, "input_size": SIZE, "data": "CIFAR-10 resized to 224",
             "train_images": len(x), "test_images": len(xt), "test_top1_fp32": round(top1, 2),
             "epochs_completed": epochs, "images_seen": seen, "train_seconds": round(train_s, 1),
-            "images_per_s": round(seen / train_s, 1), "gpu": torch.cuda.get_device_name(0),
+            "warm_up_seconds": round(warm_s, 1), "warm_up_steps": WARM_STEPS,
+            "images_per_s": round(seen_timed / train_s, 1), "gpu": torch.cuda.get_device_name(0),
             "torch": torch.__version__}
     (out / f"{name}.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info), flush=True)

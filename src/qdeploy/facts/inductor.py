@@ -32,8 +32,9 @@ FREEZING = {"freezing": True}
 # three Linear layers called on one input into one matmul (torch/_inductor/fx_passes/freezing_patterns.py,
 # addmm_patterns_init: weights must be constants, so only under freezing; on the CPU only with
 # cpp.enable_concat_linear): the separate query, key and value projections of Hugging Face's ViT, DeiT, Swin and BEiT and
-# of much hand-written attention (timm's and torchvision's already use one qkv layer). A GPU search spends the compile
-# on a model with either; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s
+# of much hand-written attention (timm's and torchvision's already use one qkv layer): Hugging Face's ViT (DeiT-S size)
+# and Swin-T ran 1.016x / 1.034x frozen at batch 32 on the H200 (docs/results/inductor_freezing_gpu_hf.json). A GPU
+# search spends the compile on a model with either; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s
 # at batch 1 against 5.7 s unfrozen on the H200), which the confirm run's first call records.
 FREEZING_GPU_WHY = ("not tried by default on a GPU for a model with neither a BatchNorm nor Linear layers sharing an "
                     "input, or with no PyTorch model to look at (facts/inductor.freezing_default: on a GPU freezing "
