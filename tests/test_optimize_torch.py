@@ -531,6 +531,66 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     assert "Inductor freezing tried: on this model it folds BatchNorm into the convolutions before them" in notes
 
 
+def test_a_precision_too_slow_as_a_cuda_graph_for_compiling_to_catch_up_is_not_compiled(monkeypatch):
+    """ConvNeXt-T at 224 on an H200: FP32-TF32 ran 5.33 ms as a CUDA graph against FP16's 3.18 at batch 32, and its two
+    compiles (15 s each) gave 3.98 ms against FP16's compiled 2.21. A precision whose graph, divided by the gain
+    compiling gave the fastest precision plus a margin, is still slower than that compiled program is not compiled
+    (OUTPACED_WHY); a precision within reach is; the compiles are stood in for by a recorder with those timings."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from qdeploy.optimize.candidates import CudaGraphCandidate
+    from qdeploy.optimize.steps import torch_runtimes
+
+    target = TARGETS["torch-cuda"]
+    graphs = {"fp16-cl": (3.18, 11.37), "bf16-cl": (3.20, 11.50), "fp32-tf32-cl": (5.33, 19.20)}
+    compiled_p50 = {"fp16-cl": (2.21, 7.52), "bf16-cl": (2.22, 7.55), "fp32-tf32-cl": (3.98, 13.89)}
+
+    def uncompiled(tf32_graph):
+        out = []
+        for (p, t), g in zip((("fp16", False), ("bf16", False), ("fp32", True)),
+                             (graphs["fp16-cl"], graphs["bf16-cl"], tf32_graph)):
+            c = CudaGraphCandidate.planned(target, p, True, t)
+            c.timed_briefly({32: g[0], 128: g[1]}, 0.5)
+            out.append(c)
+        return out
+
+    def search(tf32_graph):
+        order = []
+
+        def compile_briefly(s, cand):
+            order.append(cand.variant)
+            v = compiled_p50[cand.variant.split("-compile")[0]]
+            cand.timed_briefly({32: v[0], 128: v[1]}, 15.0)
+            return cand
+
+        monkeypatch.setattr(torch_runtimes, "_time_briefly", compile_briefly)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())  # nothing to freeze or rewrite
+        notes = []
+        s = SimpleNamespace(target=target, o=OptimizeConfig(target="torch-cuda"), timed_out=False,
+                            limit_covers_saving=True, time_left=lambda: 1000.0, note=notes.append, stages={},
+                            rank_batches=[32, 128], ctx=SimpleNamespace(builder=SimpleNamespace(
+                                has_torch=True, torch_model=lambda: model,
+                                check_inputs=lambda: np.zeros((2, 3, 8, 8), np.float32))))
+        pairs = [("fp16", False, True), ("bf16", False, True), ("fp32", True, True)]
+        torch_runtimes.compile_stage(s, pairs, primary=3, uncompiled=uncompiled(tf32_graph))
+        return order, notes, s.stages
+
+    order, notes, stages = search(graphs["fp32-tf32-cl"])
+    assert order == ["fp16-cl-compile-cudagraph", "bf16-cl-compile-cudagraph"]
+    assert stages["torch_compile_outpaced"][0].startswith("fp32-tf32-cl-compile-cudagraph (its graph")
+    assert any("OUTPACED_WHY" in n and "fp32-tf32-cl-compile-cudagraph" in n for n in notes)
+    # within reach (its graph 1.1x the fastest's): compiled; and without graph twins (a CPU target) nothing is pruned
+    order, _, stages = search((3.50, 12.50))
+    assert order == ["fp16-cl-compile-cudagraph", "bf16-cl-compile-cudagraph", "fp32-tf32-cl-compile-cudagraph"]
+    assert "torch_compile_outpaced" not in stages
+    from qdeploy.optimize.candidates import CompiledCandidate
+
+    cand = CompiledCandidate.planned(target, "fp32", True, True, "default", True)
+    assert torch_runtimes.outpaced_by(cand, [], []) is None
+
+
 PATCH_MODEL = '''
 import torch
 from torch import nn

@@ -9,7 +9,8 @@ minutes per candidate, so:
 1. **Accuracy per precision** (eager, contiguous): the reference and each reduced precision are evaluated on the whole
    search split. A precision outside the budget is dropped with everything built on it.
 2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
-3. **Compilation** of every precision kept in step 1 (strict FP32 not where TF32 is kept: ``TF32_DOMINATES_WHY``), each
+3. **Compilation** of every precision kept in step 1 (strict FP32 not where TF32 is kept: ``TF32_DOMINATES_WHY``; on
+   a GPU, not a precision whose CUDA graph is too slow for compiling to catch up with the fastest: ``OUTPACED_WHY``), each
    in its faster layout by step 2, both layouts where step 2
    cannot separate them (``compile_pairs``: brief eager timings do not rank precisions, compiled ones do), in each
    mode of ``optimize.compile_modes``, with CUDA graphs first, then without (``compile_order``) where the graph could
@@ -96,6 +97,47 @@ GRAPH_DOMINATES_WHY = (
     "that the 5-minute search needs. Where capture fails, the program alone is compiled")
 
 
+# How much more compiling may gain a precision than it gained the fastest one, where a CUDA graph of both was timed.
+# Measured on an H200 at 224 px (graph → compile + graph, geometric mean over batch 32 and 128): ConvNeXt-T FP16 1.44x,
+# FP32-TF32 1.34x; DeiT-S BF16 1.17x, FP32-TF32 1.11x (docs/results/realsize/gpu_lanes_2026-11-30/). The slower
+# precision gained less both times (its matmuls and convolutions, which compiling leaves to cuBLAS and cuDNN, are a larger
+# share of its time); the margin allows a quarter more than the fastest precision's gain all the same.
+COMPILE_GAIN_MARGIN = 0.25
+
+OUTPACED_WHY = (
+    "a precision is not compiled where its CUDA graph, timed briefly, is so much slower than the fastest precision's "
+    "that compiling it cannot catch up: a graph replays the eager kernels without their launches, and compiling fuses "
+    "the kernels around the matmuls and convolutions, which stay cuBLAS's and cuDNN's at the precision's speed; the "
+    "bound is the gain compiling gave the fastest precision (its graph against its compiled program) plus "
+    "COMPILE_GAIN_MARGIN. Tensor-core FP16 against FP32 with TF32 math on an H200 at 224 px: ConvNeXt-T 3.18 against "
+    "5.33 ms as graphs at batch 32, 2.21 against 3.98 ms compiled, two TF32 compiles of 15 s spent on that")
+
+
+def outpaced_by(cand: TorchCandidate, uncompiled: list, compiled: list, margin: float = COMPILE_GAIN_MARGIN,
+                tie: float = LATENCY_TIE) -> Optional[str]:
+    """Why ``cand`` (a compiled candidate, not yet compiled) is not worth its compile (OUTPACED_WHY), or
+    None: its CUDA-graph twin's brief rank, divided by (1 + ``margin``) times the gain compiling gave the fastest
+    compiled program over its own CUDA-graph twin, is still slower than that program by more than ``tie``. Only where
+    both twins were timed: a target without CUDA graphs, whose eager timings are launch-bound, never prunes this way."""
+    def twin(c):
+        return next((u for u in uncompiled if isinstance(u, CudaGraphCandidate) and u.brief_rank is not None
+                     and (u.precision, u.tf32, u.channels_last) == (c.precision, c.tf32, c.channels_last)), None)
+
+    mine = twin(cand)  # compiled without graphs, a program is no faster than with them (GRAPH_DOMINATES_WHY)
+    if mine is None:
+        return None
+    best = min((c for c in compiled if c.cuda_graphs and c.brief_rank is not None and twin(c) is not None),
+               key=lambda c: c.brief_rank, default=None)
+    if best is None or (best.precision, best.tf32) == (cand.precision, cand.tf32):
+        return None
+    gain = max(1.0, twin(best).brief_rank / best.brief_rank)
+    bound = mine.brief_rank / (gain * (1 + margin))
+    if bound <= best.brief_rank * (1 + tie):
+        return None
+    return (f"its graph {mine.brief_rank:.3f} ms / ({gain:.2f}x, {best.variant}'s gain, + {margin:.0%}) = {bound:.3f} ms "
+            f"> {best.variant} {best.brief_rank:.3f} ms")
+
+
 FASTEST_MEASURED_WHY = (
     "the fastest candidate by brief timing is measured even once the time limit is reached: it is already built, its "
     "evaluation is one pass over the search split, and without it the answer would be the fastest candidate evaluated "
@@ -155,7 +197,7 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
         s.note("compiled: one layout per precision within budget, the faster by brief timing: " + ", ".join(name[:primary])
                + (f"; and the other layout where brief timing cannot separate the two (within "
                   f"{LATENCY_TIE:.0%}): " + ", ".join(name[primary:]) if pairs[primary:] else ""))
-        compiled, rewritten, estimate = compile_stage(s, pairs, primary)
+        compiled, rewritten, estimate = compile_stage(s, pairs, primary, brief)
         brief += compiled + rewritten
         if s.target.name == "torch-cuda" and s.o.torchao and not s.timed_out:
             brief += _torchao_stage(s, compiled, estimate)
@@ -178,12 +220,13 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
         s.timed_out = True
 
 
-def compile_stage(s, pairs: list[tuple], primary: int) -> tuple[list, list, Optional[float]]:
+def compile_stage(s, pairs: list[tuple], primary: int, uncompiled: list = ()) -> tuple[list, list, Optional[float]]:
     """Step 3: compile ``pairs`` (``compile_pairs``: the first ``primary`` one per precision) in ``compile_order``, the
-    rewrites of the fastest program after each precision's first program; returns (the compiled candidates, the
-    rewritten ones, the longest compile)."""
+    rewrites of the fastest program after each precision's first program; ``uncompiled``: step 2's briefly timed eager
+    and CUDA-graph candidates (``outpaced_by``). Returns (the compiled candidates, the rewritten ones, the longest
+    compile)."""
     compiled: list[TorchCandidate] = []
-    skipped, dominated = [], []
+    skipped, dominated, outpaced = [], [], []
     order = compile_order(pairs, s.o.compile_modes, "cudagraph" in s.target.runtimes)
     # The first block (each precision in its faster layout, in the first kind of runtime) holds the fastest
     # program, which the rewrites start from. They come before the tied layouts and the programs without graphs,
@@ -191,9 +234,13 @@ def compile_stage(s, pairs: list[tuple], primary: int) -> tuple[list, list, Opti
     # a tied layout's is within LATENCY_TIE by definition, and a ResNet-50 search that compiled the tied layout
     # first had 112 s of the default limit left, too few for the frozen program.
     first = primary * len(s.o.compile_modes)
-    estimate = _compile_each(s, order[:first], compiled, None, skipped, dominated)
+    estimate = _compile_each(s, order[:first], compiled, None, skipped, dominated, uncompiled, outpaced)
     rewritten = _rewrite_stages(s, compiled, estimate)
-    estimate = _compile_each(s, order[first:], compiled, estimate, skipped, dominated)
+    estimate = _compile_each(s, order[first:], compiled, estimate, skipped, dominated, uncompiled, outpaced)
+    if outpaced:
+        s.note("not compiled, too slow as a CUDA graph for compiling to catch up with the fastest program (OUTPACED_WHY "
+               "in optimize/steps/torch_runtimes.py): " + "; ".join(outpaced))
+        s.stages["torch_compile_outpaced"] = outpaced
     if dominated:
         s.note("not compiled without CUDA graphs, the same program replayed as a graph ran (the graph replays its "
                "kernels without the launches; GRAPH_DOMINATES_WHY in optimize/steps/torch_runtimes.py): "
@@ -211,14 +258,20 @@ def compile_stage(s, pairs: list[tuple], primary: int) -> tuple[list, list, Opti
     return compiled, rewritten, estimate
 
 
-def _compile_each(s, order: list[tuple], compiled: list, estimate, skipped: list, dominated: list):
+def _compile_each(s, order: list[tuple], compiled: list, estimate, skipped: list, dominated: list,
+                  uncompiled=(), outpaced: Optional[list] = None):
     """Compile and time briefly each (precision, tf32, channels_last, mode, cuda_graphs) of ``order`` that fits the time
-    left, appending to ``compiled`` (and the variants left out to ``skipped`` / ``dominated``); returns the longest
-    compile so far, the estimate of the next."""
+    left, appending to ``compiled`` (and the variants left out to ``skipped`` / ``dominated`` / ``outpaced``); returns
+    the longest compile so far, the estimate of the next."""
     for precision, tf32, channels_last, mode, cuda_graphs in order:
         cand = CompiledCandidate.planned(s.target, precision, channels_last, tf32, mode, cuda_graphs)
         if not cuda_graphs and graph_twin_ran(cand, compiled):  # GRAPH_DOMINATES_WHY
             dominated.append(cand.variant)
+            continue
+        why = outpaced_by(cand, uncompiled, compiled)  # OUTPACED_WHY
+        if why is not None:
+            if outpaced is not None:
+                outpaced.append(f"{cand.variant} ({why})")
             continue
         fastest = min((c for c in compiled if c.brief_rank is not None), key=lambda c: c.brief_rank, default=None)
         if not compile_fits(s.time_left(), estimate, s.limit_covers_saving, save_compile_estimate(fastest, estimate)):
@@ -416,4 +469,4 @@ def brief_only(cands) -> list:
 
 
 __all__ = ["TorchRuntimesStep", "brief_only", "compile_fits", "compile_order", "compile_pairs", "evaluate_torch",
-           "graph_twin_ran", "FASTEST_MEASURED_WHY"]
+           "graph_twin_ran", "outpaced_by", "FASTEST_MEASURED_WHY", "OUTPACED_WHY"]
