@@ -630,3 +630,23 @@ def test_a_torch_cpu_search_compiles_the_patch_matmul_candidate_for_a_model_with
     assert s["program"]["error"] is None and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
     manifest = json.loads((tmp_path / "out" / "qdeploy-program.json").read_text())
     assert manifest["patch_matmul"] is (s["chosen"]["variant"] == rewritten[0]["variant"])
+
+
+def test_the_outpaced_rule_replayed_on_the_recorded_gpu_searches_never_leaves_out_the_fastest_program():
+    """bench/suites/outpaced_replay.py on every committed torch-cuda optimize.json (H100 and H200, 32-640 px): wherever
+    a program the rule leaves out was compiled in the record, it was slower than the fastest compiled program."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("outpaced_replay", root / "bench/suites/outpaced_replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    records = sorted(p for p in (root / "docs/results").rglob("*.json") if "optimize" in p.name)
+    out = [r for r in map(mod.replay, records) if r]
+    rows = [x for r in out for x in r["rows"]]
+    checked = [x for x in rows if x["pruned"] and x["compiled_ms"] is not None]
+    assert len(out) >= 10 and len(checked) >= 20
+    assert not [x for x in rows if x["wrong"]]
+    assert all(x["compiled_ms"] > r["fastest_compiled_ms"] for r in out for x in r["rows"]
+               if x["pruned"] and x["compiled_ms"] is not None)

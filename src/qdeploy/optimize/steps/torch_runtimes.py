@@ -98,8 +98,8 @@ GRAPH_DOMINATES_WHY = (
 
 
 # How much more compiling may gain a precision than it gained the fastest one, where a CUDA graph of both was timed.
-# Measured on an H200 at 224 px (graph → compile + graph, geometric mean over batch 32 and 128): ConvNeXt-T FP16 1.44x,
-# FP32-TF32 1.34x; DeiT-S BF16 1.17x, FP32-TF32 1.11x (docs/results/realsize/gpu_lanes_2026-11-30/). The slower
+# Measured on an H200 at 224 px (graph → compile + graph, geometric mean over batch 32 and 128): ConvNeXt-T FP16 1.48x,
+# FP32-TF32 1.36x; DeiT-S BF16 1.17x, FP32-TF32 1.09-1.10x (docs/results/realsize/gpu_lanes_2026-11-30/). The slower
 # precision gained less both times (its matmuls and convolutions, which compiling leaves to cuBLAS and cuDNN, are a larger
 # share of its time); the margin allows a quarter more than the fastest precision's gain all the same.
 COMPILE_GAIN_MARGIN = 0.25
