@@ -203,10 +203,11 @@ def bench_images(name: str) -> np.ndarray:
 
 def check_images(name: str, data: Path, n: int = 256) -> tuple[np.ndarray, str]:
     """The images the program's outputs are compared on with the eager FP32 model's: a seeded random ``n`` of the test
-    images (the data spec's ``count``), decoded and normalized as optimize does, for a classifier; random normal inputs for the segmenter and
-    the detector (their outputs are maps, compared as they are). Why real images: a model trained for one epoch gave
-    cosine 0.83 and 39 % agreement on random inputs in FP16 while agreeing on 99.5 % of the test images; random inputs
-    drive its BatchNorm layers far outside their statistics, so the figure said nothing about the deployed program."""
+    images (the data spec's ``count``), decoded and normalized as optimize does, for a classifier; random normal inputs
+    for the segmenter and the detector (their outputs are maps, compared as they are). Why real images: a model trained
+    for one epoch gave cosine 0.83 and 39 % agreement on random inputs in FP16 while agreeing on 99.5 % of the test
+    images; random inputs drive its BatchNorm layers far outside their statistics, so the figure said nothing about the
+    deployed program."""
     if name in TASK_ROWS:
         return bench_images(name)[:n], f"{n} random inputs"
     cfg = config(name, data, None)

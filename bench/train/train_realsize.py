@@ -9,8 +9,9 @@ device call (bench/device/realsize_cpu.sh) unpacks bench/device/stage_realsize.s
 - the images live on the GPU as uint8 32x32; a batch is augmented there (reflect-pad 4 + random 32x32 crop, horizontal
   flip), scaled to [0, 1], resized bilinearly to 224x224 and normalised with ImageNet's mean/std: the same input
   protocol as the shared CIFAR models, so qdeploy's preprocess (resize 224, bilinear, ImageNet mean/std) reproduces it;
-- AdamW (weight decay 0.05), label smoothing 0.1, bf16 autocast, channels-last, a cosine schedule over a fixed wall-clock
-  budget (``--seconds``, counted from step 20, after cuDNN's benchmark; warm-up 5 %), batch 128: the same budget for every model, so a call's length is known;
+- AdamW (weight decay 0.05), label smoothing 0.1, bf16 autocast, channels-last, a cosine schedule over a fixed
+  wall-clock budget (``--seconds``, counted from step 20, after cuDNN's benchmark; warm-up 5 %), batch 128: the same
+  budget for every model, so a call's length is known;
 - top-1 on the whole test folder (FP32 on the GPU) is written beside the weights.
 
 Writes OUT/<name>.pt (a plain state_dict in FP16, loaded into an FP32 model by qdeploy's ``model.weights``) and

@@ -26,16 +26,16 @@ FREEZING = {"freezing": True}
 # Inductor pack weights for oneDNN and fuse convolutions with what follows (torchvision ResNet-50 1.32x,
 # MobileNetV3-Large 1.23x, EfficientNet-B0 1.14x at 224, batch 1, 2 Xeon cores: docs/results/inductor_freezing_cpu.json).
 # On a GPU freezing gains where it changes the graph, and two of its passes do: it folds a BatchNorm into the
-# convolution before it (the same three models, FP16, channels_last, CUDA graph, batch 32 at 224 on an H200, ran
-# 1.155x / 1.145x / 1.145x frozen: docs/results/inductor_freezing_gpu.json, while ConvNeXt-femto, whose norms are
-# LayerNorms, ran 1.007x / 0.987x at batch 1 / 32 on an H100: docs/gpu.md), and it concatenates the weights of two or
-# three Linear layers called on one input into one matmul (torch/_inductor/fx_passes/freezing_patterns.py,
-# addmm_patterns_init: weights must be constants, so only under freezing; on the CPU only with
-# cpp.enable_concat_linear): the separate query, key and value projections of Hugging Face's ViT, DeiT, Swin and BEiT and
-# of much hand-written attention (timm's and torchvision's already use one qkv layer): Hugging Face's ViT (DeiT-S size)
-# and Swin-T ran 1.016x / 1.034x frozen at batch 32 on the H200 (docs/results/inductor_freezing_gpu_hf.json). A GPU
-# search spends the compile on a model with either; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s
-# at batch 1 against 5.7 s unfrozen on the H200), which the confirm run's first call records.
+# convolution before it (the same three models, FP16, channels_last, CUDA graph, batch 32 at 224 on an H200, ran 1.155x
+# / 1.145x / 1.145x frozen: docs/results/inductor_freezing_gpu.json, while ConvNeXt-femto, whose norms are LayerNorms,
+# ran 1.007x / 0.987x at batch 1 / 32 on an H100: docs/gpu.md), and it concatenates the weights of two or three Linear
+# layers called on one input into one matmul (torch/_inductor/fx_passes/freezing_patterns.py, addmm_patterns_init:
+# weights must be constants, so only under freezing; on the CPU only with cpp.enable_concat_linear): the separate query,
+# key and value projections of Hugging Face's ViT, DeiT, Swin and BEiT and of much hand-written attention (timm's and
+# torchvision's already use one qkv layer): Hugging Face's ViT (DeiT-S size) and Swin-T ran 1.016x / 1.034x frozen at
+# batch 32 on the H200 (docs/results/inductor_freezing_gpu_hf.json). A GPU search spends the compile on a model with
+# either; the saved frozen program's first call in a fresh process costs more (above: ResNet-50 15.8 s at batch 1
+# against 5.7 s unfrozen on the H200), which the confirm run's first call records.
 FREEZING_GPU_WHY = ("not tried by default on a GPU for a model with neither a BatchNorm nor Linear layers sharing an "
                     "input, or with no PyTorch model to look at (facts/inductor.freezing_default: on a GPU freezing "
                     "gains where it folds a BatchNorm into a convolution, 1.15x on three BatchNorm CNNs, ~1.0x on a "
