@@ -176,7 +176,7 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     b1 = next(x for x in lines if x.startswith("| deit_small | 224x224 | 1 |"))
     b32 = next(x for x in lines if x.startswith("| deit_small | 224x224 | 32 |"))
     assert "| 1.020x |" in b1 and b1.endswith("| missed |")
-    assert "| 0.983x |" in b32 and b32.endswith("| ≤ 1.0x, 0 processes a side |")
+    assert "| 0.983x |" in b32 and b32.endswith("| ≤ 1.0x, sides not alternated |")
     assert "0 of 2 rows meet the goal" in lines[-1]
     row = {"ratio_to_best_reference": 0.95, "ratio_fresh_vs_fresh": 0.97, "budget_met": True,
            "fresh_spread": {"processes_per_side": 3}}
@@ -184,6 +184,11 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     assert mod.goal_verdict({**row, "fresh_spread": {"processes_per_side": 2}}) == "≤ 1.0x, 2 processes a side"
     assert mod.goal_verdict({**row, "ratio_fresh_vs_fresh": 1.001}) == "missed"
     assert mod.goal_verdict({**row, "budget_met": False}) == "outside budget"
+    # a measurement cut before its alternating processes does not displace one that ran them; it is kept beside it
+    cut = {**row, "fresh_spread": {"processes_per_side": 0}, "ratio_fresh_vs_fresh": None, "date": "later"}
+    kept = mod.newer_row(row, cut)
+    assert kept["ratio_fresh_vs_fresh"] == 0.97 and kept["later_measurement"]["date"] == "later"
+    assert mod.newer_row(cut, row) is row and mod.newer_row(None, cut) is cut
 
 
 def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting_as_paying(tmp_path):

@@ -13,7 +13,8 @@ Writes ``{"gpu", "rows": [{"model", "input_size", "batch", "chosen", "fresh_proc
 "within_budget"}], "low_precision_why"}``. ``fresh_spread``: each side's fresh processes, (max - min) / median.
 ``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
 any batch size within budget, and says what was measured (or why nothing was: each model's optimize notes on torchao).
-Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one.
+Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one, unless the earlier
+one ran both sides in more fresh processes (``newer_row``).
 A search whose log (``<model>.log`` beside its optimize.json) shows torch._dynamo hitting its recompile limit ran the
 candidates compiled after that point eagerly (fixed in the torch engine since): its torchao timings go to
 ``low_precision_void`` with that reason, not into ``low_precision``, and its rows say ``search_hit_recompile_limit``.
@@ -183,11 +184,27 @@ def _unproven(r: dict) -> str:
     return ", and it is not within budget" if r["evaluated"] else ", timed only (not among the finalists optimize evaluated)"
 
 
+def processes_per_side(r: dict) -> int:
+    return (r.get("fresh_spread") or {}).get("processes_per_side") or 0
+
+
+def newer_row(old: dict | None, new: dict) -> dict:
+    """The row kept for one (model, batch): ``new``, unless ``old`` had both sides in more fresh processes (the
+    issue's timing) than ``new``, whose figures then go under the old row's ``later_measurement``: a measurement cut
+    before its alternating processes does not displace one that ran them."""
+    if old is None or processes_per_side(new) >= processes_per_side(old):
+        return new
+    keep = ("date", "chosen", "fresh_process_p50_ms", "best_reference", "ratio_to_best_reference",
+            "ratio_fresh_vs_fresh", "fresh_spread", "budget_met", "optimize_wall_s")
+    return {**old, "later_measurement": {k: new.get(k) for k in keep}}
+
+
 def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     """``new``'s rows and low-precision measurements replace ``old``'s of the same (model, batch[, variant]);
     ``notes``: each model's optimize notes on torchao, for the sentence where nothing pays."""
     rows = {(r["model"], r["batch"]): r for r in old.get("rows", [])}
-    rows.update({(r["model"], r["batch"]): r for r in new["rows"]})
+    for r in new["rows"]:
+        rows[(r["model"], r["batch"])] = newer_row(rows.get((r["model"], r["batch"])), r)
     low = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision", [])}
     low.update({(r["model"], r["batch"], r["variant"]): r for r in new["low_precision"]})
     void = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision_void", [])}
@@ -252,13 +269,14 @@ def goal_verdict(r: dict) -> str:
     """The issue's goal for one row: qdeploy's program at most 1.0x the best hand-written reference, from 3 fresh
     processes a side; "met", "missed" (above 1.0x either way it was measured) or how far the evidence goes."""
     ratios = [x for x in (r.get("ratio_to_best_reference"), r.get("ratio_fresh_vs_fresh")) if x is not None]
-    n = (r.get("fresh_spread") or {}).get("processes_per_side") or 0
+    n = processes_per_side(r)
     if not ratios:
         return "not timed"
     if max(ratios) > 1.0:
         return "missed"
     return "met" if n >= GOAL_PROCESSES and r.get("budget_met") else \
-        ("outside budget" if not r.get("budget_met") else f"≤ 1.0x, {n} process{'es' if n != 1 else ''} a side")
+        ("outside budget" if not r.get("budget_met") else
+         f"≤ 1.0x, {n} process{'es' if n != 1 else ''} a side" if n else "≤ 1.0x, sides not alternated")
 
 
 def markdown_table(doc: dict) -> str:
