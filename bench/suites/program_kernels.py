@@ -49,7 +49,8 @@ def profile(step, forwards: int) -> dict:
     # the span from the first kernel's start to the last one's end, per forward: the forwards are queued back to back,
     # so the span less the kernels' time is the gaps between kernels (and between forwards)
     return {"span_us_per_forward": round((end - start) / forwards, 2) if end > start else None,
-            "kernels": {name: {"calls": c / forwards, "us": round(t / forwards, 2)} for name, (c, t) in kernels.items()}}
+            "kernels": {name: {"calls": c / forwards, "us": round(t / forwards, 2)}
+                        for name, (c, t) in kernels.items()}}
 
 
 def child(args) -> None:
@@ -82,8 +83,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="gpu_reference.py's --out: the program is OUT/<model>")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--forwards", type=int, default=20)
-    ap.add_argument("--graph", action="store_true", help="profile the CUDA graph replays (where CUPTI reports a graph's "
-                    "kernels) instead of the compiled forward")
+    ap.add_argument("--graph", action="store_true",
+                    help="profile the CUDA graph replays (where CUPTI reports a graph's kernels), not the forward")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--side", choices=("program", "hand"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,7 +94,8 @@ def main() -> None:
     sides, spans = {}, {}
     for side in ("program", "hand"):
         cmd = [sys.executable, __file__, args.model, "--data", str(args.data), "--out", str(args.out), "--batch",
-               str(args.batch), "--forwards", str(args.forwards), "--side", side] + (["--graph"] if args.graph else [])
+               str(args.batch), "--forwards", str(args.forwards), "--side", side]
+        cmd += ["--graph"] if args.graph else []
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -118,7 +120,8 @@ def main() -> None:
         args.json.write_text(json.dumps({"model": args.model, "batch": args.batch,
                                          "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                          "cuda_graph": args.graph,
-                                         "totals_us": totals, "span_us_per_forward": spans, "kernels_per_forward": calls, "diff": diff,
+                                         "totals_us": totals, "span_us_per_forward": spans, "kernels_per_forward": calls,
+                                         "diff": diff,
                                          "sides": sides}, indent=1))
 
 
