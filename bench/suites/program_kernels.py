@@ -117,12 +117,10 @@ def main() -> None:
               f"hand {d['hand']['calls']:5.1f}x {d['hand']['us']:9.2f}  {d['kernel'][:110]}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"model": args.model, "batch": args.batch,
-                                         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "cuda_graph": args.graph,
-                                         "totals_us": totals, "span_us_per_forward": spans, "kernels_per_forward": calls,
-                                         "diff": diff,
-                                         "sides": sides}, indent=1))
+        args.json.write_text(json.dumps({
+            "model": args.model, "batch": args.batch, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda_graph": args.graph, "totals_us": totals, "span_us_per_forward": spans, "kernels_per_forward": calls,
+            "diff": diff, "sides": sides}, indent=1))
 
 
 if __name__ == "__main__":
