@@ -531,6 +531,83 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     assert "Inductor freezing tried: on this model it folds BatchNorm into the convolutions before them" in notes
 
 
+def test_strict_fp32_is_timed_only_as_its_reference_where_fp32_tf32_is_kept():
+    """TF32_DOMINATES_WHY: beside FP32-TF32 within budget, strict FP32's CUDA graph and channels_last candidates are not
+    timed (each costs cuDNN's autotuning of its own convolutions: 9-14 s an eager channels_last candidate of
+    EfficientNet-B0 on an H200); where TF32 is outside the budget they are, and the CPU has no TF32 to keep."""
+    from qdeploy.optimize.steps.torch_runtimes import brief_plan
+
+    gpu = TARGETS["torch-cuda"]
+    reference = EagerCandidate.planned(gpu, "fp32", False, False)
+    plan, left_out = brief_plan(gpu, [("fp32", False), ("fp32", True), ("fp16", False)], reference)
+    names = [c.variant for c in plan]
+    assert plan[0] is reference and len(names) == 9 and not any(n.startswith("fp32-") and "tf32" not in n
+                                                                for n in names[1:])
+    assert sorted(left_out) == sorted(["fp32-cudagraph", "fp32-cl-eager", "fp32-cl-cudagraph"])
+    assert {"fp32-tf32-cl-cudagraph", "fp16-cl-eager", "fp16-cudagraph"} <= set(names)
+    plan, left_out = brief_plan(gpu, [("fp32", False), ("fp16", False)], reference)
+    assert left_out == [] and "fp32-cl-cudagraph" in [c.variant for c in plan] and len(plan) == 8
+    cpu = TARGETS["torch-cpu"]
+    plan, left_out = brief_plan(cpu, [("fp32", False), ("bf16", False)], EagerCandidate.planned(cpu, "fp32", False,
+                                                                                                 False))
+    assert left_out == [] and len(plan) == 4
+
+
+def test_on_a_gpu_the_fastest_tensor_core_tier_is_compiled_first_and_the_rewrites_follow_it():
+    """FP16 and BF16 run at one tensor-core rate, FP32-TF32 at half of it (TENSOR_CORE_FIRST_WHY): their programs
+    lead, then their tied layouts, then FP32-TF32's, whatever the brief (launch-bound) graph timings said."""
+    from qdeploy.optimize.steps.torch_runtimes import tensor_core_first
+
+    # EfficientNet-B0 at batch 1 / 8: FP32-TF32's graph timed fastest, so compile_pairs put it first
+    pairs = [("fp32", True, False), ("fp16", False, False), ("bf16", False, False), ("fp16", False, True),
+             ("fp32", True, True)]
+    assert tensor_core_first(pairs, 3) == ([("fp16", False, False), ("bf16", False, False), ("fp16", False, True),
+                                            ("fp32", True, False), ("fp32", True, True)], 2)
+    # no 16-bit precision within budget: FP32-TF32 leads; strict FP32 (where TF32 is outside the budget) alone
+    assert tensor_core_first([("fp32", True, True), ("fp32", True, False)], 1) == (
+        [("fp32", True, True), ("fp32", True, False)], 1)
+    assert tensor_core_first([("fp32", False, False)], 1) == ([("fp32", False, False)], 1)
+
+
+def test_the_frozen_program_fits_the_default_limit_where_fp32_tf32_was_compiled_first(monkeypatch):
+    """EfficientNet-B0 at batch 1 / 8 on an H200 (two models on two GPUs): 113 s of the 300 s limit went before the
+    first compile, then FP32-TF32 (its graph the fastest), FP16 and BF16 compiled in 36.7, 33.6 and 31.5 s, and the
+    frozen FP16 program no longer fit (83 s left). Compiled on the GPU's order (FP16, BF16, then the rewrites, then
+    FP32-TF32), the frozen program fits and FP32-TF32 is what the limit cuts. Compiles stood in for by a recorder with
+    those times on a clock the time limit reads."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from qdeploy.optimize.steps import torch_runtimes
+
+    clock, order = [113.0], []
+    compile_s = {"fp32-tf32": 36.7, "fp16": 33.6, "bf16": 31.5}
+    p50 = {"fp32-tf32": 0.721, "fp16": 0.628, "bf16": 0.690}
+
+    def compile_briefly(s, cand):
+        order.append(cand.variant)
+        base = cand.variant.split("-compile")[0]
+        frozen = "frozen" in cand.variant
+        cand.timed_briefly({8: p50[base] / (1.15 if frozen else 1.0)}, compile_s[base] + (3.0 if frozen else 0.0))
+        clock[0] += cand.compile_s
+        return cand
+
+    monkeypatch.setattr(torch_runtimes, "_time_briefly", compile_briefly)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())  # freezing folds the BatchNorm
+    notes = []
+    s = SimpleNamespace(target=TARGETS["torch-cuda"], o=OptimizeConfig(target="torch-cuda"), timed_out=False,
+                        limit_covers_saving=True, time_left=lambda: 300.0 - clock[0], note=notes.append, stages={},
+                        rank_batches=[8], ctx=SimpleNamespace(builder=SimpleNamespace(
+                            has_torch=True, torch_model=lambda: model,
+                            check_inputs=lambda: np.zeros((2, 3, 8, 8), np.float32))))
+    pairs = [("fp32", True, False), ("fp16", False, False), ("bf16", False, False)]
+    compiled, rewritten, _ = torch_runtimes.compile_stage(s, pairs, primary=3)
+    assert order == ["fp16-compile-cudagraph", "bf16-compile-cudagraph", "fp16-compile-cudagraph-frozen"]
+    assert [c.variant for c in rewritten] == ["fp16-compile-cudagraph-frozen"]
+    assert s.stages["torch_compile_not_tried"][0] == "fp32-tf32-compile-cudagraph"
+
+
 def test_a_precision_too_slow_as_a_cuda_graph_for_compiling_to_catch_up_is_not_compiled(monkeypatch):
     """ConvNeXt-T at 224 on an H200: FP32-TF32 ran 5.33 ms as a CUDA graph against FP16's 3.18 at batch 32, and its two
     compiles (15 s each) gave 3.98 ms against FP16's compiled 2.21. A precision whose graph, divided by the gain

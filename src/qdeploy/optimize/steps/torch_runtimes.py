@@ -8,7 +8,9 @@ minutes per candidate, so:
 
 1. **Accuracy per precision** (eager, contiguous): the reference and each reduced precision are evaluated on the whole
    search split. A precision outside the budget is dropped with everything built on it.
-2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size).
+2. **Brief timing** of every eager and CUDA-graph candidate of the precisions kept (a few dozen calls per batch size;
+   strict FP32 only as its reference where FP32-TF32 is kept: ``TF32_DOMINATES_WHY``; each new shape and layout costs
+   cuDNN's autotuning, 9-14 s an eager channels_last candidate of EfficientNet-B0 on an H200).
 3. **Compilation** of every precision kept in step 1 (strict FP32 not where TF32 is kept: ``TF32_DOMINATES_WHY``; on
    a GPU, not a precision whose CUDA graph is too slow for compiling to catch up with the fastest: ``OUTPACED_WHY``), each
    in its faster layout by step 2, both layouts where step 2
@@ -17,8 +19,9 @@ minutes per candidate, so:
    not be captured (``GRAPH_DOMINATES_WHY``); each compile's time
    is recorded and counted against ``time_limit``: a compile that would not fit in the time left (estimated from the
    ones before) is skipped, and the log and optimize.json's ``stages`` name every one skipped.
-   Once each precision has its program (before the tied layouts and the programs without graphs), the fastest is
-   compiled again with each rewrite the model calls for: Inductor's freezing (``optimize.freezing``: weights as
+   Once each precision has its program (on a GPU each precision of the fastest tensor-core tier:
+   ``TENSOR_CORE_FIRST_WHY``; before the tied layouts and the programs without graphs), the fastest is compiled again
+   with each rewrite the model calls for: Inductor's freezing (``optimize.freezing``: weights as
    constants, facts/inductor.py) and its patch convolutions as one matmul (``optimize.patch_matmul``,
    facts/patch_matmul.py); at the end, on torch-cuda, the fastest BF16/FP16 one with each torchao scheme of
    ``optimize.torchao`` on its Linear layers; each one compile more, under the same rule.
@@ -83,10 +86,11 @@ def compile_fits(left, estimate, limit_covers_saving: bool, save_estimate=None) 
 
 
 TF32_DOMINATES_WHY = (
-    "strict FP32 is not compiled where FP32 with TF32 math is within budget: TF32 changes only how matmuls and "
-    "convolutions compute (tensor cores in place of FP32 FMA units; PyTorch's allow_tf32 flags) and every other kernel "
-    "is the same, so the strict program cannot run faster than the TF32 one beyond noise, and its compile costs as much "
-    "as any other (ResNet-50 at 224 on an H200: strict 2.159 / 10.757 ms against TF32 0.602 / 2.679 ms at batch 1 / 32, "
+    "strict FP32 is neither compiled nor timed beyond its reference run where FP32 with TF32 math is within budget: "
+    "TF32 changes only how matmuls and convolutions compute (tensor cores in place of FP32 FMA units; PyTorch's "
+    "allow_tf32 flags) and every other kernel is the same, so the strict program cannot run faster than the TF32 one "
+    "beyond noise, and its compile costs as much as any other, its brief timing cuDNN's autotuning of its own "
+    "convolutions (ResNet-50 at 224 on an H200: strict 2.159 / 10.757 ms against TF32 0.602 / 2.679 ms at batch 1 / 32, "
     "compiled with CUDA graphs in 13.4 s; docs/results/realsize/gpu_resnet50_2026-11-29/)")
 
 GRAPH_DOMINATES_WHY = (
@@ -138,6 +142,35 @@ def outpaced_by(cand: TorchCandidate, uncompiled: list, compiled: list, margin: 
             f"> {best.variant} {best.brief_rank:.3f} ms")
 
 
+# The rate of a GPU's tensor cores per precision, as tiers (0 the fastest): FP16 and BF16 run at one rate, FP32 with
+# TF32 math at half of it, strict FP32 on the FMA units at a fraction of that (dense TFLOPS in NVIDIA's data sheets: A100
+# 312 / 156 / 19.5, H100 SXM 989 / 494 / 67).
+TENSOR_CORE_TIER = {("fp16", False): 0, ("bf16", False): 0, ("fp32", True): 1, ("fp32", False): 2}
+
+TENSOR_CORE_FIRST_WHY = (
+    "on a GPU the programs compiled first, the ones the rewrites (freezing, patch matmul) start from, are those of the "
+    "precisions at the fastest tensor-core rate within budget (FP16, BF16: twice FP32-TF32's rate); a slower-rate "
+    "precision is compiled after the rewrites and the tied layouts. Its CUDA graph may time faster at small batch sizes, "
+    "where launches bound a graph and arithmetic does not, but compiled it was slower in every search recorded: 18 "
+    "torch-cuda searches at 32-640 px (docs/results/outpaced_replay.json: FP32-TF32 compiled 1.04-2.47x slower than "
+    "the fastest FP16/BF16 program where both were compiled) and EfficientNet-B0 at batch 1 / 8 on an H200, whose "
+    "FP32-TF32 graph ran 0.802 / 1.445 ms against FP16's 0.895 / 1.486 and compiled 0.560 / 0.929 against 0.500 / 0.790; "
+    "compiled first there, it left the frozen FP16 program no time in the 300 s limit "
+    "(docs/results/realsize/gpu_b128_b8_2026-11-30/efficientnet_b0.log)")
+
+
+def tensor_core_first(pairs: list[tuple], primary: int) -> tuple[list[tuple], int]:
+    """``pairs`` (``compile_pairs``: the first ``primary`` one per precision, then the tied layouts) in the GPU's
+    compile order (TENSOR_CORE_FIRST_WHY): the fastest tensor-core tier's first, then its tied layouts, then each slower
+    tier's the same way; and how many lead (the first block, before the rewrites)."""
+    keyed = sorted(enumerate(pairs), key=lambda ip: (TENSOR_CORE_TIER.get(ip[1][:2], len(TENSOR_CORE_TIER)),
+                                                    ip[0] >= primary, ip[0]))
+    ordered = [pair for _, pair in keyed]
+    top = TENSOR_CORE_TIER.get(ordered[0][:2]) if ordered else None
+    lead = sum(1 for i, pair in keyed if i < primary and TENSOR_CORE_TIER.get(pair[:2]) == top)
+    return ordered, lead
+
+
 FASTEST_MEASURED_WHY = (
     "the fastest candidate by brief timing is measured even once the time limit is reached: it is already built, its "
     "evaluation is one pass over the search split, and without it the answer would be the fastest candidate evaluated "
@@ -177,17 +210,15 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
     # 2. brief timing of eager and CUDA-graph candidates
     measured = {c.variant: c for c in s.candidates}
     brief: list[TorchCandidate] = []
-    kinds = [EagerCandidate] + ([CudaGraphCandidate] if "cudagraph" in s.target.runtimes else [])
-    for precision, tf32 in kept:
-        for channels_last in (False, True):
-            for kind in kinds:
-                cand = kind.planned(s.target, precision, channels_last, tf32)
-                if cand.variant == f"{s.reference.precision}-eager":
-                    cand = s.reference  # the strict FP32 reference is the contiguous FP32 eager candidate
-                if s.out_of_time():
-                    s.timed_out = True
-                    break
-                brief.append(_time_briefly(s, measured.get(cand.variant, cand)))
+    planned_brief, strict_dominated = brief_plan(s.target, kept, s.reference)
+    for cand in planned_brief:
+        if s.out_of_time():
+            s.timed_out = True
+            break
+        brief.append(_time_briefly(s, measured.get(cand.variant, cand)))
+    if strict_dominated:
+        s.note("not timed (TF32_DOMINATES_WHY in optimize/steps/torch_runtimes.py): " + ", ".join(strict_dominated))
+        s.stages["torch_strict_fp32_not_timed"] = strict_dominated
     _note_brief(s, "eager and CUDA-graph", brief)
     # 3. compile the best pairs
     if "compile" in s.target.runtimes and s.o.compile_modes and not s.timed_out:
@@ -220,19 +251,42 @@ def evaluate_torch(s, planned: list[Candidate]) -> None:
         s.timed_out = True
 
 
+def brief_plan(target, kept: list[tuple], reference) -> tuple[list, list[str]]:
+    """(the eager and CUDA-graph candidates step 2 times briefly, in order; the strict FP32 ones it leaves out) for the
+    precisions ``kept`` ((precision, tf32) within budget) on ``target``; ``reference``: the strict FP32 reference
+    candidate, measured in step 1, which stands for its contiguous eager twin. Strict FP32 is timed only as that
+    reference where FP32-TF32 is kept (TF32_DOMINATES_WHY)."""
+    kinds = [EagerCandidate] + ([CudaGraphCandidate] if "cudagraph" in target.runtimes else [])
+    plan, strict_dominated = [], []
+    for precision, tf32 in kept:
+        for channels_last in (False, True):
+            for kind in kinds:
+                cand = kind.planned(target, precision, channels_last, tf32)
+                if cand.variant == f"{reference.precision}-eager":
+                    plan.append(reference)  # the strict FP32 reference is the contiguous FP32 eager candidate
+                elif (precision, tf32) == ("fp32", False) and ("fp32", True) in kept:
+                    strict_dominated.append(cand.variant)
+                else:
+                    plan.append(cand)
+    return plan, strict_dominated
+
+
 def compile_stage(s, pairs: list[tuple], primary: int, uncompiled: list = ()) -> tuple[list, list, Optional[float]]:
     """Step 3: compile ``pairs`` (``compile_pairs``: the first ``primary`` one per precision) in ``compile_order``, the
-    rewrites of the fastest program after each precision's first program; ``uncompiled``: step 2's briefly timed eager
+    rewrites of the fastest program after each precision's first program (on a GPU after those of the fastest
+    tensor-core tier: ``tensor_core_first``); ``uncompiled``: step 2's briefly timed eager
     and CUDA-graph candidates (``outpaced_by``). Returns (the compiled candidates, the rewritten ones, the longest
     compile)."""
     compiled: list[TorchCandidate] = []
     skipped, dominated, outpaced = [], [], []
+    if s.target.engine["device"] == "cuda":
+        pairs, primary = tensor_core_first(pairs, primary)  # TENSOR_CORE_FIRST_WHY
     order = compile_order(pairs, s.o.compile_modes, "cudagraph" in s.target.runtimes)
-    # The first block (each precision in its faster layout, in the first kind of runtime) holds the fastest
-    # program, which the rewrites start from. They come before the tied layouts and the programs without graphs,
-    # which the time limit cuts first: a rewrite's gain is measured (freezing 1.15x on BatchNorm CNNs on a GPU),
-    # a tied layout's is within LATENCY_TIE by definition, and a ResNet-50 search that compiled the tied layout
-    # first had 112 s of the default limit left, too few for the frozen program.
+    # The first block (each precision in its faster layout, in the first kind of runtime; on a GPU those of the
+    # fastest tensor-core tier) holds the fastest program, which the rewrites start from. They come before the tied
+    # layouts and the programs without graphs, which the time limit cuts first: a rewrite's gain is measured (freezing
+    # 1.15x on BatchNorm CNNs on a GPU), a tied layout's is within LATENCY_TIE by definition, and a ResNet-50 search
+    # that compiled the tied layout first had 112 s of the default limit left, too few for the frozen program.
     first = primary * len(s.o.compile_modes)
     estimate = _compile_each(s, order[:first], compiled, None, skipped, dominated, uncompiled, outpaced)
     rewritten = _rewrite_stages(s, compiled, estimate)
