@@ -278,6 +278,24 @@ def test_fastest_within_and_best_effort():
     assert chosen.variant == "b" and met and any(w.startswith("a tie: a within 3 %") for w in why)
     assert not any("a tie" in w for w in choose([ref, *tied], measured=False)[2])
 
+
+def test_a_speed_tie_goes_to_the_larger_margin_only_where_the_margins_differ_beyond_their_noise():
+    """Swin-T at 224 on an H200: FP16 and BF16 compiled within 0.5 % of each other, drops -0.1 and -0.3 points with
+    standard errors 0.10 and 0.17 on 1,000 images (margins 0.27 and 0.38): accuracy cannot tell them apart, so the
+    faster is the answer; a margin larger by more than one standard error of the difference still decides."""
+    from qdeploy.optimize.decide import choose, margin_separates
+
+    fp16 = _cand("fp16-cl", within_budget=True, rank_key=9.959, margin=0.27, se=0.10)
+    bf16 = _cand("bf16-cl", within_budget=True, rank_key=10.009, margin=0.38, se=0.17)
+    assert not margin_separates(bf16, fp16) and fastest_within([bf16, fp16]).variant == "fp16-cl"
+    int8 = _cand("int8", within_budget=True, rank_key=9.90, margin=0.05, se=0.08)
+    assert margin_separates(fp16, int8) and fastest_within([int8, fp16, bf16]).variant == "fp16-cl"
+    ref = _cand("fp32", reference=True, within_budget=True, rank_key=40.0, margin=0.3)
+    _, _, why = choose([ref, bf16, fp16], measured=True)
+    assert any("no budget margin larger than the fastest's beyond one standard error: the fastest" in w for w in why)
+    _, _, why = choose([ref, int8, fp16], measured=True)
+    assert any("its budget margin, larger beyond one standard error, decided" in w for w in why)
+
 def test_a_candidate_faster_at_one_batch_size_than_the_one_program_chosen_for_all_is_said_with_the_way_to_get_it():
     """One program is ranked on the geometric mean over the batch sizes: where another candidate within budget ran
     beyond the tie faster at one of them, the decisions say so and how a user deploying at that size alone gets it;

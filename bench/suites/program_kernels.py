@@ -8,7 +8,7 @@ records (the profiler does not see the kernels a graph replay launches; the grap
 kernel name: calls per forward and device time per forward; the two sides' lists and their difference.
 
     python bench/suites/program_kernels.py convnext_tiny --data /tmp/rsdd --out /tmp/rsgpu --batch 128 \\
-        --json docs/results/realsize/program_kernels.json
+        --json docs/results/realsize/gpu_b128_b8_2026-11-30/kernels_convnext_b128.json
 """
 from __future__ import annotations
 
