@@ -173,9 +173,10 @@ def fastest_within(candidates: list, tie: float = LATENCY_TIE):
     """The fastest candidate within budget (lowest ``rank_key``); among those within ``tie`` of it (latency keys only,
     i.e. positive), a more accurate one where its budget margin is larger than the fastest's beyond their noise
     (``margin_separates``): the fastest of those, and again from there, until none is. A speed tie is handed to
-    accuracy only where accuracy can tell the two apart (FP16 against BF16 on a Swin-T at 224: drops of -0.1 and -0.3 points, standard errors 0.10 and 0.17, on
-    1,000 images; the BF16 program chosen by its margin ran 0.5 % slower). Candidates are read by attribute
-    (``within_budget``, ``rank_key``, ``margin``, ``se``): ``candidates.Candidate`` or anything shaped like it."""
+    accuracy only where accuracy can tell the two apart (FP16 against BF16 on a Swin-T at 224: drops of -0.1 and -0.3
+    points, standard errors 0.10 and 0.17, on 1,000 images; the BF16 program chosen by its margin ran 0.5 % slower).
+    Candidates are read by attribute (``within_budget``, ``rank_key``, ``margin``, ``se``): ``candidates.Candidate`` or
+    anything shaped like it."""
     ok = [c for c in candidates if c.within_budget and c.rank_key is not None]
     if not ok:
         return None

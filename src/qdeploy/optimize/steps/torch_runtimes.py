@@ -150,11 +150,11 @@ TENSOR_CORE_TIER = {("fp16", False): 0, ("bf16", False): 0, ("fp32", True): 1, (
 TENSOR_CORE_FIRST_WHY = (
     "on a GPU the programs compiled first, the ones the rewrites (freezing, patch matmul) start from, are those of the "
     "precisions at the fastest tensor-core rate within budget (FP16, BF16: twice FP32-TF32's rate); a slower-rate "
-    "precision is compiled after the rewrites and the tied layouts. Its CUDA graph may time faster at small batch sizes, "
-    "where launches bound a graph and arithmetic does not, but compiled it was slower in every search recorded: 18 "
-    "torch-cuda searches at 32-640 px (docs/results/outpaced_replay.json: FP32-TF32 compiled 1.04-2.47x slower than "
-    "the fastest FP16/BF16 program where both were compiled) and EfficientNet-B0 at batch 1 / 8 on an H200, whose "
-    "FP32-TF32 graph ran 0.802 / 1.445 ms against FP16's 0.895 / 1.486 and compiled 0.560 / 0.929 against 0.500 / 0.790; "
+    "precision is compiled after the rewrites and the tied layouts. Its CUDA graph may time faster at small batch "
+    "sizes, where launches bound a graph and arithmetic does not, but compiled it was slower in every search recorded: "
+    "the 16 of 18 torch-cuda searches at 32-640 px that compiled both (docs/results/outpaced_replay.json: FP32-TF32 "
+    "1.05-2.47x the fastest FP16/BF16 program) and EfficientNet-B0 at batch 1 / 8 on an H200, whose FP32-TF32 graph "
+    "ran 0.802 / 1.445 ms against FP16's 0.895 / 1.486 and compiled 0.560 / 0.929 against 0.500 / 0.790; "
     "compiled first there, it left the frozen FP16 program no time in the 300 s limit "
     "(docs/results/realsize/gpu_b128_b8_2026-11-30/efficientnet_b0.log)")
 
