@@ -189,6 +189,9 @@ def test_the_realsize_gpu_schema_from_the_suite_rows_and_the_searches(tmp_path):
     kept = mod.newer_row(row, cut)
     assert kept["ratio_fresh_vs_fresh"] == 0.97 and kept["later_measurement"]["date"] == "later"
     assert mod.newer_row(cut, row) is row and mod.newer_row(None, cut) is cut
+    assert mod.later_said({"chosen": "fp16", "ratio_to_best_reference": 0.872, "date": "later"}) == \
+        " (later, sides not alternated: fp16 0.872x, later)"
+    assert mod.later_said(None) == ""
 
 
 def test_torchao_speed_rows_join_the_low_precision_measurements_without_counting_as_paying(tmp_path):

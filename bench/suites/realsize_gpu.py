@@ -279,6 +279,15 @@ def goal_verdict(r: dict) -> str:
          f"≤ 1.0x, {n} process{'es' if n != 1 else ''} a side" if n else "≤ 1.0x, sides not alternated")
 
 
+def later_said(later: dict | None) -> str:
+    """The table's note of a later measurement kept beside a row (``newer_row``), or ""."""
+    if not later or later.get("ratio_to_best_reference") is None:
+        return ""
+    n = processes_per_side(later)
+    return (f" (later, {f'{n} processes a side' if n else 'sides not alternated'}: {later.get('chosen')} "
+            f"{later['ratio_to_best_reference']:.3f}x, {later.get('date')})")
+
+
 def markdown_table(doc: dict) -> str:
     """The rows as the docs page's table (docs/results/realsize_gpu.md), one line per model and batch size."""
     def ms(x):
@@ -301,7 +310,8 @@ def markdown_table(doc: dict) -> str:
                      f"{ms(fresh_p50)} | {ms(ref)} ({best}) | "
                      f"{'–' if ratio is None else f'{ratio:.3f}x'} | {fresh} | "
                      f"{'–' if r.get('confirm_drop_points') is None else r['confirm_drop_points']} | "
-                     f"{'–' if r.get('optimize_wall_s') is None else round(r['optimize_wall_s'])} | {goal_verdict(r)} |")
+                     f"{'–' if r.get('optimize_wall_s') is None else round(r['optimize_wall_s'])} | {goal_verdict(r)}"
+                     f"{later_said(r.get('later_measurement'))} |")
     met = sum(goal_verdict(r) == "met" for r in doc["rows"])
     lines += ["", f"{met} of {len(doc['rows'])} rows meet the goal (≤ 1.0x both ways, {GOAL_PROCESSES} fresh processes "
               "a side, within budget)."]
