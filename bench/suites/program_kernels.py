@@ -3,7 +3,7 @@ with in bench/suites/gpu_reference.py: where the time of two programs of the sam
 
 Each side runs in its own fresh process (as the ratio's processes do): the program loaded from --out by its own
 load_model.py, the hand side the model compiled as gpu_reference.py's static recipe compiles it (``torch.compile(model,
-dynamic=False)``, FP16 channels_last). Both run their compiled forward without a CUDA graph while torch.profiler
+dynamic=False)``), in the program's precision and layout. Both run their compiled forward without a CUDA graph while torch.profiler
 records (the profiler does not see the kernels a graph replay launches; the graph replays these same kernels). Per
 kernel name: calls per forward and device time per forward; the two sides' lists and their difference.
 
@@ -64,9 +64,14 @@ def child(args) -> None:
         prog.cuda_graphs = args.graph
         step = prog.timed_step(images)
     else:
-        model = gpu_reference.build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last)
+        # the program's own precision and layout, from its manifest as load_model reads them (not loaded here: its
+        # compile cache would enter this process)
+        manifest = json.loads((args.out / args.model / loader.MANIFEST).read_text())
+        dtype = loader._DTYPES[manifest["precision"]]
+        layout = torch.channels_last if manifest.get("channels_last") else torch.contiguous_format
+        model = gpu_reference.build_model(args.model, args.data).cuda().to(dtype).to(memory_format=layout)
         fn = torch.compile(model, dynamic=False)
-        x = torch.from_numpy(images).cuda().half().contiguous(memory_format=torch.channels_last)
+        x = torch.from_numpy(images).cuda().to(dtype).contiguous(memory_format=layout)
         if args.graph:
             step = loader.capture_cuda_graph(fn, x)[0].replay
         else:
