@@ -334,6 +334,14 @@ def test_the_hand_written_recipes_are_the_named_ones_and_an_unknown_skip_is_refu
     assert p.returncode != 0 and "--skip-recipes: ['no such recipe'] are not among" in p.stderr
 
 
+def test_the_fresh_processes_alone_need_the_in_process_measurements_of_an_earlier_run(tmp_path):
+    """--fresh-only (the alternating processes as a device call of their own) reads what the in-process run saved beside
+    the program; without it, one message naming the file, before any GPU work."""
+    p = subprocess.run([sys.executable, str(ROOT / "bench/suites/gpu_reference.py"), "resnet50", "--data", ".",
+                        "--out", str(tmp_path), "--fresh-only"], capture_output=True, text=True)
+    assert p.returncode != 0 and f"no {tmp_path / 'resnet50' / 'gpu_reference-in-process.json'}" in p.stderr
+
+
 def test_the_patch_embedding_as_one_matmul_gives_the_convolutions_tokens():
     """patch_embed_speed.py times a stride-equals-kernel convolution against one matmul over the patches: the two
     forms must be the same arithmetic (timm's token layout), at ViT's 16x16 and Swin's 4x4, on a non-square image."""

@@ -16,7 +16,9 @@
 # Env: MODELS, GPUS (default: every GPU there: on nvidia-h200-x2 two models at once, one a GPU, each on half the
 # cores), BATCHES (default 1,8,32,128), TAG, SKIP_RECIPES (gpu_reference.py's --skip-recipes: recipe names with
 # spaces, comma-separated, passed as one argument), GR_ARGS (more gpu_reference.py arguments, e.g. --skip-max-autotune,
-# --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo, --time-limit 150). Writes
+# --fresh-repeats 3, --torchao float8-dynamic,int8-dynamic: torchao travels in .devzoo, --time-limit 150; on one GPU
+# a 224 px model's search, references and alternating processes overrun a call: '--fresh-repeats 0' in one call,
+# '--fresh-only --fresh-repeats 3' in the next, same warm machine, same BATCHES). Writes
 # $OUT/realsize_gpu_$TAG.json (gpu_reference.py's rows; with several GPUs one file per GPU,
 # realsize_gpu_${TAG}_gpu<i>.json), $OUT/<model>.log (each line with its time) and $OUT/<model>.optimize.json.
 set -uo pipefail

@@ -25,6 +25,9 @@ committed weights), configured as bench/suites/realsize_cpu.py configures them, 
    and the best in-process recipe (this script --hand-only RECIPE), p50s and the ratio of their medians
    (``ratio_fresh_vs_fresh``): a cross-process spread of ~14 % at 0.25 ms (docs/gpu.md, "The ConvNeXt-femto
    gap") is larger than the goal's 5 %, so the one-sided fresh-vs-in-process ratio alone compares moments.
+   ``--fresh-only`` runs this step alone, in a later call on the same machine, from the measurements step 2 saved in
+   OUT/<model>/gpu_reference-in-process.json (a device call of one GPU fits steps 1-2 or step 3 of a 224 px model, not
+   all three).
 Writes one row per batch size: {model, batch_size, gpu, date, references, qdeploy} (merged into --json by model and
 batch size: rows from several runs keep their own date).
 """
@@ -330,6 +333,43 @@ def gpu_facts() -> dict:
     return d
 
 
+IN_PROCESS_FILE = "gpu_reference-in-process.json"
+
+
+def in_process(args, loader, variant: str, skipped: list) -> dict:
+    """Step 2 in this process: the hand-written references and the program loaded from --out, timed; the program's
+    outputs against the eager FP32 model's. What --fresh-only reads back (IN_PROCESS_FILE)."""
+    out = args.out / args.model
+    model = build_model(args.model, args.data).cuda()
+    images = bench_images(args.model)
+    checked, checked_on = check_images(args.model, args.data)
+    with torch.inference_mode():
+        want = model(torch.from_numpy(checked).cuda()).float().cpu().numpy()
+    refs = {"eager FP32": Hand(eager(model), torch.float32, False),
+            **{k: v for k, v in references(args.model, args.data, loader).items() if k not in skipped}}
+    timings = {}
+    for name, hand in refs.items():
+        t0 = time.perf_counter()
+        timings[name] = bench_compiled_alone(loader, hand, images)
+        print(f"{name}: " + ", ".join(f"b{b} {v['p50']:.4f} ms" for b, v in timings[name].items())
+              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    t0 = time.perf_counter()
+    prog = loader.load(out)
+    load_s = time.perf_counter() - t0
+    got = loader.predict(prog, checked, 32)
+    cos = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)))
+    agree = float((got.argmax(1) == want.argmax(1)).mean())
+    max_rel = float(np.abs(got - want).max() / np.abs(want).max())
+    qd = loader.bench(prog, images, BATCHES)
+    print(f"qdeploy {variant} (loaded in {load_s:.1f} s): " + ", ".join(
+        f"b{b} {v['p50']:.4f} ms (first call {v['first_call_s']:.2f} s)" for b, v in qd.items())
+          + f"; vs eager FP32 on {checked_on}: cosine {cos:.6f}, top-1 agreement {agree:.4f}, max |diff|/max|y| "
+          f"{max_rel:.4f}", flush=True)
+    return {"batches": list(BATCHES), "variant": variant, "date": datetime.date.today().isoformat(),
+            "skipped": skipped, "timings": timings, "qd": qd, "checked_on": checked_on, "cosine": cos, "agreement": agree,
+            "max_rel": max_rel}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=sorted([*MODELS, *TASK_ROWS]))
@@ -351,6 +391,9 @@ def main() -> None:
                     "check: --time-limit 150); default none")
     ap.add_argument("--skip-recipes", default="", help="hand-written recipes left out, their exact names "
                     "comma-separated (to fit a device call); the rows name them in references_not_measured")
+    ap.add_argument("--fresh-only", action="store_true", help="only step 3, in a call of its own (a one-GPU device "
+                    "call fits the search and the references, or the alternating processes, not both): reuses OUT/<model> "
+                    "and the in-process measurements an earlier run saved beside it (IN_PROCESS_FILE)")
     ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
                     "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
     args = ap.parse_args()
@@ -362,6 +405,9 @@ def main() -> None:
         global BATCHES
         BATCHES = tuple(int(b) for b in args.batches.split(","))
     out = args.out / args.model
+    if args.fresh_only and not (out / IN_PROCESS_FILE).is_file():
+        raise SystemExit(f"--fresh-only: no {out / IN_PROCESS_FILE} (run this script without --fresh-only first, on "
+                         "this machine: it saves the in-process measurements there)")
     if args.hand_only:
         torch.backends.cudnn.benchmark = True
         spec = importlib.util.spec_from_file_location("load_model", out / "load_model.py")
@@ -376,7 +422,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     facts = gpu_facts()
     print(json.dumps(facts), flush=True)
-    if not args.skip_optimize:
+    if not (args.skip_optimize or args.fresh_only):
         cfg_path = args.out / f"{args.model}.json"
         args.out.mkdir(parents=True, exist_ok=True)
         cfg = config(args.model, args.data, args.max_drop)
@@ -400,31 +446,19 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("load_model", out / "load_model.py")
     loader = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loader)
-    model = build_model(args.model, args.data).cuda()
-    images = bench_images(args.model)
-    checked, checked_on = check_images(args.model, args.data)
-    with torch.inference_mode():
-        want = model(torch.from_numpy(checked).cuda()).float().cpu().numpy()
-    refs = {"eager FP32": Hand(eager(model), torch.float32, False),
-            **{k: v for k, v in references(args.model, args.data, loader).items() if k not in skipped}}
-    timings = {}
-    for name, hand in refs.items():
-        t0 = time.perf_counter()
-        timings[name] = bench_compiled_alone(loader, hand, images)
-        print(f"{name}: " + ", ".join(f"b{b} {v['p50']:.4f} ms" for b, v in timings[name].items())
-              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    t0 = time.perf_counter()
-    prog = loader.load(out)
-    load_s = time.perf_counter() - t0
-    got = loader.predict(prog, checked, 32)
-    cos = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)))
-    agree = float((got.argmax(1) == want.argmax(1)).mean())
-    max_rel = float(np.abs(got - want).max() / np.abs(want).max())
-    qd = loader.bench(prog, images, BATCHES)
-    print(f"qdeploy {chosen['variant']} (loaded in {load_s:.1f} s): " + ", ".join(
-        f"b{b} {v['p50']:.4f} ms (first call {v['first_call_s']:.2f} s)" for b, v in qd.items())
-          + f"; vs eager FP32 on {checked_on}: cosine {cos:.6f}, top-1 agreement {agree:.4f}, max |diff|/max|y| "
-          f"{max_rel:.4f}", flush=True)
+    state_file = out / IN_PROCESS_FILE
+    if args.fresh_only:
+        state = json.loads(state_file.read_text())
+        if state["batches"] != list(BATCHES) or state["variant"] != chosen["variant"]:
+            raise SystemExit(f"--fresh-only: {state_file} holds batches {state['batches']} of {state['variant']}, not "
+                             f"{list(BATCHES)} of {chosen['variant']}")
+        print(f"in-process measurements of {state['date']} read from {state_file}", flush=True)
+        skipped = state["skipped"]  # what that run left out, not this one's --skip-recipes
+    else:
+        state = in_process(args, loader, chosen["variant"], skipped)
+        state_file.write_text(json.dumps(state))
+    timings, qd, checked_on = state["timings"], state["qd"], state["checked_on"]
+    cos, agree, max_rel = state["cosine"], state["agreement"], state["max_rel"]
     # the same comparison with both sides in fresh processes, alternating (the best recipe by the geometric mean of
     # its in-process p50s over the batch sizes)
     best_recipe = min((k for k in timings if k != "eager FP32"),
@@ -484,7 +518,8 @@ def main() -> None:
         write_rows([autotune, *skipped])
         alt = fresh_alternating(args, out, best_recipe, args.fresh_repeats)
     write_rows([autotune, *skipped])
-    if not args.skip_max_autotune:
+    if not (args.skip_max_autotune or args.fresh_only):
+        images = bench_images(args.model)
         tuned = torch.compile(build_model(args.model, args.data).cuda().half().to(memory_format=torch.channels_last),
                               mode="max-autotune")
         t0 = time.perf_counter()
