@@ -389,3 +389,33 @@ def test_outputs_are_compared_on_test_images_from_every_class_for_a_classifier(s
     assert suite.check_images("resnet50", tmp_path, n=64)[0].tobytes() == x.tobytes()  # seeded: the same images
     _, on_random = suite.check_images("deeplabv3_camvid", tmp_path, n=4)
     assert on_random == "4 random inputs"
+
+
+def test_a_reference_in_a_precision_the_search_found_outside_the_budget_is_named_beside_the_goal_ratio(tmp_path):
+    """Where a model's search evaluated BF16 outside its budget, a hand-written BF16 recipe would not be allowed
+    either: the row names it and gives the ratio to the best reference left, while the goal's ratio and verdict stay
+    the ones against every reference; a row of another search of the same model (another wall time) is not marked."""
+    spec = importlib.util.spec_from_file_location("realsize_gpu", ROOT / "bench/suites/realsize_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = {"time_s": 231.04, "candidates": [
+        {"variant": "fp16-eager", "precision": "fp16", "status": "ok", "within_budget": True},
+        {"variant": "bf16-eager", "precision": "bf16", "status": "ok", "within_budget": False},
+        {"variant": "fp32-cudagraph", "precision": "fp32", "status": "timed briefly only", "within_budget": False}]}
+    assert mod.precisions_outside_budget(summary) == {"bf16"}
+    (tmp_path / "convnext_tiny.optimize.json").write_text(json.dumps(summary))
+    refs = {"eager FP32": 11.9, "torch.compile + hand CUDA graph FP16 channels_last": 2.22886,
+            "torch.compile + hand CUDA graph BF16 channels_last": 2.20826}
+    row = {"model": "convnext_tiny", "batch": 32, "chosen": "fp16-cl-compile-cudagraph", "input_size": [224, 224],
+           "fresh_process_p50_ms": 2.22578, "references": refs, "best_reference": min(refs, key=refs.get),
+           "ratio_to_best_reference": 1.0079, "ratio_fresh_vs_fresh": 1.011, "budget_met": True,
+           "optimize_wall_s": 231.04, "fresh_spread": {"processes_per_side": 3}}
+    other = {**row, "batch": 128, "optimize_wall_s": 175.51, "references": dict(refs)}
+    assert mod.mark_rows_outside_budget([row, other], [tmp_path]) == 1
+    assert row["references_outside_budget"] == ["torch.compile + hand CUDA graph BF16 channels_last"]
+    assert row["best_reference_within_budget"] == "torch.compile + hand CUDA graph FP16 channels_last"
+    assert row["ratio_to_best_reference_within_budget"] == 0.9986
+    assert "references_outside_budget" not in other
+    assert mod.goal_verdict(row) == "missed"
+    table = mod.markdown_table({"gpu": "NVIDIA H200", "rows": [row]})
+    assert "missed (best reference in a precision outside this model's budget; 0.999x the best within it" in table
