@@ -419,3 +419,27 @@ def test_a_reference_in_a_precision_the_search_found_outside_the_budget_is_named
     assert mod.goal_verdict(row) == "missed"
     table = mod.markdown_table({"gpu": "NVIDIA H200", "rows": [row]})
     assert "missed (best reference in a precision outside this model's budget; 0.999x the best within it" in table
+
+
+def test_rows_measured_on_another_card_merge_each_naming_its_own(tmp_path):
+    """A device session may lend an H100 where the table's rows ran on an H200: each row's ratio compares programs on
+    its own card, so the rows merge, each keeps its card (rows of older merges take the document's), the document says
+    both with their counts and the table notes each row's card."""
+    spec = importlib.util.spec_from_file_location("realsize_gpu", ROOT / "bench/suites/realsize_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    refs = {"eager FP32": 9.0, "torch.compile + hand CUDA graph FP16 channels_last": 1.0}
+    out = tmp_path / "realsize_gpu.json"
+    old_rows = [mod.suite_row(_gpu_reference_row("resnet50", b, 0.9, refs)) for b in (1, 32)]
+    for r in old_rows:
+        del r["gpu"]  # as merges wrote rows before they named their card
+    out.write_text(json.dumps({"gpu": "NVIDIA H200", "rows": old_rows, "low_precision": []}))
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([{**_gpu_reference_row("swin_tiny", 32, 0.98, refs), "gpu": "NVIDIA H100 80GB HBM3"}]))
+    table = tmp_path / "table.md"
+    assert mod.main(["--rows", str(rows), "--json", str(out), "--markdown", str(table)]) == 0
+    doc = json.loads(out.read_text())
+    assert {(r["model"], r["batch"]): r["gpu"] for r in doc["rows"]} == {
+        ("resnet50", 1): "NVIDIA H200", ("resnet50", 32): "NVIDIA H200", ("swin_tiny", 32): "NVIDIA H100 80GB HBM3"}
+    assert doc["gpu"].startswith("NVIDIA H200 (2 rows); NVIDIA H100 80GB HBM3 (1 row)")
+    assert "| swin_tiny (H100) | 224x224 | 32 |" in table.read_text()

@@ -54,7 +54,7 @@ def suite_row(r: dict) -> dict:
     best = min(refs, key=refs.get)
     fresh = q.get("fresh_process_p50_ms")
     return {"model": r["model"], "input_size": INPUT_SIZE.get(r["model"], [224, 224]), "batch": r["batch_size"],
-            "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs, "best_reference": best,
+            "gpu": r.get("gpu"), "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs, "best_reference": best,
             "ratio_to_best_reference": None if fresh is None else round(fresh / refs[best], 4),
             "ratio_fresh_vs_fresh": q.get("ratio_fresh_vs_fresh"),
             # the issue's "spread stated": each side's fresh processes, (max - min) / median, and how many there were
@@ -199,10 +199,30 @@ def newer_row(old: dict | None, new: dict) -> dict:
     return {**old, "later_measurement": {k: new.get(k) for k in keep}}
 
 
+def cards_said(rows) -> str | None:
+    """The document's ``gpu``: the one card every row ran on, or each card with its row count, most rows first (each
+    row's ratio compares programs on its own card: rows[].gpu)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.get("gpu"):
+            counts[r["gpu"]] = counts.get(r["gpu"], 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), None)
+    said = [f"{g} ({n} row{'s' if n != 1 else ''})" for g, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return "; ".join(said) + " (each row's card: rows[].gpu)"
+
+
+def short_card(gpu: str | None) -> str:
+    """"H100" for "NVIDIA H100 80GB HBM3": the table's note of a row's card where the rows ran on several."""
+    words = (gpu or "").replace("NVIDIA", "").split()
+    return words[0] if words else "?"
+
+
 def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     """``new``'s rows and low-precision measurements replace ``old``'s of the same (model, batch[, variant]);
     ``notes``: each model's optimize notes on torchao, for the sentence where nothing pays."""
-    rows = {(r["model"], r["batch"]): r for r in old.get("rows", [])}
+    # rows of earlier merges from before each row named its card: the document's card then
+    rows = {(r["model"], r["batch"]): {**r, "gpu": r.get("gpu") or old.get("gpu")} for r in old.get("rows", [])}
     for r in new["rows"]:
         rows[(r["model"], r["batch"])] = newer_row(rows.get((r["model"], r["batch"])), r)
     low = {(r["model"], r["batch"], r["variant"]): r for r in old.get("low_precision", [])}
@@ -218,7 +238,8 @@ def merge(old: dict, new: dict, notes: dict[str, list[str]]) -> dict:
     failed.update({(r["model"], r["variant"]): r for r in new.get("low_precision_failed", [])})
     for key in low:  # a measurement taken again, validly, replaces a void one
         void.pop(key, None)
-    doc = {"gpu": new["gpu"] or old.get("gpu"), "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
+    doc = {"gpu": cards_said(rows.values()) or new["gpu"] or old.get("gpu"),
+           "rows": sorted(rows.values(), key=lambda r: (r["model"], r["batch"])),
            "low_precision": sorted(low.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))}
     if void:
         doc["low_precision_void"] = sorted(void.values(), key=lambda r: (r["model"], r["batch"], r["variant"]))
@@ -355,15 +376,17 @@ def markdown_table(doc: dict) -> str:
              "| model | input | batch | chosen | qdeploy, fresh process (ms) | best hand-written (ms) | ratio | both fresh, "
              "alternating (processes a side; spread program / hand) | confirm drop | optimize (s) | goal |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    several_cards = len({r.get("gpu") for r in doc["rows"]}) > 1
     for r in sorted(doc["rows"], key=lambda r: (r["model"], r["batch"])):
         best = r["best_reference"]
+        card = f" ({short_card(r.get('gpu'))})" if several_cards else ""
         sp = r.get("fresh_spread") or {}
         n = sp.get("processes_per_side") or 0
         spreads = " / ".join("–" if sp.get(k) is None else f"{100 * sp[k]:.1f} %" for k in ("program", "hand"))
         fresh = "–" if r.get("ratio_fresh_vs_fresh") is None else f"{r['ratio_fresh_vs_fresh']:.3f}x ({n}; {spreads})"
         fresh_p50, ref = r["fresh_process_p50_ms"], r["references"][best]
         ratio = None if fresh_p50 is None else fresh_p50 / ref
-        lines.append(f"| {r['model']} | {'x'.join(map(str, r['input_size']))} | {r['batch']} | {r['chosen']} | "
+        lines.append(f"| {r['model']}{card} | {'x'.join(map(str, r['input_size']))} | {r['batch']} | {r['chosen']} | "
                      f"{ms(fresh_p50)} | {ms(ref)} ({best}) | "
                      f"{'–' if ratio is None else f'{ratio:.3f}x'} | {fresh} | "
                      f"{'–' if r.get('confirm_drop_points') is None else r['confirm_drop_points']} | "
