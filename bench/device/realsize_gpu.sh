@@ -57,12 +57,12 @@ run_model() {
   t0=$(date +%s)
   # shellcheck disable=SC2086  # GR_ARGS is a word list
   python3 bench/suites/gpu_reference.py "$m" --batches "$BATCHES" ${GR_ARGS:-} \
-    ${SKIP_RECIPES:+--skip-recipes "$SKIP_RECIPES"} --data /tmp/rsdd --out /tmp/rsgpu \
+    ${SKIP_RECIPES:+--skip-recipes "$SKIP_RECIPES"} --data /tmp/rsdd --out /tmp/rsgpu --save-optimize "$OUT" \
     --json "$json" 2>&1 | while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done > "$OUT/$m.log"
   r=${PIPESTATUS[0]}
   echo "$m exit $r in $(( $(date +%s) - t0 )) s"
   grep -E "ROW|optimize: (chosen|confirm)|Error|optimize exit|(eager|CUDA|torch.compile|qdeploy) " "$OUT/$m.log" | cut -c1-300 | head -40
-  cp "/tmp/rsgpu/$m/optimize.json" "$OUT/$m.optimize.json" 2>/dev/null
+  cp "/tmp/rsgpu/$m/optimize.json" "$OUT/$m.optimize.json" 2>/dev/null  # also after --fresh-only
   return "$r"
 }
 rc=0

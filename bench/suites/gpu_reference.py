@@ -38,6 +38,7 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -391,6 +392,8 @@ def main() -> None:
                     "check: --time-limit 150); default none")
     ap.add_argument("--skip-recipes", default="", help="hand-written recipes left out, their exact names "
                     "comma-separated (to fit a device call); the rows name them in references_not_measured")
+    ap.add_argument("--save-optimize", type=Path, default=None, help="copy the search's optimize.json into this folder "
+                    "as <model>.optimize.json as soon as optimize ends (realsize_gpu.sh: the call's $OUT)")
     ap.add_argument("--fresh-only", action="store_true", help="only step 3, in a call of its own (a one-GPU device "
                     "call fits the search and the references, or the alternating processes, not both): reuses OUT/<model> "
                     "and the in-process measurements an earlier run saved beside it (IN_PROCESS_FILE)")
@@ -435,6 +438,10 @@ def main() -> None:
         p = subprocess.run([sys.executable, "-m", "qdeploy", "optimize", str(cfg_path), "--out", str(out)],
                            env={**os.environ, "COLUMNS": "200"})
         print(f"optimize exit {p.returncode} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if args.save_optimize and (out / "optimize.json").is_file():
+            # now, not at the end: a device call cut in the references or the fresh processes keeps the search's record
+            args.save_optimize.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / "optimize.json", args.save_optimize / f"{args.model}.optimize.json")
     summary = json.loads((out / "optimize.json").read_text())
     chosen, program = summary["chosen"], summary.get("program") or {}
     fresh = program.get("fresh_process") or {}
