@@ -367,8 +367,8 @@ def in_process(args, loader, variant: str, skipped: list) -> dict:
           + f"; vs eager FP32 on {checked_on}: cosine {cos:.6f}, top-1 agreement {agree:.4f}, max |diff|/max|y| "
           f"{max_rel:.4f}", flush=True)
     return {"batches": list(BATCHES), "variant": variant, "date": datetime.date.today().isoformat(),
-            "skipped": skipped, "timings": timings, "qd": qd, "checked_on": checked_on, "cosine": cos, "agreement": agree,
-            "max_rel": max_rel}
+            "skipped": skipped, "timings": timings, "qd": qd, "checked_on": checked_on, "cosine": cos,
+            "agreement": agree, "max_rel": max_rel}
 
 
 def main() -> None:
@@ -395,8 +395,8 @@ def main() -> None:
     ap.add_argument("--save-optimize", type=Path, default=None, help="copy the search's optimize.json into this folder "
                     "as <model>.optimize.json as soon as optimize ends (realsize_gpu.sh: the call's $OUT)")
     ap.add_argument("--fresh-only", action="store_true", help="only step 3, in a call of its own (a one-GPU device "
-                    "call fits the search and the references, or the alternating processes, not both): reuses OUT/<model> "
-                    "and the in-process measurements an earlier run saved beside it (IN_PROCESS_FILE)")
+                    "call fits the search and the references, or the alternating processes, not both): reuses "
+                    "OUT/<model> and the in-process measurements an earlier run saved beside it (IN_PROCESS_FILE)")
     ap.add_argument("--hand-only", default=None, help="internal: time this one hand-written recipe in this (fresh) "
                     "process and write {latency_ms: ...} to --json; OUT/<model>/load_model.py supplies the timer")
     args = ap.parse_args()
@@ -456,13 +456,15 @@ def main() -> None:
     state_file = out / IN_PROCESS_FILE
     if args.fresh_only:
         state = json.loads(state_file.read_text())
-        if state["batches"] != list(BATCHES) or state["variant"] != chosen["variant"]:
-            raise SystemExit(f"--fresh-only: {state_file} holds batches {state['batches']} of {state['variant']}, not "
-                             f"{list(BATCHES)} of {chosen['variant']}")
+        if (state["batches"], state["variant"], state.get("optimize_time_s")) != (
+                list(BATCHES), chosen["variant"], summary["time_s"]):
+            raise SystemExit(f"--fresh-only: {state_file} holds batches {state['batches']} of {state['variant']} "
+                             f"(a search of {state.get('optimize_time_s')} s), not {list(BATCHES)} of "
+                             f"{chosen['variant']} (the search in {out / 'optimize.json'}, {summary['time_s']} s)")
         print(f"in-process measurements of {state['date']} read from {state_file}", flush=True)
         skipped = state["skipped"]  # what that run left out, not this one's --skip-recipes
     else:
-        state = in_process(args, loader, chosen["variant"], skipped)
+        state = {**in_process(args, loader, chosen["variant"], skipped), "optimize_time_s": summary["time_s"]}
         state_file.write_text(json.dumps(state))
     timings, qd, checked_on = state["timings"], state["qd"], state["checked_on"]
     cos, agree, max_rel = state["cosine"], state["agreement"], state["max_rel"]

@@ -54,7 +54,8 @@ def suite_row(r: dict) -> dict:
     best = min(refs, key=refs.get)
     fresh = q.get("fresh_process_p50_ms")
     return {"model": r["model"], "input_size": INPUT_SIZE.get(r["model"], [224, 224]), "batch": r["batch_size"],
-            "gpu": r.get("gpu"), "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs, "best_reference": best,
+            "gpu": r.get("gpu"), "chosen": q["variant"], "fresh_process_p50_ms": fresh, "references": refs,
+            "best_reference": best,
             "ratio_to_best_reference": None if fresh is None else round(fresh / refs[best], 4),
             "ratio_fresh_vs_fresh": q.get("ratio_fresh_vs_fresh"),
             # the "spread stated": each side's fresh processes, (max - min) / median, and how many there were
@@ -309,7 +310,8 @@ def mark_outside_budget(row: dict, outside: set[str]) -> None:
     best = min(left, key=left.get) if left else None
     fresh = row.get("fresh_process_p50_ms")
     row["best_reference_within_budget"] = best
-    row["ratio_to_best_reference_within_budget"] = None if best is None or fresh is None else round(fresh / left[best], 4)
+    row["ratio_to_best_reference_within_budget"] = \
+        None if best is None or fresh is None else round(fresh / left[best], 4)
 
 
 def mark_rows_outside_budget(rows: list[dict], optimize_dirs: list[Path]) -> int:
@@ -321,7 +323,8 @@ def mark_rows_outside_budget(rows: list[dict], optimize_dirs: list[Path]) -> int
         for p in sorted(d.glob("*.optimize.json")):
             summary = json.loads(p.read_text())
             if summary.get("time_s") is not None:
-                outside[(p.name[:-len(".optimize.json")], round(summary["time_s"], 1))] = precisions_outside_budget(summary)
+                model = p.name[:-len(".optimize.json")]
+                outside[(model, round(summary["time_s"], 1))] = precisions_outside_budget(summary)
     marked = 0
     for r in rows:
         key = (r["model"], None if r.get("optimize_wall_s") is None else round(r["optimize_wall_s"], 1))
