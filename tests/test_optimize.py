@@ -180,6 +180,10 @@ def test_the_finalists_timed_again_are_the_near_fastest_within_budget_and_the_re
     assert finalists([ref, a, far, out]) == []  # one near the fastest: nothing to order
     many = [_cand(f"v{i}", within_budget=True, rank_key=7.0 + 0.1 * i) for i in range(7)]
     assert len(finalists([ref, *many])) == 6  # five and the reference
+    # the reference within the band of the fastest takes none of the five places: it is timed beside them anyway
+    near_ref = _cand("fp32", reference=True, within_budget=True, rank_key=7.05)
+    got = [x.variant for x in finalists([near_ref, *many])]
+    assert len(got) == 6 and got[-1] == "fp32" and got[:5] == [f"v{i}" for i in range(5)]
     shares = [_cand("s1", within_budget=True, rank_key=-0.9), _cand("s2", within_budget=True, rank_key=-0.91)]
     assert finalists([ref, *shares]) == []  # INT8 shares, not times
 

@@ -65,16 +65,18 @@ def finalists(candidates: list) -> list:
     offers = [c for c in timed if not c.reference]
     if len(offers) < 2:
         return []
-    band = [c for c in timed if c.rank_key <= timed[0].rank_key * (1 + FINALIST_BAND)]
+    # the reference is timed beside them whatever its speed, so it takes none of the MAX_FINALISTS places (the band
+    # is still measured from the fastest, the reference where it is)
+    band = [c for c in offers if c.rank_key <= timed[0].rank_key * (1 + FINALIST_BAND)]
     firsts, builds = [], set()
     for c in band:
         if build_of(c) not in builds:
             builds.add(build_of(c))
             firsts.append(c)
     near = sorted((firsts + [c for c in band if c not in firsts])[:MAX_FINALISTS], key=lambda c: c.rank_key)
-    if sum(not c.reference for c in near) < 2:
+    if len(near) < 2:
         return []
-    return near + [c for c in timed if c.reference and c not in near]
+    return near + [c for c in timed if c.reference]
 
 
 @register_step
