@@ -14,7 +14,10 @@ Writes ``{"gpu", "rows": [{"model", "input_size", "batch", "chosen", "fresh_proc
 ``low_precision_why`` is written only where no FP8/INT8 candidate is faster than its base at
 any batch size within budget, and says what was measured (or why nothing was: each model's optimize notes on torchao).
 Rows merge into an existing --json by (model, batch): a row measured again replaces the earlier one, unless the earlier
-one ran both sides in more fresh processes (``newer_row``).
+one ran both sides in more fresh processes (``newer_row``). Each row names its card (``gpu``; the document's ``gpu``
+lists the cards where rows ran on several). A row whose own search is among the --optimize folders names the
+references in a precision that search found outside the budget (``references_outside_budget``) and its ratio to the
+best one left (``ratio_to_best_reference_within_budget``), beside the goal's ratio to every reference.
 A search whose log (``<model>.log`` beside its optimize.json) shows torch._dynamo hitting its recompile limit ran the
 candidates compiled after that point eagerly (fixed in the torch engine since): its torchao timings go to
 ``low_precision_void`` with that reason, not into ``low_precision``, and its rows say ``search_hit_recompile_limit``.
