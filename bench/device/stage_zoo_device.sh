@@ -4,6 +4,9 @@
 #
 #   bash bench/device/stage_zoo_device.sh                # wheels for the device's Python (3.12) into .whl-zoo/, then pack
 #   PY=3.11 WHL=/tmp/whl311 OUT=/tmp/zsite311.tar.xz bash bench/device/stage_zoo_device.sh   # the same for this machine (a test)
+#   FOR=gpu OUT=.devgpu/site.tar.xz bash bench/device/stage_zoo_device.sh   # the torch-cuda suites' share only (~6 MiB):
+#       no OpenVINO, NNCF or transformers, so that it travels beside .devreal/train (33 MB) in one call; the scripts
+#       read it with ZOO_SITE=.devgpu/site.tar.xz
 #
 # The device image already has torch, torchvision, timm, onnx, onnxruntime, onnxscript, numpy, scipy, pyyaml, rich,
 # psutil, matplotlib, scikit-learn, requests, huggingface-hub, safetensors, tokenizers, typer, tqdm, ninja,
@@ -26,14 +29,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-3.12}
-WHL=${WHL:-.whl-zoo}
+WHL=${WHL:-.whl-${FOR:-zoo}}  # its own folder: every wheel in it is packed
 OUT=${OUT:-.devzoo/site.tar.xz}
 V=$PWD/.venv/bin/python
 ver() { $V -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 mkdir -p "$WHL" "$(dirname "$OUT")"
 pkgs=()
-for d in pydantic pydantic_core annotated-types typing-inspection typing_extensions nvidia-modelopt omegaconf pulp \
-         openvino openvino-telemetry nncf tabulate transformers regex pycocotools torchao; do
+PACKAGES="pydantic pydantic_core annotated-types typing-inspection typing_extensions nvidia-modelopt omegaconf pulp
+          pycocotools torchao"
+# the CPU engines' and the Hugging Face rows' packages: not read by optimize --target torch-cuda or the GPU suites
+[ "${FOR:-all}" = gpu ] || PACKAGES="$PACKAGES openvino openvino-telemetry nncf tabulate transformers regex"
+for d in $PACKAGES; do
   # a package this .venv lacks is not carried: the device runs the image's (transformers 5.17 there)
   v=$(ver "$d" 2>/dev/null) || { echo "not in .venv, not carried: $d (the image's is used)" >&2; continue; }
   pkgs+=("$d==$v")
