@@ -100,6 +100,71 @@ def test_a_patch_convolution_as_one_matmul_gives_the_convolutions_output_and_exp
     torch.testing.assert_close(ep.module()(x3), model(x3), rtol=1e-4, atol=1e-4)
 
 
+def test_a_depthwise_convolution_as_a_stencil_gives_the_convolutions_output_for_every_padding_stride_and_dtype():
+    """facts/depthwise_stencil.py: the sum of the kernel's shifted taps is the depthwise convolution, for odd and even
+    kernels, strides, dilation, "same" / "valid" / explicit asymmetric-free padding, with and without a bias, on
+    channels_last input, and in half precision summed in FP32 (the output in the input's dtype); every other
+    convolution is left alone."""
+    import torch
+    from torch import nn
+
+    from qdeploy.facts.depthwise_stencil import DepthwiseStencil, depthwise_convolutions, is_depthwise_convolution, \
+        rewrite_depthwise_convolutions
+
+    torch.manual_seed(0)
+    cases = ((7, 1, 3, 1, True), (3, 2, 1, 1, False), (5, 2, 2, 1, True), (3, 1, 2, 2, True), (3, 1, "same", 1, True),
+             (4, 1, "same", 1, False), (3, 1, "valid", 1, True), ((3, 5), (2, 1), (1, 2), 1, True))
+    for k, stride, pad, dil, bias in cases:
+        conv = nn.Conv2d(6, 6, k, stride=stride, padding=pad, dilation=dil, groups=6, bias=bias).eval()
+        x = torch.randn(2, 6, 13, 16)
+        want = conv(x)
+        for inp in (x, x.contiguous(memory_format=torch.channels_last)):
+            got = DepthwiseStencil(conv)(inp)
+            assert got.shape == want.shape and got.dtype == inp.dtype, (k, stride, pad)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    conv = nn.Conv2d(16, 16, 7, padding=3, groups=16).eval()
+    x = torch.randn(1, 16, 12, 12)
+    got = DepthwiseStencil(conv).half()(x.half())
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), conv(x), rtol=2e-2, atol=2e-2)
+    assert not is_depthwise_convolution(nn.Conv2d(8, 8, 1, groups=8))       # a per-channel scale
+    assert not is_depthwise_convolution(nn.Conv2d(8, 16, 3, groups=8))      # two filters a group
+    assert not is_depthwise_convolution(nn.Conv2d(8, 8, 3, groups=4))       # grouped, not depthwise
+    assert not is_depthwise_convolution(nn.Conv2d(8, 8, 3, groups=8, padding=1, padding_mode="reflect"))
+    assert not is_depthwise_convolution(type("SameConv", (nn.Conv2d,), {})(8, 8, 3, groups=8))  # its own forward
+
+    import torchvision
+
+    model = torchvision.models.mobilenet_v3_small(num_classes=4).eval()
+    x = torch.randn(2, 3, 64, 64)
+    want = model(x)
+    names = depthwise_convolutions(model)
+    assert len(names) == 11 and rewrite_depthwise_convolutions(model) == names and depthwise_convolutions(model) == []
+    torch.testing.assert_close(model(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_model_rewrites_table_applies_each_rewrite_asked_for_and_refuses_an_unknown_one():
+    """facts/model_rewrites.py: what the engine times and what the program saves apply the rewrites from one table."""
+    import pytest
+    import torch
+    from torch import nn
+
+    from qdeploy.artifacts.torch_program import ProgramSettings
+    from qdeploy.engines.torch_engine import TorchOptions
+    from qdeploy.facts.model_rewrites import REWRITES, apply_rewrites
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 4, 4), nn.Conv2d(8, 8, 3, padding=1, groups=8)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    want = model(x)
+    assert apply_rewrites(model, ["depthwise_stencil", "patch_matmul"]) == {"patch_matmul": ["0"],
+                                                                           "depthwise_stencil": ["1"]}
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown model rewrite"):
+        apply_rewrites(model, ["winograd"])
+    for name in REWRITES:  # each rewrite is a flag of both the engine's options and the saved program's settings
+        assert name in TorchOptions.model_fields and name in ProgramSettings.__dataclass_fields__
+
+
 def test_a_saved_program_with_the_patch_matmul_has_no_convolution_left_and_gives_the_models_output(tmp_path):
     """artifacts/torch_program.save_program applies the rewrite before export (ProgramSettings.patch_matmul), so the
     saved graph, which a fresh process loads without qdeploy, runs the matmul and not the convolution."""
@@ -119,3 +184,24 @@ def test_a_saved_program_with_the_patch_matmul_has_no_convolution_left_and_gives
     x = torch.randn(3, 3, 16, 16)
     torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-4, atol=1e-4)
     assert isinstance(model[0], nn.Conv2d)  # the user's model is not rewritten
+
+
+def test_a_saved_program_with_depthwise_stencils_has_no_convolution_left_and_gives_the_models_output(tmp_path):
+    """save_program applies the stencil rewrite before export (ProgramSettings.depthwise_stencil): the saved graph
+    holds no convolution, and loaded without qdeploy it gives the model's output."""
+    import torch
+    from torch import nn
+
+    from qdeploy.artifacts.torch_program import ProgramSettings, save_program
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 3, 5, padding=2, groups=3), nn.Flatten(), nn.Linear(3 * 8 * 8, 5)).eval()
+    manifest = save_program(model, ProgramSettings(device="cpu", precision="fp32", depthwise_stencil=True,
+                                                   batch_sizes=(1, 2), input_shape=(3, 8, 8)), tmp_path)
+    assert manifest["depthwise_stencil"] is True
+    ep = torch.export.load(str(tmp_path / manifest["programs"]["dynamic"]))
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not any("conv" in o for o in ops), ops
+    x = torch.randn(3, 3, 8, 8)
+    torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
+    assert isinstance(model[0], nn.Conv2d)

@@ -41,6 +41,13 @@ def test_the_real_size_classifiers_are_rows_at_224_with_the_trained_weights(suit
 
 
 
+def test_optimize_set_reads_each_value_as_yaml_and_refuses_a_pair_without_a_key(suite):
+    assert suite.optimize_settings(["depthwise_stencil=true", "time_limit=150", "torchao=[int8-dynamic]"]) == {
+        "depthwise_stencil": True, "time_limit": 150, "torchao": ["int8-dynamic"]}
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        suite.optimize_settings(["depthwise_stencil"])
+
+
 def test_the_segmenter_and_the_detector_are_rows_as_the_cpu_suite_configures_them(suite, tmp_path):
     """DeepLabV3 on CamVid at 360x480 and the YOLO-style detector at 640: realsize_cpu.py's model and data sections,
     the torch-cuda target with a 1.0-point budget (mIoU, mAP), the staged data folders of realsize_gpu.sh."""

@@ -491,6 +491,24 @@ def test_the_patch_matmul_candidate_is_its_base_rewritten_and_tried_where_a_patc
     assert not patch_matmul_by_default(None)  # no PyTorch model to look at (an ONNX source)
 
 
+def test_the_depthwise_stencil_candidate_is_its_base_rewritten_and_opt_in():
+    from torch import nn
+
+    from qdeploy.facts.depthwise_stencil import DEPTHWISE_STENCIL_DEFAULT_WHY, depthwise_stencil_by_default
+    from qdeploy.optimize.candidates import DepthwiseStencilCandidate
+
+    base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
+    c = DepthwiseStencilCandidate.planned_from(base)
+    assert c.kind == "torch-dwstencil" and c.variant == "fp16-cl-compile-cudagraph-dwstencil"
+    assert program_settings(c.spec, [1], (3, 8, 8)).depthwise_stencil is True
+    assert program_settings(base.spec, [1], (3, 8, 8)).depthwise_stencil is False
+    assert "depthwise convolutions as fused stencils" in c.describe()
+    assert OptimizeConfig(target="torch-cuda").depthwise_stencil is None
+    dw = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3, groups=8))
+    assert not depthwise_stencil_by_default(dw, "cuda") and not depthwise_stencil_by_default(dw, "cpu")
+    assert "not tried unless optimize.depthwise_stencil is true" in DEPTHWISE_STENCIL_DEFAULT_WHY
+
+
 def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layouts(monkeypatch):
     """A ResNet-50 search on an H200 compiled the tied layout before the frozen program and then had too little of the
     default limit left for it (112 s against 122 needed): the rewrites (freezing, patch matmul) of the fastest program
@@ -707,6 +725,55 @@ def test_a_torch_cpu_search_compiles_the_patch_matmul_candidate_for_a_model_with
     assert s["program"]["error"] is None and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
     manifest = json.loads((tmp_path / "out" / "qdeploy-program.json").read_text())
     assert manifest["patch_matmul"] is (s["chosen"]["variant"] == rewritten[0]["variant"])
+
+
+DEPTHWISE_MODEL = '''
+import torch
+from torch import nn
+
+
+class Separable(nn.Module):
+    """A MobileNet's block in small: a stem, a 3x3 depthwise convolution, a 1x1 projection, global pooling."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.ReLU())
+        self.pw = nn.Conv2d(16, 32, 1)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        return self.head(self.pw(self.dw(self.stem(x))).mean((2, 3)))
+
+
+def separable(num_classes=3):
+    torch.manual_seed(0)
+    return Separable(num_classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_torch_cpu_search_asked_for_depthwise_stencils_compiles_saves_and_reloads_them(tmp_path):
+    """optimize.depthwise_stencil: true: the rewritten program is compiled and timed as a candidate of its own, and
+    where it is chosen the saved program (reloaded in this process from DIR) holds the stencil; unset, the search says
+    why it is not tried."""
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1, time_limit=400,
+                      freezing=False, depthwise_stencil=True)
+    (tmp_path / "separable.py").write_text(DEPTHWISE_MODEL)
+    cfg["model"]["source"] = f"{tmp_path / 'separable.py'}:separable"
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    rewritten = [c for c in s["candidates"] if c["kind"] == "torch-dwstencil"]
+    assert len(rewritten) == 1 and rewritten[0]["variant"].endswith("-compile-dwstencil"), \
+        [c["variant"] for c in s["candidates"]]
+    assert rewritten[0]["brief_p50_ms"] and rewritten[0]["compiled_from_export"] is True
+    assert s["program"]["error"] is None and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+    manifest = json.loads((tmp_path / "out" / "qdeploy-program.json").read_text())
+    assert manifest["depthwise_stencil"] is (s["chosen"]["variant"] == rewritten[0]["variant"])
+    cfg["optimize"].pop("depthwise_stencil")
+    s = api.optimize(cfg, tmp_path / "out2", cache_dir=tmp_path / "cache")
+    assert not [c for c in s["candidates"] if c["kind"] == "torch-dwstencil"]
+    assert any("not tried unless optimize.depthwise_stencil is true" in w
+               for w in s["decisions"]), s["decisions"]
 
 
 def test_the_outpaced_rule_replayed_on_the_recorded_gpu_searches_never_leaves_out_the_fastest_program():

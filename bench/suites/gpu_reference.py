@@ -78,6 +78,19 @@ TASK_ROWS = {**{n: v[2] for n, v in realsize_cpu.SEGMENTERS.items()},
 TASK_BUDGET = 1.0  # mIoU / mAP points (the issue's budget; classification: --max-drop, 0.3)
 
 
+def optimize_settings(pairs: list) -> dict:
+    """``--optimize-set KEY=VALUE`` arguments as optimize settings (VALUE read as YAML: true, 150, [a, b])."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"gpu_reference.py: --optimize-set {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def input_hw(name: str) -> tuple[int, int]:
     if name in TASK_ROWS:
         return tuple(TASK_ROWS[name])
@@ -390,6 +403,8 @@ def main() -> None:
                     "opt-in): float8-dynamic, int8-dynamic, int8-weight-only; the issue's low-precision rows")
     ap.add_argument("--time-limit", type=float, default=None, help="optimize.time_limit in seconds (the issue's Swin-T "
                     "check: --time-limit 150); default none")
+    ap.add_argument("--optimize-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more optimize setting, VALUE read as YAML (repeatable), e.g. depthwise_stencil=true")
     ap.add_argument("--skip-recipes", default="", help="hand-written recipes left out, their exact names "
                     "comma-separated (to fit a device call); the rows name them in references_not_measured")
     ap.add_argument("--save-optimize", type=Path, default=None, help="copy the search's optimize.json into this folder "
@@ -433,6 +448,7 @@ def main() -> None:
             cfg["optimize"]["torchao"] = args.torchao.split(",")
         if args.time_limit is not None:
             cfg["optimize"]["time_limit"] = args.time_limit
+        cfg["optimize"].update(optimize_settings(args.optimize_set))
         cfg_path.write_text(json.dumps(cfg))
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "qdeploy", "optimize", str(cfg_path), "--out", str(out)],

@@ -786,6 +786,11 @@ class OptimizeConfig(_Strict):
                           "(stride equal to kernel: ViT/DeiT/Swin patch embeddings) as one matmul over the patches "
                           "(facts/patch_matmul.py; on the faster of that program and its frozen one), one more compile. "
                           "Default: on where the model has such a convolution")
+    depthwise_stencil: Optional[bool] = Field(
+        None, description="PyTorch targets: the fastest compiled candidate compiled again with its depthwise "
+                          "convolutions (MobileNet, EfficientNet, ConvNeXt) as stencils Inductor fuses instead of "
+                          "cuDNN's / oneDNN's kernels (facts/depthwise_stencil.py), one more compile. Default: off "
+                          "(facts/depthwise_stencil.DEPTHWISE_STENCIL_DEFAULT_WHY)")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

@@ -30,7 +30,7 @@ import torch
 
 from qdeploy.artifacts.torch_program_loader import constants_to_device
 from qdeploy.facts.inductor import program_inductor_config
-from qdeploy.facts.patch_matmul import rewrite_patch_convolutions
+from qdeploy.facts.model_rewrites import REWRITES, apply_rewrites
 from qdeploy.facts.torchao import apply_torchao
 from qdeploy.utils.log import log
 
@@ -55,6 +55,7 @@ class ProgramSettings:
     torchao: Optional[str] = None       # a facts.torchao scheme applied to the Linear layers before export
     freezing: bool = False              # compiled with Inductor's freezing (facts/inductor.py)
     patch_matmul: bool = False          # patch convolutions exported as matmuls (facts/patch_matmul.py)
+    depthwise_stencil: bool = False     # depthwise convolutions exported as stencils (facts/depthwise_stencil.py)
     batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
     input_shape: tuple = ()             # (C, H, W)
 
@@ -161,8 +162,7 @@ def save_program(module: torch.nn.Module, settings: ProgramSettings, folder: Pat
     t0 = time.perf_counter()
     fmt = torch.channels_last if settings.channels_last else torch.contiguous_format
     model = copy.deepcopy(module)
-    if settings.patch_matmul:
-        rewrite_patch_convolutions(model)
+    apply_rewrites(model, [name for name in REWRITES if getattr(settings, name)])
     model = model.to(device=settings.device, dtype=_DTYPES[settings.precision], memory_format=fmt).eval()
     if settings.torchao:
         # its weights are torchao tensor subclasses: loading needs torchao

@@ -13,7 +13,7 @@ from qdeploy.artifacts.torch_program_loader import capture_cuda_graph, constants
 from qdeploy.engines.base import CudaTimer, Engine, Variant, register_engine
 from qdeploy.errors import VariantUnavailable
 from qdeploy.facts.inductor import program_inductor_config
-from qdeploy.facts.patch_matmul import rewrite_patch_convolutions
+from qdeploy.facts.model_rewrites import REWRITES, apply_rewrites
 from qdeploy.facts.torchao import apply_torchao, torchao_problem
 from qdeploy.utils.malloc import tune_glibc_malloc
 
@@ -37,6 +37,9 @@ class TorchOptions(BaseModel):
     patch_matmul: bool = Field(False, json_schema_extra={"label": "patchmm"},
                                description="convolutions whose stride equals their kernel (patch embeddings) run as "
                                            "one matmul over the patches (facts/patch_matmul.py)")
+    depthwise_stencil: bool = Field(False, json_schema_extra={"label": "dwstencil"},
+                                    description="compiled programs: depthwise convolutions run as stencils that "
+                                                "Inductor fuses, not cuDNN's kernels (facts/depthwise_stencil.py)")
     tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
                        description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
@@ -112,8 +115,8 @@ class TorchEngine(Engine):
         self.dtype = _DTYPES[v.precision]
         self.memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
         model = copy.deepcopy(self.artifact.module)
-        # the convolutions run as matmuls (facts/patch_matmul.py), named in describe()
-        self.patch_matmuls = rewrite_patch_convolutions(model) if opts.patch_matmul else []
+        # the source rewrites switched on (facts/model_rewrites.py): the modules each replaced, named in describe()
+        self.rewritten = apply_rewrites(model, [name for name in REWRITES if getattr(opts, name)])
         model = model.to(device=self.device, dtype=self.dtype, memory_format=self.memory_format).eval()
         # torchao quantizes at the first input (its kernels' rules on rows need one; facts/torchao.quantizable), before
         # the first compile
@@ -246,7 +249,7 @@ class TorchEngine(Engine):
             "tf32": self.options.tf32 if self.device == "cuda" else None,
             "torchao": self.options.torchao,
             "freezing": self.options.freezing,
-            "patch_matmul": self.patch_matmuls if self.options.patch_matmul else None,
+            **{name: self.rewritten.get(name) for name in REWRITES},
             # a compiled program: torch.compile ran on its exported program (as the saved one does) or on the model
             "compiled_from": None if self.exported is None else "exported program" if self.exported else
             f"model (torch.export failed: {self.export_failure})",

@@ -471,6 +471,7 @@ def program_settings(spec: dict, batch_sizes, input_shape):
                            compile="default" if mode is True else mode, cuda_graphs=bool(spec.get("cuda_graphs")),
                            torchao=spec.get("torchao"), freezing=bool(spec.get("freezing")),
                            patch_matmul=bool(spec.get("patch_matmul")),
+                           depthwise_stencil=bool(spec.get("depthwise_stencil")),
                            batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
 
 
@@ -636,6 +637,18 @@ class PatchMatmulCandidate(RewrittenCandidate):
     runtime: ClassVar[str] = "patchmm"
     option: ClassVar[str] = "patch_matmul"
     label: ClassVar[str] = "patch convolutions as matmuls"
+
+
+@register
+@dataclass(eq=False)
+class DepthwiseStencilCandidate(RewrittenCandidate):
+    """The depthwise convolutions as stencils Inductor fuses (facts/depthwise_stencil.py), not cuDNN's kernels: the same
+    arithmetic, summed in FP32 in another order."""
+
+    kind: ClassVar[str] = "torch-dwstencil"
+    runtime: ClassVar[str] = "dwstencil"
+    option: ClassVar[str] = "depthwise_stencil"
+    label: ClassVar[str] = "depthwise convolutions as fused stencils"
 
 
 @register

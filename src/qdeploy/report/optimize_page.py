@@ -247,7 +247,8 @@ def program_table(program: Mapping, env: Mapping) -> T.Table:
                       f"{', torch.compile ' + str(m.get('compile')) if m.get('compile') else ', eager'}"
                       f"{', CUDA graph per input shape' if m.get('cuda_graphs') else ''}"
                       f"{', Inductor freezing' if m.get('freezing') else ''}{', torchao ' + m['torchao'] if m.get('torchao') else ''}"
-                      f"{', patch convolutions as matmuls' if m.get('patch_matmul') else ''} on {m.get('device')}"])
+                      f"{', patch convolutions as matmuls' if m.get('patch_matmul') else ''}"
+                      f"{', depthwise convolutions as stencils' if m.get('depthwise_stencil') else ''} on {m.get('device')}"])
     t.add(["batch", "one program, dynamic batch dimension" if m.get("dynamic_batch")
            else f"one program per batch size ({', '.join(str(k) for k in (m.get('programs') or {}))})"])
     t.add(["files", ", ".join(sorted(set((m.get("programs") or {}).values()) | {"load_model.py", "qdeploy-program.json"}

@@ -22,9 +22,11 @@ minutes per candidate, so:
    Once each precision has its program (on a GPU each precision of the fastest tensor-core tier:
    ``TENSOR_CORE_FIRST_WHY``; before the tied layouts and the programs without graphs), the fastest is compiled again
    with each rewrite the model calls for: Inductor's freezing (``optimize.freezing``: weights as
-   constants, facts/inductor.py) and its patch convolutions as one matmul (``optimize.patch_matmul``,
-   facts/patch_matmul.py); at the end, on torch-cuda, the fastest BF16/FP16 one with each torchao scheme of
-   ``optimize.torchao`` on its Linear layers; each one compile more, under the same rule.
+   constants, facts/inductor.py), its patch convolutions as one matmul (``optimize.patch_matmul``,
+   facts/patch_matmul.py) and, where asked for, its depthwise convolutions as fused stencils
+   (``optimize.depthwise_stencil``, facts/depthwise_stencil.py); at the end, on torch-cuda, the fastest BF16/FP16
+   one with each torchao scheme of ``optimize.torchao`` on its Linear layers; each one compile more, under the same
+   rule.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
    brief timing: layout, capture and compilation change the kernels and so the numerics a little, so a candidate's
    own predictions decide its budget verdict, never its precision's. The fastest is measured even past the time limit
@@ -42,10 +44,13 @@ from qdeploy.benchmark.latency import fill_batch, time_iterations
 from qdeploy.config import VariantSpec
 from qdeploy.engines.base import create_engine, resolve_variant
 from qdeploy.facts.inductor import FREEZING_GPU_WHY, freezing_default
+from qdeploy.facts.depthwise_stencil import (DEPTHWISE_STENCIL_DEFAULT_WHY, depthwise_convolutions,
+                                              depthwise_stencil_by_default)
 from qdeploy.facts.patch_matmul import patch_matmul_by_default
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
-                                         FrozenCandidate, PatchMatmulCandidate, TorchaoCandidate, TorchCandidate)
+                                         DepthwiseStencilCandidate, FrozenCandidate, PatchMatmulCandidate,
+                                         TorchaoCandidate, TorchCandidate)
 from qdeploy.optimize.decide import LATENCY_TIE
 from qdeploy.optimize.steps.base import Step, register_step
 
@@ -342,10 +347,11 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
     """The fastest compiled program once more with each rewrite the model calls for: Inductor's freezing
     (optimize.freezing, facts/inductor.py), then the patch convolutions as matmuls (optimize.patch_matmul,
     facts/patch_matmul.py) on the faster of that program and its frozen one, so that where freezing won the two are
-    tried together; each is said where it is not tried by default."""
+    tried together, then the depthwise convolutions as stencils (optimize.depthwise_stencil, facts/depthwise_stencil.py)
+    on the fastest of those; each is said where it is not tried by default."""
     device = s.target.engine["device"]
     model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch and (
-        s.o.freezing is None or s.o.patch_matmul is None) else None
+        s.o.freezing is None or s.o.patch_matmul is None or s.o.depthwise_stencil is None) else None
     out = []
     tried, folds = (s.o.freezing, []) if s.o.freezing is not None else \
         freezing_default(device, model, _one_image(s) if model is not None and device == "cuda" else None)
@@ -358,6 +364,13 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
     # a model without a patch convolution has nothing to rewrite: not worth a line
     if (s.o.patch_matmul or (s.o.patch_matmul is None and patch_matmul_by_default(model))) and not s.timed_out:
         out += _rewrite_stage(s, compiled + out, estimate, PatchMatmulCandidate)
+    stencil = s.o.depthwise_stencil
+    if stencil is None and model is not None and depthwise_convolutions(model):
+        stencil = depthwise_stencil_by_default(model, device)
+        if not stencil:
+            s.note(f"depthwise convolutions as stencils: {DEPTHWISE_STENCIL_DEFAULT_WHY}")
+    if stencil and not s.timed_out:
+        out += _rewrite_stage(s, compiled + out, estimate, DepthwiseStencilCandidate)
     return out
 
 
