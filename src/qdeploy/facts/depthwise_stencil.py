@@ -5,10 +5,10 @@ so a half-precision model does not accumulate 49 terms in half precision).
 
 Why a compiled PyTorch candidate rewrites it: Inductor passes a convolution to cuDNN as an external kernel, and cuDNN's
 depthwise kernels are far from what the operation needs. A 7x7 depthwise convolution reads its input and writes its
-output once (about 2 bytes x 2 an element in FP16) for 49 multiply-adds an element: memory-bound on an H100 (3.35 TB/s,
-67 FP32 TFLOPS). ConvNeXt-T's 18 of them at batch 128 (FP16, channels_last, 224 px) move about 1.1 GB, some 330 us at
-that bandwidth, yet cuDNN's ``conv2d_c1_k1_nhwc_specialized`` took 2,252 us, 30 % of the model's 7,398 us a forward
-(docs/results/realsize/gpu_b128_b8_2026-11-30/kernels_convnext_b128.json). Written as a stencil, the taps are
+output once for 49 multiply-adds an element. ConvNeXt-T's 18 of them at batch 128 (FP16, channels_last, 224 px) are
+13.5 G multiply-adds (0.40 ms at an H100's or H200's 67 FP32 TFLOPS) and move about 1.1 GB (0.23 ms at the H200's
+4.8 TB/s), yet cuDNN's ``conv2d_c1_k1_nhwc_specialized`` took 2,252 us on the H200, 30 % of the model's 7,398 us a
+forward (docs/results/realsize/gpu_b128_b8_2026-11-30/kernels_convnext_b128.json). Written as a stencil, the taps are
 pointwise operations on views of one tensor, which Inductor fuses into one Triton kernel (the padding becomes masked
 loads) and can fuse further with the normalization or activation that follows. PyTorch's own depthwise conv1d Triton
 template reports the same gap against cuDNN in channels-last (pytorch/pytorch#175280). Whether a model gains depends
@@ -91,9 +91,9 @@ def depthwise_convolutions(model: nn.Module) -> list[str]:
 DEPTHWISE_STENCIL_DEFAULT_WHY = (
     "not tried unless optimize.depthwise_stencil is true: on the CPU (2 AMD EPYC cores, AVX2, FP32, batch 1, "
     "224 px, compiled, channels_last) the stencils ran slower than oneDNN's depthwise kernels (MobileNetV3-L 1.25x, "
-    "ConvNeXt-atto 1.22x the time) and took longer to compile (59 against 38 s, 238 against 14 s: Inductor's C++ kernels of 49 taps; "
-    "docs/results/depthwise_stencil_cpu.jsonl); on the GPU, where cuDNN's depthwise kernels took 30 % of ConvNeXt-T's "
-    "time, it is not yet measured (bench/suites/depthwise_stencil.py)")
+    "ConvNeXt-atto 1.22x the time) and took longer to compile (59 against 38 s, 238 against 14 s: Inductor's C++ "
+    "kernels of 49 taps; docs/results/depthwise_stencil_cpu.jsonl); on the GPU, where cuDNN's depthwise kernels "
+    "took 30 % of ConvNeXt-T's time, it is not yet measured (bench/suites/depthwise_stencil.py)")
 
 
 def depthwise_stencil_by_default(model=None, device: str = "cuda") -> bool:
