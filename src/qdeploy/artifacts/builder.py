@@ -291,8 +291,8 @@ class Builder:
             "preprocess": self.spec.preprocess.model_dump(mode="json"),
             "export": self.cfg.export.model_dump(mode="json", exclude={"verify", "cache"}),
             "code": _quantize_code_fingerprint(),
-            # the ONNX Runtime placement's weights depend on the CPU's kernels (facts/onnxruntime.py)
-            "u8s8_saturates": u8s8_saturates() if int8.placement == "onnxruntime" else None,
+            # the ONNX Runtime and OpenVINO placements' weights depend on the CPU's kernels (facts/onnxruntime.py)
+            "u8s8_saturates": u8s8_saturates() if int8.placement in ("onnxruntime", "openvino") else None,
             "versions": {"qdeploy": __version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
                          "nvidia-modelopt": dist_version("nvidia-modelopt")},
         }

@@ -41,6 +41,18 @@ def reduce_range_reason(saturates: bool) -> Optional[str]:
             "saturate int16 sums without it (ONNX Runtime quantization guide)") if saturates else None
 
 
+def nncf_overflow_fix_reason(saturates: bool) -> Optional[str]:
+    """NNCF's remedy for the same saturation on the CPUs OpenVINO runs INT8 on: every Convolution's and MatMul's
+    weights in half the 8-bit range (``nncf.OverflowFix.ENABLE``) where this CPU has no VNNI; with VNNI, NNCF's default
+    (the first convolutions only). NNCF's own note (``OverflowFix``) names AVX-2 and AVX-512 without VNNI. Measured on
+    an AVX2-only CPU (AMD EPYC, 2 cores): the Ultralytics YOLOv8n export's INT8 IR lost 3.73 mAP@0.5:0.95 points on
+    BCCD with NNCF's default (45.17 % -> 41.44 %, the VNNI Xeons of earlier runs were within 1 point;
+    tests/test_yolov8_export.py)."""
+    return ("every Convolution's and MatMul's weights in half the 8-bit range (NNCF's OverflowFix.ENABLE): this CPU "
+            "has no VNNI, and the CPU plugin's AVX2 / AVX-512 INT8 kernels saturate int16 sums without it (NNCF, "
+            "OpenVINO's saturation (overflow) issue workaround)") if saturates else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Can this onnxruntime run the CUDA execution provider here? (the onnxruntime-cuda target needs it)
 #

@@ -24,6 +24,7 @@ import numpy as np
 
 from qdeploy.config import RANGE_METHODS, Int8Config
 from qdeploy.errors import ConfigError, QDeployError
+from qdeploy.facts.onnxruntime import nncf_overflow_fix_reason, u8s8_saturates
 from qdeploy.quantize.registry import NotApplicable, QuantizeInputs, Quantizer, QuantResult, register_quantizer
 from qdeploy.utils.log import log, warn
 
@@ -183,7 +184,8 @@ class NncfPlan:
                 "ignored_scope": {"names": self.excluded, "types": list(self.cfg.exclude_ops),
                                   "patterns": list(self.cfg.exclude), **({"prediction_head": head} if head else {})},
                 "excluded_by_user": self.excluded, "unmatched_patterns": self.unmatched,
-                "batch_per_inference": self.chunk, "nncf_warnings": list(self.warnings), "time_s": round(seconds, 3)}
+                "batch_per_inference": self.chunk, "nncf_warnings": list(self.warnings), "time_s": round(seconds, 3),
+                "overflow_fix": nncf_overflow_fix_reason(u8s8_saturates())}
 
 
 # compute op types of an OpenVINO model (opset names), and what NNCF's OpenVINO backend puts before an INT8 one
@@ -259,11 +261,14 @@ def _advanced_parameters(method: str):
     max is its global min/max (``MINMAX``). NNCF's weights stay at their min/max per channel either way."""
     _check_method(method)
     nncf = _import_nncf()
+    # weights in half the 8-bit range on a CPU without VNNI, where its INT8 kernels saturate (facts/onnxruntime.py)
+    overflow = {"overflow_fix": nncf.OverflowFix.ENABLE} if nncf_overflow_fix_reason(u8s8_saturates()) else {}
     if method == "max":
         from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-        return nncf.AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
-    return nncf.AdvancedQuantizationParameters()  # the defaults: MEAN_MINMAX for per-tensor activations
+        return nncf.AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX,
+                                                   **overflow)
+    return nncf.AdvancedQuantizationParameters(**overflow)  # the defaults: MEAN_MINMAX for per-tensor activations
 
 
 def _import_nncf():
