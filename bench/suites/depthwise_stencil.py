@@ -104,14 +104,14 @@ def eager_call(fn, x):
         return fn(x)
 
 
-def profile_share(replay, forwards: int = 10) -> dict:
-    """Device time a forward of ``replay`` (a compiled forward): all kernels, and those whose name says depthwise (cuDNN's
-    grouped / c1_k1 kernels) or that are the stencil (Triton kernels fusing constant_pad_nd)."""
+def profile_share(step, forwards: int = 10) -> dict:
+    """Device time a forward of ``step`` (a compiled forward): all kernels, and those whose name says depthwise
+    (cuDNN's grouped / c1_k1 kernels) or that are the stencil (Triton kernels fusing constant_pad_nd)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(forwards):
-            replay()
+            step()
         torch.cuda.synchronize()
     total = dw = 0.0
     for e in prof.events():
