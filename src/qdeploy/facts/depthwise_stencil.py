@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qdeploy.facts.patch_matmul import replace_modules
+
 
 class DepthwiseStencil(nn.Module):
     """``conv`` (groups = in_channels = out_channels, zero padding) as the sum of its kh x kw shifted taps. Input and
@@ -103,9 +105,4 @@ def depthwise_stencil_by_default(model=None, device: str = "cuda") -> bool:
 
 def rewrite_depthwise_convolutions(model: nn.Module) -> list[str]:
     """Replace, in place, every depthwise convolution of ``model`` by its DepthwiseStencil; returns their names."""
-    names = depthwise_convolutions(model)
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, DepthwiseStencil(getattr(parent, child)))
-    return names
+    return replace_modules(model, depthwise_convolutions(model), DepthwiseStencil)

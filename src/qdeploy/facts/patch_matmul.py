@@ -68,11 +68,15 @@ def patch_matmul_by_default(model=None) -> bool:
     return model is not None and bool(patch_convolutions(model))
 
 
-def rewrite_patch_convolutions(model: nn.Module) -> list[str]:
-    """Replace, in place, every patch convolution of ``model`` by its PatchMatmul; returns their names."""
-    names = patch_convolutions(model)
+def replace_modules(model: nn.Module, names: list[str], make) -> list[str]:
+    """Replace, in place, each module of ``model`` named in ``names`` by ``make(module)``; returns ``names``."""
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PatchMatmul(getattr(parent, child)))
+        setattr(parent, child, make(getattr(parent, child)))
     return names
+
+
+def rewrite_patch_convolutions(model: nn.Module) -> list[str]:
+    """Replace, in place, every patch convolution of ``model`` by its PatchMatmul; returns their names."""
+    return replace_modules(model, patch_convolutions(model), PatchMatmul)
