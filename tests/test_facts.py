@@ -205,3 +205,93 @@ def test_a_saved_program_with_depthwise_stencils_has_no_convolution_left_and_giv
     x = torch.randn(3, 3, 8, 8)
     torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
     assert isinstance(model[0], nn.Conv2d)
+
+
+class _Mlp:
+    """An MLP block as timm / torchvision / Hugging Face write it, on tokens (B, N, C) and on NHWC maps (ConvNeXt)."""
+
+    @staticmethod
+    def build(shared_hidden: bool = False, bias: bool = True):
+        import torch
+        from torch import nn
+
+        class Mlp(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.act, self.fc2 = nn.Linear(8, 32, bias=bias), nn.GELU(), nn.Linear(32, 8)
+                self.side = nn.Linear(32, 8)
+
+            def forward(self, x):
+                h = self.fc1(x)
+                y = self.fc2(self.act(h))
+                return y + self.side(h) if shared_hidden else y  # the Linear's output used twice: not fused
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.mlp, self.head = nn.Conv2d(3, 8, 4, 4), Mlp(), nn.Linear(8, 5)
+
+            def forward(self, x):
+                t = self.embed(x).permute(0, 2, 3, 1)    # NHWC, as ConvNeXt's block
+                t = t + self.mlp(t)
+                return self.head(self.mlp(t.flatten(1, 2)).mean(1))   # tokens, as a ViT's block
+
+        torch.manual_seed(0)
+        return Net().eval()
+
+
+def test_a_linear_and_its_gelu_become_one_matmul_with_the_gelu_epilogue_for_tokens_and_maps():
+    """facts/gelu_epilogue.rewrite: every Linear whose only user is a GELU, on 4-D (NHWC) and 3-D (tokens) inputs,
+    becomes one _addmm_activation in a program exported again with a dynamic batch; the output is the model's (the CPU
+    kernel computes the erf GELU; CUDA's epilogue the tanh one, within 5e-4)."""
+    import torch
+    from torch.export import Dim
+
+    from qdeploy.facts.gelu_epilogue import count_fused, has_linear_and_gelu, linear_gelu_pairs, rewrite
+
+    model = _Mlp.build()
+    args, dyn = (torch.randn(2, 3, 16, 16),), ({0: Dim("batch", min=1)},)
+    ep = torch.export.export(model, args, dynamic_shapes=dyn, strict=False)
+    assert len(linear_gelu_pairs(ep.graph)) == 2 and count_fused(ep) == 0
+    fused, pairs = rewrite(ep, args, dyn)
+    assert pairs == 2 and count_fused(fused) == 2
+    assert not any(n.target is torch.ops.aten.gelu.default for n in fused.graph.nodes)
+    for batch in (1, 5):
+        x = torch.randn(batch, 3, 16, 16)
+        torch.testing.assert_close(fused.module()(x), model(x), rtol=1e-5, atol=1e-5)
+    assert has_linear_and_gelu(model) and not has_linear_and_gelu(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_a_linear_whose_output_is_used_twice_or_has_no_bias_is_not_fused():
+    import torch
+    from torch.export import Dim
+
+    from qdeploy.facts.gelu_epilogue import linear_gelu_pairs, rewrite
+
+    for model in (_Mlp.build(shared_hidden=True), _Mlp.build(bias=False)):
+        args, dyn = (torch.randn(2, 3, 16, 16),), ({0: Dim("batch", min=1)},)
+        ep = torch.export.export(model, args, dynamic_shapes=dyn, strict=False)
+        assert linear_gelu_pairs(ep.graph) == []
+        assert rewrite(ep, args, dyn) == (ep, 0)
+
+
+def test_a_saved_program_with_the_gelu_epilogue_loads_without_qdeploy_and_refuses_a_model_without_a_pair(tmp_path):
+    """save_program rewrites the exported graph (ProgramSettings.gelu_epilogue): what a fresh process loads holds the
+    fused operator and gives the model's output; asked for on a model without a Linear → GELU it raises instead of
+    saving the base program under the rewrite's name."""
+    import torch
+    from torch import nn
+
+    from qdeploy.artifacts.torch_program import ProgramSettings, save_program
+
+    model = _Mlp.build()
+    settings = ProgramSettings(device="cpu", precision="fp32", gelu_epilogue=True, batch_sizes=(1, 2),
+                               input_shape=(3, 16, 16))
+    manifest = save_program(model, settings, tmp_path / "fused")
+    assert manifest["gelu_epilogue"] is True
+    ep = torch.export.load(str(tmp_path / "fused" / manifest["programs"]["dynamic"]))
+    assert sum(n.target is torch.ops.aten._addmm_activation.default for n in ep.graph.nodes) == 2
+    x = torch.randn(3, 3, 16, 16)
+    torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no Linear"):
+        save_program(nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 5)).eval(), settings, tmp_path / "none")

@@ -509,6 +509,25 @@ def test_the_depthwise_stencil_candidate_is_its_base_rewritten_and_opt_in():
     assert "not tried unless optimize.depthwise_stencil is true" in DEPTHWISE_STENCIL_DEFAULT_WHY
 
 
+def test_the_gelu_epilogue_candidate_is_its_base_rewritten_and_on_by_default_on_the_gpu_where_a_model_has_one():
+    from torch import nn
+
+    from qdeploy.facts.gelu_epilogue import gelu_epilogue_by_default
+    from qdeploy.optimize.candidates import GeluEpilogueCandidate
+
+    base = CompiledCandidate.planned(TARGETS["torch-cuda"], "fp16", True, False, "default", True)
+    c = GeluEpilogueCandidate.planned_from(base)
+    assert c.kind == "torch-geluepi" and c.variant == "fp16-cl-compile-cudagraph-geluepi"
+    assert program_settings(c.spec, [1], (3, 8, 8)).gelu_epilogue is True
+    assert program_settings(base.spec, [1], (3, 8, 8)).gelu_epilogue is False
+    assert "GELU in the matmul's epilogue" in c.describe()
+    assert OptimizeConfig(target="torch-cuda").gelu_epilogue is None
+    mlp = nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 4))
+    assert gelu_epilogue_by_default(mlp, "cuda") and not gelu_epilogue_by_default(mlp, "cpu")
+    assert not gelu_epilogue_by_default(nn.Sequential(nn.Linear(4, 16), nn.ReLU()), "cuda")
+    assert not gelu_epilogue_by_default(None, "cuda")  # no PyTorch model to look at (an ONNX source)
+
+
 def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layouts(monkeypatch):
     """A ResNet-50 search on an H200 compiled the tied layout before the frozen program and then had too little of the
     default limit left for it (112 s against 122 needed): the rewrites (freezing, patch matmul) of the fastest program
@@ -794,3 +813,53 @@ def test_the_outpaced_rule_replayed_on_the_recorded_gpu_searches_never_leaves_ou
     assert not [x for x in rows if x["wrong"]]
     assert all(x["compiled_ms"] > r["fastest_compiled_ms"] for r in out for x in r["rows"]
                if x["pruned"] and x["compiled_ms"] is not None)
+
+
+MLP_MODEL = '''
+import torch
+from torch import nn
+
+
+class TokenMlp(nn.Module):
+    """A ViT's block in small: a patch embedding, a LayerNorm and an MLP with a GELU on the tokens, a head."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.embed = nn.Conv2d(3, 16, 8, 8)
+        self.norm = nn.LayerNorm(16)
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)
+        self.head = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        t = t + self.fc2(self.act(self.fc1(self.norm(t))))
+        return self.head(t.mean(1))
+
+
+def token_mlp(num_classes=3):
+    torch.manual_seed(0)
+    return TokenMlp(num_classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_torch_cpu_search_asked_for_the_gelu_epilogue_compiles_saves_and_reloads_it(tmp_path):
+    """optimize.gelu_epilogue: true (the default is the GPU only): the program whose Linear → GELU is one fused
+    operator is compiled and timed as a candidate of its own, and where it is chosen the saved program holds it."""
+    import torch
+
+    cfg = _opt_config(tmp_path, budget={"max_drop": 100.0}, target="torch-cpu", finalists=1, time_limit=400,
+                      freezing=False, patch_matmul=False, gelu_epilogue=True)
+    (tmp_path / "token_mlp.py").write_text(MLP_MODEL)
+    cfg["model"]["source"] = f"{tmp_path / 'token_mlp.py'}:token_mlp"
+    s = api.optimize(cfg, tmp_path / "out", cache_dir=tmp_path / "cache")
+    fused = [c for c in s["candidates"] if c["kind"] == "torch-geluepi"]
+    assert len(fused) == 1 and fused[0]["variant"].endswith("-compile-geluepi"), [c["variant"] for c in s["candidates"]]
+    assert fused[0]["brief_p50_ms"] and fused[0]["compiled_from_export"] is True
+    assert s["program"]["error"] is None and (tmp_path / "out" / s["chosen"]["artifact"]).is_file()
+    manifest = json.loads((tmp_path / "out" / "qdeploy-program.json").read_text())
+    chosen_fused = s["chosen"]["variant"] == fused[0]["variant"]
+    assert manifest["gelu_epilogue"] is chosen_fused
+    if chosen_fused:
+        ep = torch.export.load(str(tmp_path / "out" / manifest["programs"]["dynamic"]))
+        assert any(n.target is torch.ops.aten._addmm_activation.default for n in ep.graph.nodes)

@@ -791,6 +791,11 @@ class OptimizeConfig(_Strict):
                           "convolutions (MobileNet, EfficientNet, ConvNeXt) as stencils Inductor fuses instead of "
                           "cuDNN's / oneDNN's kernels (facts/depthwise_stencil.py), one more compile. Default: off "
                           "(facts/depthwise_stencil.DEPTHWISE_STENCIL_DEFAULT_WHY)")
+    gelu_epilogue: Optional[bool] = Field(
+        None, description="PyTorch targets: the fastest compiled candidate compiled again with each Linear whose only "
+                          "user is a GELU as one cuBLASLt matmul with the bias and the GELU (tanh approximation) in "
+                          "its epilogue (facts/gelu_epilogue.py), one more compile. Default: on for torch-cuda where "
+                          "the model has a Linear and a GELU (ViT, DeiT, Swin, ConvNeXt MLPs)")
     torchao: list[Literal["float8-dynamic", "int8-weight-only", "int8-dynamic"]] = Field(
         default_factory=list,
         description="torch-cuda: torchao schemes tried on the Linear layers of the best compiled BF16/FP16 candidate, "

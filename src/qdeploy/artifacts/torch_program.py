@@ -56,6 +56,7 @@ class ProgramSettings:
     freezing: bool = False              # compiled with Inductor's freezing (facts/inductor.py)
     patch_matmul: bool = False          # patch convolutions exported as matmuls (facts/patch_matmul.py)
     depthwise_stencil: bool = False     # depthwise convolutions exported as stencils (facts/depthwise_stencil.py)
+    gelu_epilogue: bool = False         # Linear → GELU exported as one matmul with a GELU epilogue (facts/gelu_epilogue.py)
     batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
     input_shape: tuple = ()             # (C, H, W)
 
@@ -72,10 +73,26 @@ def export_dynamic_batch(module: torch.nn.Module, settings: ProgramSettings):
     trace it so. One function for the saved program and for the torch engine's compiled candidates: the same exported
     graph compiled in both gives Inductor's cache the same key, so the saved program's compile (and a fresh process's)
     reuses the search's instead of compiling it again."""
-    from torch.export import Dim, export
+    from torch.export import Dim
+
+    return _exported(module, settings, (_example(settings, 2),), ({0: Dim("batch", min=1)},))
+
+
+def _exported(module: torch.nn.Module, settings: ProgramSettings, args: tuple, dynamic_shapes=None):
+    """torch.export of ``module`` on ``args``, with the graph rewrites ``settings`` asks for (facts/gelu_epilogue.py);
+    raises where one was asked for and the graph has nothing it rewrites (the candidate would be its base again)."""
+    from torch.export import export
 
     with torch.inference_mode(False), torch.no_grad():
-        return export(module, (_example(settings, 2),), dynamic_shapes=({0: Dim("batch", min=1)},), strict=False)
+        program = export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        if settings.gelu_epilogue:
+            from qdeploy.facts.gelu_epilogue import rewrite
+
+            program, pairs = rewrite(program, args, dynamic_shapes)
+            if not pairs:
+                raise ValueError("gelu_epilogue: the exported program has no Linear (with a bias) whose only user is "
+                                 "a GELU")
+    return program
 
 
 def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
@@ -85,8 +102,7 @@ def _export(module: torch.nn.Module, settings: ProgramSettings) -> dict:
     except Exception as e:  # noqa: BLE001 - any export failure: one static program per batch size instead
         log(f"torch.export with a dynamic batch dimension failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             "one program per batch size instead")
-    return {str(b): torch.export.export(module, (_example(settings, b),), strict=False)
-            for b in sorted(set(settings.batch_sizes))}
+    return {str(b): _exported(module, settings, (_example(settings, b),)) for b in sorted(set(settings.batch_sizes))}
 
 
 _PROBE = """

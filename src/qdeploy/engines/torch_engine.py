@@ -40,6 +40,10 @@ class TorchOptions(BaseModel):
     depthwise_stencil: bool = Field(False, json_schema_extra={"label": "dwstencil"},
                                     description="compiled programs: depthwise convolutions run as stencils that "
                                                 "Inductor fuses, not cuDNN's kernels (facts/depthwise_stencil.py)")
+    gelu_epilogue: bool = Field(False, json_schema_extra={"label": "geluepi"},
+                                description="compiled programs: each Linear whose only user is a GELU runs as one "
+                                            "cuBLASLt matmul with the bias and GELU in its epilogue "
+                                            "(facts/gelu_epilogue.py)")
     tf32: bool = Field(False, json_schema_extra={"label": "tf32"},
                        description="FP32 on a GPU: let cuDNN convolutions and cuBLAS matmuls use TF32 (10-bit mantissa). "
                                    "Off: strict FP32 (PyTorch's own default lets cuDNN use TF32)")
@@ -131,6 +135,7 @@ class TorchEngine(Engine):
         self.model = model
         self.exported: Optional[bool] = None  # a compiled program: whether torch.compile runs on its exported program
         self.export_failure: Optional[str] = None
+        self.gelu_epilogues: Optional[int] = None  # Linear → GELU pairs fused, where gelu_epilogue is on
         self._compiled_shapes: set[tuple] = set()
         self._graphs: dict[tuple, tuple] = {}  # input shape → (graph, static input, static output)
         # a compiled or graph-captured model pads a last, smaller batch to the batch size it has seen: a new shape would
@@ -175,10 +180,16 @@ class TorchEngine(Engine):
         from qdeploy.artifacts.torch_program import ProgramSettings, export_dynamic_batch
 
         settings = ProgramSettings(device=self.device, precision=self.variant.precision,
-                                   channels_last=self.options.channels_last, input_shape=tuple(x.shape[1:]))
+                                   channels_last=self.options.channels_last, input_shape=tuple(x.shape[1:]),
+                                   gelu_epilogue=self.options.gelu_epilogue)
         try:
-            program = constants_to_device(export_dynamic_batch(self.model, settings).module(), self.device)
+            exported = export_dynamic_batch(self.model, settings)
+            program = constants_to_device(exported.module(), self.device)
         except Exception as e:  # noqa: BLE001 - any export failure: the model compiles as it is
+            if settings.gelu_epilogue:
+                # a rewrite of the exported graph: without it the candidate would be its base program again
+                raise RuntimeError(f"gelu_epilogue needs the exported program: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:200] if str(e) else ''}") from e
             self.exported = False
             self.export_failure = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             # A fresh Dynamo cache for a program compiled from the model: every model qdeploy loads is wrapped in the
@@ -190,6 +201,10 @@ class TorchEngine(Engine):
             torch.compiler.reset()
             return self.model
         self.exported = True
+        if settings.gelu_epilogue:
+            from qdeploy.facts.gelu_epilogue import count_fused
+
+            self.gelu_epilogues = count_fused(exported)
         return program
 
     def _graph_for(self, x: torch.Tensor):
@@ -250,6 +265,7 @@ class TorchEngine(Engine):
             "torchao": self.options.torchao,
             "freezing": self.options.freezing,
             **{name: self.rewritten.get(name) for name in REWRITES},
+            "gelu_epilogue": self.gelu_epilogues,
             # a compiled program: torch.compile ran on its exported program (as the saved one does) or on the model
             "compiled_from": None if self.exported is None else "exported program" if self.exported else
             f"model (torch.export failed: {self.export_failure})",

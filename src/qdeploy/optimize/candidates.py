@@ -472,6 +472,7 @@ def program_settings(spec: dict, batch_sizes, input_shape):
                            torchao=spec.get("torchao"), freezing=bool(spec.get("freezing")),
                            patch_matmul=bool(spec.get("patch_matmul")),
                            depthwise_stencil=bool(spec.get("depthwise_stencil")),
+                           gelu_epilogue=bool(spec.get("gelu_epilogue")),
                            batch_sizes=tuple(int(b) for b in batch_sizes), input_shape=tuple(input_shape))
 
 
@@ -649,6 +650,18 @@ class DepthwiseStencilCandidate(RewrittenCandidate):
     runtime: ClassVar[str] = "dwstencil"
     option: ClassVar[str] = "depthwise_stencil"
     label: ClassVar[str] = "depthwise convolutions as fused stencils"
+
+
+@register
+@dataclass(eq=False)
+class GeluEpilogueCandidate(RewrittenCandidate):
+    """Each Linear whose only user is a GELU as one cuBLASLt matmul with the bias and the GELU in its epilogue
+    (facts/gelu_epilogue.py): the GELU's tanh approximation, computed on the FP32 accumulator."""
+
+    kind: ClassVar[str] = "torch-geluepi"
+    runtime: ClassVar[str] = "geluepi"
+    option: ClassVar[str] = "gelu_epilogue"
+    label: ClassVar[str] = "GELU in the matmul's epilogue"
 
 
 @register

@@ -23,8 +23,9 @@ minutes per candidate, so:
    ``TENSOR_CORE_FIRST_WHY``; before the tied layouts and the programs without graphs), the fastest is compiled again
    with each rewrite the model calls for: Inductor's freezing (``optimize.freezing``: weights as
    constants, facts/inductor.py), its patch convolutions as one matmul (``optimize.patch_matmul``,
-   facts/patch_matmul.py) and, where asked for, its depthwise convolutions as fused stencils
-   (``optimize.depthwise_stencil``, facts/depthwise_stencil.py); at the end, on torch-cuda, the fastest BF16/FP16
+   facts/patch_matmul.py), where asked for its depthwise convolutions as fused stencils
+   (``optimize.depthwise_stencil``, facts/depthwise_stencil.py) and, on torch-cuda, each Linear's GELU in its matmul's
+   epilogue (``optimize.gelu_epilogue``, facts/gelu_epilogue.py); at the end, on torch-cuda, the fastest BF16/FP16
    one with each torchao scheme of ``optimize.torchao`` on its Linear layers; each one compile more, under the same
    rule.
 4. **Full measurement** (evaluation on the search split + the configured timing) of the ``optimize.finalists`` fastest by
@@ -46,11 +47,12 @@ from qdeploy.engines.base import create_engine, resolve_variant
 from qdeploy.facts.inductor import FREEZING_GPU_WHY, freezing_default
 from qdeploy.facts.depthwise_stencil import (DEPTHWISE_STENCIL_DEFAULT_WHY, depthwise_convolutions,
                                               depthwise_stencil_by_default)
+from qdeploy.facts.gelu_epilogue import gelu_epilogue_by_default
 from qdeploy.facts.patch_matmul import patch_matmul_by_default
 from qdeploy.facts.torchao import torchao_problem
 from qdeploy.optimize.candidates import (Candidate, CompiledCandidate, CudaGraphCandidate, EagerCandidate,
-                                         DepthwiseStencilCandidate, FrozenCandidate, PatchMatmulCandidate,
-                                         TorchaoCandidate, TorchCandidate)
+                                         DepthwiseStencilCandidate, FrozenCandidate, GeluEpilogueCandidate,
+                                         PatchMatmulCandidate, TorchaoCandidate, TorchCandidate)
 from qdeploy.optimize.decide import LATENCY_TIE
 from qdeploy.optimize.steps.base import Step, register_step
 
@@ -348,10 +350,12 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
     (optimize.freezing, facts/inductor.py), then the patch convolutions as matmuls (optimize.patch_matmul,
     facts/patch_matmul.py) on the faster of that program and its frozen one, so that where freezing won the two are
     tried together, then the depthwise convolutions as stencils (optimize.depthwise_stencil, facts/depthwise_stencil.py)
-    on the fastest of those; each is said where it is not tried by default."""
+    and each Linear's GELU in its matmul's epilogue (optimize.gelu_epilogue, facts/gelu_epilogue.py), each on the
+    fastest of those before it; each is said where it is not tried by default."""
     device = s.target.engine["device"]
     model = s.ctx.builder.torch_model() if s.ctx.builder.has_torch and (
-        s.o.freezing is None or s.o.patch_matmul is None or s.o.depthwise_stencil is None) else None
+        s.o.freezing is None or s.o.patch_matmul is None or s.o.depthwise_stencil is None
+        or s.o.gelu_epilogue is None) else None
     out = []
     tried, folds = (s.o.freezing, []) if s.o.freezing is not None else \
         freezing_default(device, model, _one_image(s) if model is not None and device == "cuda" else None)
@@ -371,6 +375,10 @@ def _rewrite_stages(s, compiled: list, estimate) -> list:
             s.note(f"depthwise convolutions as stencils: {DEPTHWISE_STENCIL_DEFAULT_WHY}")
     if stencil and not s.timed_out:
         out += _rewrite_stage(s, compiled + out, estimate, DepthwiseStencilCandidate)
+    # a model without a Linear → GELU has nothing to rewrite: not worth a line
+    if (s.o.gelu_epilogue or (s.o.gelu_epilogue is None and gelu_epilogue_by_default(model, device))) \
+            and not s.timed_out:
+        out += _rewrite_stage(s, compiled + out, estimate, GeluEpilogueCandidate)
     return out
 
 
