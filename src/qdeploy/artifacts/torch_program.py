@@ -56,7 +56,7 @@ class ProgramSettings:
     freezing: bool = False              # compiled with Inductor's freezing (facts/inductor.py)
     patch_matmul: bool = False          # patch convolutions exported as matmuls (facts/patch_matmul.py)
     depthwise_stencil: bool = False     # depthwise convolutions exported as stencils (facts/depthwise_stencil.py)
-    gelu_epilogue: bool = False         # Linear → GELU exported as one matmul with a GELU epilogue (facts/gelu_epilogue.py)
+    gelu_epilogue: bool = False         # Linear → GELU exported as one matmul + GELU epilogue (facts/gelu_epilogue.py)
     batch_sizes: tuple = (1,)           # the batch sizes it is compiled (and timed) for
     input_shape: tuple = ()             # (C, H, W)
 

@@ -5,8 +5,8 @@ TensorRT fuses a GEMM and its activation.
 Why: a transformer's or ConvNeXt's MLP expands to 4x the width, and Inductor runs its GELU as a Triton kernel of its own
 after cuBLAS's matmul (Inductor calls cuBLAS as an external kernel; it fuses a pointwise epilogue only into the Triton
 matmul templates of max-autotune), so the widest activation of the model is written by the matmul, read and written
-again by the GELU, and read by the next matmul. In ConvNeXt-T's compiled program at batch 128 (H200, FP16, channels_last)
-the GELU kernels took 1,584 of 7,408 us a forward (21 %: docs/results/realsize/gpu_b128_b8_2026-11-30/
+again by the GELU, and read by the next matmul. In ConvNeXt-T's compiled program at batch 128 (H200, FP16,
+channels_last) the GELU kernels took 1,584 of 7,408 us a forward (21 %: docs/results/realsize/gpu_b128_b8_2026-11-30/
 kernels_convnext_b128.json), the time of moving that activation twice. In the epilogue the GELU is computed on the FP32
 accumulator while the tile is in registers.
 
