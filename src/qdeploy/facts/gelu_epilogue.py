@@ -86,7 +86,8 @@ def has_linear_and_gelu(model: nn.Module) -> bool:
 
 
 def gelu_epilogue_by_default(model: nn.Module | None, device: str) -> bool:
-    """Whether optimize tries the rewrite when optimize.gelu_epilogue is unset: on the GPU (cuBLASLt's epilogue; on the
-    CPU ``_addmm_activation`` is a matmul and a separate GELU, what Inductor already fuses) for a model with a Linear
-    and a GELU."""
+    """Whether optimize tries the rewrite when optimize.gelu_epilogue is unset: on the GPU (cuBLASLt's epilogue) for a
+    model with a Linear and a GELU. Not on the CPU: there ``_addmm_activation`` is a matmul and a separate GELU, while
+    Inductor's freezing (on by default on torch-cpu) already fuses a Linear's GELU into oneDNN's linear
+    (torch/_inductor/fx_passes/mkldnn_fusion.py)."""
     return device == "cuda" and model is not None and has_linear_and_gelu(model)
