@@ -568,6 +568,41 @@ def test_the_rewrites_of_the_fastest_program_are_compiled_before_the_tied_layout
     assert "Inductor freezing tried: on this model it folds BatchNorm into the convolutions before them" in notes
 
 
+def test_the_gelu_epilogue_is_the_last_rewrite_and_torchao_starts_from_a_program_without_it(monkeypatch):
+    """On torch-cuda a model with a Linear and a GELU gets the GELU-epilogue candidate by default, after the other
+    rewrites and on the fastest program before it; torchao's schemes start from the fastest program without the
+    epilogue (they replace the matmuls it is in). Compiles stood in for by a recorder, as above."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from qdeploy.optimize.steps import torch_runtimes
+
+    order = []
+
+    def compile_briefly(s, cand):
+        order.append(cand.variant)
+        cand.timed_briefly({"32": 1.0 - 0.1 * cand.variant.count("-")}, 30.0)  # each rewrite a little faster
+        return cand
+
+    monkeypatch.setattr(torch_runtimes, "_time_briefly", compile_briefly)
+    monkeypatch.setattr(torch_runtimes, "torchao_problem", lambda scheme, device: None)
+    model = nn.Sequential(nn.Conv2d(3, 8, 4, 4), nn.Flatten(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 4))
+    s = SimpleNamespace(target=TARGETS["torch-cuda"], o=OptimizeConfig(target="torch-cuda", torchao=["int8-dynamic"]),
+                        timed_out=False, limit_covers_saving=True, time_left=lambda: 1000.0, note=lambda n: None,
+                        stages={}, rank_batches=[32],
+                        ctx=SimpleNamespace(builder=SimpleNamespace(
+                            has_torch=True, torch_model=lambda: model,
+                            check_inputs=lambda: np.zeros((2, 3, 8, 8), np.float32))))
+    compiled, rewritten, estimate = torch_runtimes.compile_stage(s, [("fp16", False, True)], primary=1)
+    assert order == ["fp16-cl-compile-cudagraph", "fp16-cl-compile-cudagraph-patchmm",
+                     "fp16-cl-compile-cudagraph-patchmm-geluepi"]
+    assert rewritten[-1].spec["gelu_epilogue"] and rewritten[-1].spec["patch_matmul"]
+    ao = torch_runtimes._torchao_stage(s, compiled + rewritten, estimate)
+    assert [c.variant for c in ao] == ["fp16-cl-compile-cudagraph-patchmm-ao-int8-dynamic"]
+    assert not ao[0].spec.get("gelu_epilogue")
+
+
 def test_strict_fp32_is_timed_only_as_its_reference_where_fp32_tf32_is_kept():
     """TF32_DOMINATES_WHY: beside FP32-TF32 within budget, strict FP32's CUDA graph and channels_last candidates are not
     timed (each costs cuDNN's autotuning of its own convolutions: 9-14 s an eager channels_last candidate of

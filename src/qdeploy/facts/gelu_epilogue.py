@@ -28,8 +28,9 @@ _GELU = torch.ops.aten.gelu.default
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``gelu(linear(x, weight, bias), approximate="tanh")`` as one matmul with the bias and GELU in its epilogue; ``x``
-    of any rank (its last dimension the features), as ``F.linear``."""
+    """``gelu(linear(x, weight, bias), approximate="tanh")`` as one matmul with the bias and GELU in its epilogue on
+    CUDA (on the CPU the operator is a matmul and the erf GELU); ``x`` of any rank (its last dimension the features),
+    as ``F.linear``."""
     out = torch.ops.aten._addmm_activation.default(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

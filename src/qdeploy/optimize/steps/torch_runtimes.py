@@ -461,8 +461,9 @@ def _rewrite_stage(s, compiled: list, estimate, kind) -> list:
 def _torchao_stage(s, compiled: list, estimate) -> list:
     """torchao's schemes (facts/torchao.py) on the fastest compiled BF16/FP16 candidate: the same runtime with its
     Linear layers quantized. Said plainly when a scheme cannot run here or is not faster than its base."""
-    base = min((c for c in compiled if c.brief_rank is not None and c.precision in ("bf16", "fp16")),
-               key=lambda c: c.brief_rank, default=None)
+    # not a program with the GELU epilogue: torchao replaces the very matmuls (its own kernels) the epilogue is in
+    base = min((c for c in compiled if c.brief_rank is not None and c.precision in ("bf16", "fp16")
+                and not c.spec.get("gelu_epilogue")), key=lambda c: c.brief_rank, default=None)
     if base is None:
         s.note("torchao: no compiled BF16/FP16 candidate to start from")
         return []
