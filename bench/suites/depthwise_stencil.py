@@ -82,6 +82,27 @@ def timed(replay, per_round: int, cuda: bool) -> list:
     return out
 
 
+def alternating_p50(replays: dict, rounds: int, per_round: int, cuda: bool) -> dict:
+    """{side: median ms} of ``replays`` ({side: a call}) timed in ``rounds`` alternating rounds (the order reversed every
+    other round) of ``per_round`` calls each, after 10 warm calls a side."""
+    for replay in replays.values():
+        timed(replay, 10, cuda)
+    samples = {side: [] for side in replays}
+    for r in range(rounds):
+        for side in (list(replays) if r % 2 == 0 else list(replays)[::-1]):
+            samples[side] += timed(replays[side], per_round, cuda)
+    return {side: statistics.median(v) for side, v in samples.items()}
+
+
+def emit(row: dict, path) -> None:
+    """Print ``row`` as a JSON line and append it to ``path`` (a JSON-lines file) where one is given."""
+    print(json.dumps(row), flush=True)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def cpu_step(fn, x):
     """(replay, static input, static output) shaped like capture_cuda_graph's, for the CPU: a compiled call."""
     static_in, holder = x.clone(), {}
@@ -181,14 +202,7 @@ def main() -> None:
                 static_in.copy_(x)
                 replay()
                 outs[side] = static_out.float().clone()
-            samples = {side: [] for side in graphs}
-            for side, (replay, _, _) in graphs.items():
-                timed(replay, 10, cuda)  # warm
-            for r in range(args.rounds):
-                order = list(graphs) if r % 2 == 0 else list(graphs)[::-1]
-                for side in order:
-                    samples[side] += timed(graphs[side][0], args.per_round, cuda)
-            p50 = {side: statistics.median(v) for side, v in samples.items()}
+            p50 = alternating_p50({side: g[0] for side, g in graphs.items()}, args.rounds, args.per_round, cuda)
             cos = torch.nn.functional.cosine_similarity
             row = {"model": name, "batch": b, "device": machine(cuda), "torch": torch.__version__,
                    "recipe": "torch.compile static + hand CUDA graph, FP16 channels_last" if cuda else
@@ -205,11 +219,7 @@ def main() -> None:
             if args.profile and cuda:
                 # the compiled forward without its graph: the profiler may not see the kernels a graph replay launches
                 row["profile"] = {side: profile_share(lambda fn=fn: eager_call(fn, x)) for side, fn in compiled.items()}
-            print(json.dumps(row), flush=True)
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                with args.json.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
             del graphs
             if cuda:
                 torch.cuda.empty_cache()

@@ -14,8 +14,6 @@ scale.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from depthwise_stencil import eager_call, machine, timed  # noqa: E402
+from depthwise_stencil import alternating_p50, eager_call, emit, machine  # noqa: E402
 from qdeploy.artifacts.torch_program import ProgramSettings, export_dynamic_batch  # noqa: E402
 from qdeploy.artifacts.torch_program_loader import capture_cuda_graph  # noqa: E402
 
@@ -105,14 +103,7 @@ def main() -> None:
                 static_in.copy_(x)
                 graph.replay()
                 outs[side] = static_out.float().clone()
-            samples = {side: [] for side in graphs}
-            for side, (graph, _, _) in graphs.items():
-                timed(graph.replay, 10, True)
-            for r in range(args.rounds):
-                order = list(graphs) if r % 2 == 0 else list(graphs)[::-1]
-                for side in order:
-                    samples[side] += timed(graphs[side][0].replay, args.per_round, True)
-            p50 = {side: statistics.median(v) for side, v in samples.items()}
+            p50 = alternating_p50({side: g[0].replay for side, g in graphs.items()}, args.rounds, args.per_round, True)
             cos = torch.nn.functional.cosine_similarity
             fp32 = build(name).cuda()
             with torch.inference_mode():
@@ -132,11 +123,7 @@ def main() -> None:
             if args.profile:
                 row["profile_us"] = {side: profile_kinds(lambda fn=fn: eager_call(fn, x))
                                      for side, fn in compiled.items()}
-            print(json.dumps(row), flush=True)
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                with args.json.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
             del graphs
             torch.cuda.empty_cache()
 
